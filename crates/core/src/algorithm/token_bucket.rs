@@ -1,0 +1,125 @@
+//! Token bucket, kept as one timestamp (GCRA, the generic cell rate algorithm).
+//!
+//! A bucket of `capacity` tokens refills one token every `interval`. Instead of tokens and a
+//! last-refill time, the state is the *theoretical arrival time* `tat`: the time at which the
+//! bucket will be full again. A request of cost `c` at `now` is admitted iff
+//! `max(tat, now) + c × interval − now ≤ capacity × interval`; admitting it moves `tat` by
+//! `c × interval`. One integer per key, and the same decisions as counting tokens.
+
+use super::{Algorithm, never};
+use crate::quota::Rate;
+use crate::{QuotaError, Timestamp, Verdict};
+
+/// Bursts up to `capacity`, then `refill`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TokenBucket {
+    capacity: u32,
+    refill: Rate,
+    interval: u64,
+}
+
+/// A token bucket's theoretical arrival time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// When the bucket is full again, microseconds since the epoch.
+    pub tat: u64,
+}
+
+/// Capacity × interval stays under this (about 100 years), so every sum of times is exact in a
+/// Lua double as well as in a `u64`.
+const MAX_HORIZON: u64 = 100 * 365 * 86_400 * 1_000_000;
+
+impl TokenBucket {
+    /// A bucket of `capacity` tokens refilled at `refill`.
+    ///
+    /// The refill interval is rounded up to whole microseconds ("3/s" becomes one token every
+    /// 333,334 µs), so the enforced rate never exceeds the configured one.
+    pub fn new(capacity: u32, refill: Rate) -> Result<Self, QuotaError> {
+        let input = format!("capacity={capacity} refill={refill}");
+        if capacity == 0 {
+            return Err(QuotaError::new(&input, "capacity must be at least 1"));
+        }
+        let interval = refill.interval_micros(&input)?;
+        if u64::from(capacity).saturating_mul(interval) > MAX_HORIZON {
+            return Err(QuotaError::new(
+                &input,
+                "the bucket would take over 100 years to refill; use a smaller capacity or a faster refill",
+            ));
+        }
+        Ok(TokenBucket {
+            capacity,
+            refill,
+            interval,
+        })
+    }
+
+    /// The bucket size: the largest burst.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// The refill rate.
+    pub fn refill(&self) -> Rate {
+        self.refill
+    }
+
+    /// Microseconds per token.
+    pub fn interval_micros(&self) -> u64 {
+        self.interval
+    }
+}
+
+impl Algorithm for TokenBucket {
+    type State = TokenBucketState;
+
+    fn evaluate(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) -> Verdict {
+        let now = now.as_micros();
+        let tat = state.tat.max(now);
+        let horizon = u64::from(self.capacity) * self.interval;
+        // Whole tokens in the bucket before this request.
+        let tokens = (now + horizon - tat) / self.interval;
+        if cost > self.capacity {
+            return never(self.capacity, tokens, tat - now);
+        }
+        let new_tat = tat + u64::from(cost) * self.interval;
+        if new_tat - now <= horizon {
+            Verdict {
+                allowed: true,
+                limit: u64::from(self.capacity),
+                remaining: (now + horizon - new_tat) / self.interval,
+                reset_micros: new_tat - now,
+                retry_after_micros: None,
+                delay_micros: 0,
+            }
+        } else {
+            Verdict {
+                allowed: false,
+                limit: u64::from(self.capacity),
+                remaining: tokens,
+                reset_micros: tat - now,
+                retry_after_micros: Some(new_tat - horizon - now),
+                delay_micros: 0,
+            }
+        }
+    }
+
+    fn commit(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) {
+        state.tat = state.tat.max(now.as_micros()) + u64::from(cost) * self.interval;
+    }
+
+    fn refund(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) {
+        let back = u64::from(cost) * self.interval;
+        state.tat = state
+            .tat
+            .saturating_sub(back)
+            .max(now.as_micros().min(state.tat));
+    }
+
+    fn expires_at(&self, state: &TokenBucketState) -> Timestamp {
+        Timestamp::from_micros(state.tat)
+    }
+
+    fn max_cost(&self) -> u32 {
+        self.capacity
+    }
+}

@@ -1,0 +1,48 @@
+//! Tollgate's core: *has this key made too many requests in the current window?*
+//!
+//! - Five algorithms as pure state machines ([`algorithm`]): fixed window, sliding window log,
+//!   sliding window counter (the recommended default), token bucket and leaky bucket.
+//! - [`Quota`], [`Rate`] and [`parse_duration`]: the configuration notation (`"100/1m"`,
+//!   `"10/s"`, `"250ms"`) parsed into values that cannot be invalid.
+//! - [`Decision`]: allowed, limit, remaining, reset, retry_after, delay, policy.
+//! - [`Clock`]: injected time, with [`SystemClock`], [`TokioClock`] and [`ManualClock`].
+//! - [`Store`]: applies algorithm steps atomically and all-or-nothing; [`MemoryStore`] is the
+//!   embedded default, `tollgate-redis` shares state between instances.
+//! - [`Limiter`]: named policies over a store: `check`, `check_all`, `acquire`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::{Limiter, Policy, Quota};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = Limiter::builder()
+//!     .policy(Policy::new("api", Quota::sliding_window_counter(100, Duration::from_secs(60))?)?)
+//!     .policy(Policy::new("export", Quota::token_bucket(20, "1/s".parse()?)?)?)
+//!     .build()?;
+//!
+//! let decision = limiter.check("api", "customer-42", 1).await?;
+//! assert!(decision.allowed);
+//! assert_eq!(decision.remaining, 99);
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod algorithm;
+mod clock;
+mod decision;
+mod error;
+mod limiter;
+mod policy;
+mod quota;
+pub mod store;
+#[cfg(feature = "test-util")]
+pub mod testing;
+
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp, TokioClock};
+pub use decision::{Decision, Decisions, Verdict};
+pub use error::{Error, QuotaError, StoreError};
+pub use limiter::{Limiter, LimiterBuilder};
+pub use policy::{MAX_POLICY_NAME, Policy};
+pub use quota::{AlgorithmKind, MAX_PERIOD, Quota, Rate, parse_duration};
+pub use store::{Check, MemoryStore, Store};

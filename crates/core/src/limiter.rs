@@ -1,0 +1,287 @@
+//! The [`Limiter`]: named policies over a [`Store`], read against a [`Clock`]. What applications
+//! call.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::store::{Check, MemoryStore, Store};
+use crate::{Clock, Decision, Decisions, Error, Policy, SystemClock};
+
+/// Checks requests against named policies.
+///
+/// Cheap to clone; clones share the store, the clock and the policies.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Limiter, ManualClock, MemoryStore, Policy, Quota, Timestamp};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+/// let clock = ManualClock::new(Timestamp::from_secs(1_700_000_000));
+/// let limiter = Limiter::builder()
+///     .store(MemoryStore::default())
+///     .clock(clock.clone())
+///     .policy(Policy::new("api", Quota::sliding_window_counter(2, Duration::from_secs(60))?)?)
+///     .build()?;
+///
+/// assert!(limiter.check("api", "customer-42", 1).await?.allowed);
+/// assert!(limiter.check("api", "customer-42", 1).await?.allowed);
+/// let denied = limiter.check("api", "customer-42", 1).await?;
+/// assert!(!denied.allowed);
+/// assert_eq!(denied.remaining, 0);
+/// assert!(denied.retry_after.is_some());
+/// // Another key has its own quota.
+/// assert!(limiter.check("api", "customer-7", 1).await?.allowed);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct Limiter<S = MemoryStore, C = SystemClock> {
+    inner: Arc<Inner<S, C>>,
+}
+
+impl<S, C> Clone for Limiter<S, C> {
+    fn clone(&self) -> Self {
+        Limiter {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner<S, C> {
+    store: S,
+    clock: C,
+    policies: HashMap<Arc<str>, Policy>,
+}
+
+/// Builds a [`Limiter`]; the store defaults to a [`MemoryStore`], the clock to the
+/// [`SystemClock`].
+#[derive(Debug)]
+pub struct LimiterBuilder<S, C> {
+    store: S,
+    clock: C,
+    policies: Vec<Policy>,
+}
+
+impl Limiter {
+    /// A builder with the in-memory store and the system clock.
+    pub fn builder() -> LimiterBuilder<MemoryStore, SystemClock> {
+        LimiterBuilder {
+            store: MemoryStore::default(),
+            clock: SystemClock::new(),
+            policies: Vec::new(),
+        }
+    }
+}
+
+impl<S, C> LimiterBuilder<S, C> {
+    /// Keeps state in `store`.
+    pub fn store<S2: Store>(self, store: S2) -> LimiterBuilder<S2, C> {
+        LimiterBuilder {
+            store,
+            clock: self.clock,
+            policies: self.policies,
+        }
+    }
+
+    /// Reads time from `clock`.
+    pub fn clock<C2: Clock>(self, clock: C2) -> LimiterBuilder<S, C2> {
+        LimiterBuilder {
+            store: self.store,
+            clock,
+            policies: self.policies,
+        }
+    }
+
+    /// Adds a policy.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    /// Adds policies.
+    pub fn policies(mut self, policies: impl IntoIterator<Item = Policy>) -> Self {
+        self.policies.extend(policies);
+        self
+    }
+
+    /// The limiter; errors when two policies share a name.
+    pub fn build(self) -> Result<Limiter<S, C>, Error>
+    where
+        S: Store,
+        C: Clock,
+    {
+        let mut policies = HashMap::with_capacity(self.policies.len());
+        for policy in self.policies {
+            let name = policy.shared_name().clone();
+            if policies.insert(name, policy).is_some() {
+                let duplicate = policies
+                    .keys()
+                    .find(|k| policies.get(*k).is_some())
+                    .map_or_else(String::new, |k| k.to_string());
+                return Err(Error::DuplicatePolicy(duplicate));
+            }
+        }
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                store: self.store,
+                clock: self.clock,
+                policies,
+            }),
+        })
+    }
+}
+
+impl<S: Store, C: Clock> Limiter<S, C> {
+    /// Checks one request of `cost` by `key` against the policy named `policy`, and consumes
+    /// the cost if it is admitted. A denial is `Ok` with `allowed == false`.
+    ///
+    /// Errors: an unknown policy, a cost the quota can never admit, a failing store.
+    pub async fn check(
+        &self,
+        policy: &str,
+        key: impl AsRef<[u8]>,
+        cost: u32,
+    ) -> Result<Decision, Error> {
+        let policy = self.require(policy)?;
+        let checks = [Check::new(policy, key.as_ref(), cost)];
+        let decisions = self.check_all(&checks).await?;
+        decisions
+            .into_first()
+            .ok_or_else(|| Error::UnknownPolicy(policy.name().to_owned()))
+    }
+
+    /// Checks one request against several policies, all-or-nothing: it consumes from every
+    /// policy if all admit it and from none otherwise.
+    pub async fn check_all(&self, checks: &[Check<'_>]) -> Result<Decisions, Error> {
+        for check in checks {
+            let max = check.policy.quota().max_cost();
+            if check.cost > max {
+                return Err(Error::CostExceedsQuota {
+                    policy: check.policy.name().to_owned(),
+                    cost: check.cost,
+                    max,
+                });
+            }
+        }
+        let now = self.inner.clock.now();
+        Ok(self.inner.store.apply(now, checks).await?)
+    }
+
+    /// Waits for a slot: for workers that must not exceed a quota, such as calls to a third
+    /// party with its own rate limit.
+    ///
+    /// With a leaky bucket the request is admitted into the queue and this waits for its
+    /// departure time; it fails with [`Error::Refused`] when the queue is full or the wait
+    /// would exceed the bucket's `max_delay`. With the other algorithms it fails at once when
+    /// denied; see [`acquire_within`](Self::acquire_within) to wait for them too. If the future
+    /// is dropped while waiting, the slot is given back.
+    pub async fn acquire(
+        &self,
+        policy: &str,
+        key: impl AsRef<[u8]>,
+        cost: u32,
+    ) -> Result<Decision, Error> {
+        self.acquire_within(policy, key, cost, Duration::ZERO).await
+    }
+
+    /// Like [`acquire`](Self::acquire), and when denied, sleeps for the `retry_after` and tries
+    /// again, for as long as the total wait stays within `max_wait`.
+    pub async fn acquire_within(
+        &self,
+        policy: &str,
+        key: impl AsRef<[u8]>,
+        cost: u32,
+        max_wait: Duration,
+    ) -> Result<Decision, Error> {
+        let key = key.as_ref();
+        let mut waited = Duration::ZERO;
+        loop {
+            let decision = self.check(policy, key, cost).await?;
+            if decision.allowed {
+                if let Some(delay) = decision.delay {
+                    let mut guard = RefundOnDrop {
+                        limiter: self.clone(),
+                        policy: policy.to_owned(),
+                        key: key.to_vec(),
+                        cost,
+                        armed: true,
+                    };
+                    self.inner.clock.sleep(delay).await;
+                    guard.armed = false;
+                }
+                return Ok(decision);
+            }
+            match decision.retry_after {
+                Some(wait) if waited + wait <= max_wait => {
+                    self.inner.clock.sleep(wait).await;
+                    waited += wait;
+                }
+                _ => return Err(Error::Refused(Box::new(decision))),
+            }
+        }
+    }
+
+    /// The policy named `name`.
+    pub fn policy(&self, name: &str) -> Option<&Policy> {
+        self.inner.policies.get(name)
+    }
+
+    fn require(&self, name: &str) -> Result<&Policy, Error> {
+        self.policy(name)
+            .ok_or_else(|| Error::UnknownPolicy(name.chars().take(128).collect()))
+    }
+
+    /// Every policy, in no particular order.
+    pub fn policies(&self) -> impl Iterator<Item = &Policy> {
+        self.inner.policies.values()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.inner.clock
+    }
+}
+
+/// Gives a held slot back when [`Limiter::acquire`] is dropped before the slot came.
+struct RefundOnDrop<S: Store, C: Clock> {
+    limiter: Limiter<S, C>,
+    policy: String,
+    key: Vec<u8>,
+    cost: u32,
+    armed: bool,
+}
+
+impl<S: Store, C: Clock> Drop for RefundOnDrop<S, C> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // The refund talks to the store, which may be remote: it runs as its own task. Outside
+        // a runtime there is nothing to run it on, and the slot simply passes unused.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let limiter = self.limiter.clone();
+        let policy = std::mem::take(&mut self.policy);
+        let key = std::mem::take(&mut self.key);
+        let cost = self.cost;
+        runtime.spawn(async move {
+            if let Some(p) = limiter.policy(&policy) {
+                let now = limiter.clock().now();
+                // A failed refund only means the slot passes unused.
+                let _ = limiter
+                    .store()
+                    .refund(now, &[Check::new(p, &key, cost)])
+                    .await;
+            }
+        });
+    }
+}

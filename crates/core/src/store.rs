@@ -1,0 +1,64 @@
+//! Where state lives: the [`Store`] trait, which applies algorithm steps to keys atomically, and
+//! the in-process [`MemoryStore`].
+
+use std::future::Future;
+
+use crate::{Decisions, Policy, StoreError, Timestamp};
+
+pub mod memory;
+
+pub use memory::{MemoryStore, MemoryStoreBuilder};
+
+/// One request against one policy: the unit a store decides on.
+#[derive(Clone, Copy, Debug)]
+pub struct Check<'a> {
+    /// The policy, which carries the algorithm and its quota.
+    pub policy: &'a Policy,
+    /// The key counted against (an API key, a user id, an IP prefix...), any bytes, any length.
+    pub key: &'a [u8],
+    /// What the request costs; 0 peeks without consuming.
+    pub cost: u32,
+}
+
+impl<'a> Check<'a> {
+    /// A check of `key` against `policy` for `cost`.
+    pub fn new(policy: &'a Policy, key: &'a [u8], cost: u32) -> Self {
+        Check { policy, key, cost }
+    }
+}
+
+/// Persists algorithm state and applies algorithm steps to it, atomically.
+///
+/// # Contract
+///
+/// - [`apply`](Self::apply) decides every check of one request as one atomic step: no other
+///   request observes or changes the keys in between, so concurrent callers (threads, tasks,
+///   processes sharing a Redis) never over-admit.
+/// - All-or-nothing: the request is admitted only if every check admits it; then each has
+///   consumed its cost. If any denies it, none has consumed anything, and the decisions of the
+///   checks that would have admitted it report their quota as it stands.
+/// - Decisions equal those of the pure algorithms in [`crate::algorithm`] applied in order.
+/// - `now` is the caller's clock. A store with an authoritative clock of its own (Redis `TIME`,
+///   so instances with skewed clocks agree) may use that instead; decisions carry durations,
+///   never absolute times, so callers need not know which.
+/// - Every key's state expires once its quota has fully reset; a store never grows without
+///   bound.
+///
+/// The crate's `testing` module (feature `test-util`) holds a conformance suite that checks
+/// this contract against any implementation.
+pub trait Store: Send + Sync + 'static {
+    /// Decides `checks` atomically and all-or-nothing; returns one decision per check, in order.
+    fn apply(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Decisions, StoreError>> + Send;
+
+    /// Gives back the cost of checks that were admitted but abandoned before they were used (a
+    /// request held for its leaky-bucket slot whose client went away).
+    fn refund(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
