@@ -116,13 +116,10 @@ impl<S, C> LimiterBuilder<S, C> {
         let mut policies = HashMap::with_capacity(self.policies.len());
         for policy in self.policies {
             let name = policy.shared_name().clone();
-            if policies.insert(name, policy).is_some() {
-                let duplicate = policies
-                    .keys()
-                    .find(|k| policies.get(*k).is_some())
-                    .map_or_else(String::new, |k| k.to_string());
-                return Err(Error::DuplicatePolicy(duplicate));
+            if policies.contains_key(&name) {
+                return Err(Error::DuplicatePolicy(name.to_string()));
             }
+            policies.insert(name, policy);
         }
         Ok(Limiter {
             inner: Arc::new(Inner {
