@@ -1,0 +1,177 @@
+//! The `Limiter` API: check, check_all, acquire (waiting for a leaky-bucket slot, refusing past
+//! the bound, giving the slot back when abandoned) and its errors.
+
+use std::time::Duration;
+
+use tollgate::{
+    Check, Clock, Error, Limiter, ManualClock, MemoryStore, Policy, Quota, Rate, Timestamp,
+};
+
+const START: Timestamp = Timestamp::from_secs(1_800_000_000);
+
+fn limiter(
+    clock: &ManualClock,
+) -> Result<Limiter<MemoryStore, ManualClock>, Box<dyn std::error::Error>> {
+    let rate: Rate = "10/s".parse()?;
+    Ok(Limiter::builder()
+        .clock(clock.clone())
+        .policy(Policy::new(
+            "api",
+            Quota::sliding_window_counter(3, Duration::from_secs(60))?,
+        )?)
+        .policy(Policy::new("burst", Quota::token_bucket(2, rate)?)?)
+        .policy(Policy::new("outbound", Quota::leaky_bucket(rate, 2)?)?)
+        .build()?)
+}
+
+#[tokio::test]
+async fn unknown_policies_and_impossible_costs_are_errors() -> Result<(), Box<dyn std::error::Error>>
+{
+    let clock = ManualClock::new(START);
+    let limiter = limiter(&clock)?;
+    assert!(matches!(
+        limiter.check("nope", "k", 1).await,
+        Err(Error::UnknownPolicy(_))
+    ));
+    let err = limiter.check("api", "k", 4).await.err();
+    assert!(
+        matches!(
+            err,
+            Some(Error::CostExceedsQuota {
+                cost: 4,
+                max: 3,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(!err.is_some_and(|e| e.is_retryable()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn duplicate_policy_names_are_rejected() -> Result<(), Box<dyn std::error::Error>> {
+    let q = Quota::fixed_window(1, Duration::from_secs(1))?;
+    let built = Limiter::builder()
+        .policy(Policy::new("twice", q.clone())?)
+        .policy(Policy::new("twice", q)?)
+        .build();
+    assert!(matches!(built, Err(Error::DuplicatePolicy(name)) if name == "twice"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn check_all_is_all_or_nothing() -> Result<(), Box<dyn std::error::Error>> {
+    let clock = ManualClock::new(START);
+    let limiter = limiter(&clock)?;
+    let (api, burst) = (
+        limiter.policy("api").cloned(),
+        limiter.policy("burst").cloned(),
+    );
+    let (Some(api), Some(burst)) = (api, burst) else {
+        panic!("policies missing")
+    };
+    let both = [Check::new(&api, b"k", 1), Check::new(&burst, b"k", 1)];
+    assert!(limiter.check_all(&both).await?.allowed());
+    assert!(limiter.check_all(&both).await?.allowed());
+    let third = limiter.check_all(&both).await?;
+    assert!(!third.allowed(), "the bucket of 2 is empty");
+    assert_eq!(third.most_restrictive().map(|d| &*d.policy), Some("burst"));
+    // The denied request took nothing from "api": one left of 3.
+    assert_eq!(limiter.check("api", "k", 0).await?.remaining, 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn acquire_waits_for_the_slot_on_the_clock() -> Result<(), Box<dyn std::error::Error>> {
+    let clock = ManualClock::new(START);
+    let limiter = limiter(&clock)?;
+    // The first departs at once, the next two wait 100 ms and 200 ms.
+    assert_eq!(limiter.acquire("outbound", "tenant", 1).await?.delay, None);
+    let waiter = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.acquire("outbound", "tenant", 1).await })
+    };
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished(), "held until its slot");
+    clock.advance(Duration::from_millis(100));
+    let decision = waiter.await??;
+    assert_eq!(decision.delay, Some(Duration::from_millis(100)));
+    Ok(())
+}
+
+#[tokio::test]
+async fn acquire_refuses_when_the_queue_is_full() -> Result<(), Box<dyn std::error::Error>> {
+    let clock = ManualClock::new(START);
+    let limiter = limiter(&clock)?;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let limiter = limiter.clone();
+        held.push(tokio::spawn(async move {
+            limiter.acquire("outbound", "t", 1).await
+        }));
+        tokio::task::yield_now().await;
+    }
+    let refused = limiter.acquire("outbound", "t", 1).await;
+    match refused {
+        Err(Error::Refused(d)) => assert_eq!(d.retry_after, Some(Duration::from_millis(100))),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    clock.advance(Duration::from_secs(1));
+    for h in held {
+        assert!(h.await?.is_ok());
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn abandoned_acquire_gives_its_slot_back() -> Result<(), Box<dyn std::error::Error>> {
+    let clock = ManualClock::new(START);
+    let limiter = limiter(&clock)?;
+    limiter.acquire("outbound", "t", 1).await?;
+    let held = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.acquire("outbound", "t", 1).await })
+    };
+    tokio::task::yield_now().await;
+    held.abort();
+    let _ = held.await;
+    // The refund runs as its own task; let it.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let next = limiter.check("outbound", "t", 1).await?;
+    assert_eq!(
+        next.delay,
+        Some(Duration::from_millis(100)),
+        "the abandoned slot was reused"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn acquire_within_waits_for_other_algorithms() -> Result<(), Box<dyn std::error::Error>> {
+    let clock = ManualClock::new(START);
+    let limiter = limiter(&clock)?;
+    limiter.check("burst", "k", 2).await?;
+    assert!(matches!(
+        limiter.acquire("burst", "k", 1).await,
+        Err(Error::Refused(_))
+    ));
+    let waiter = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            limiter
+                .acquire_within("burst", "k", 1, Duration::from_secs(1))
+                .await
+        })
+    };
+    tokio::task::yield_now().await;
+    clock.advance(Duration::from_millis(100));
+    assert!(waiter.await??.allowed);
+    assert_eq!(
+        limiter.clock().now(),
+        START.saturating_add(Duration::from_millis(100))
+    );
+    Ok(())
+}
