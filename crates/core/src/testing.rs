@@ -21,6 +21,8 @@ use crate::algorithm::{
 };
 use crate::{Check, Decision, Decisions, Policy, Quota, Store, Timestamp, Verdict};
 
+pub mod sliding_error;
+
 /// A start time aligned to every window the scenarios use (a multiple of one day).
 pub const T0: Timestamp = Timestamp::from_secs(1_800_057_600);
 
