@@ -1,0 +1,156 @@
+//! `tollgate`: the rate limiter's command line. `serve` runs the server (built-in default or
+//! `--config FILE`), `validate FILE` checks a configuration and prints its effective policies.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tollgate_server::{Config, ConfigError, Listeners};
+
+/// Tollgate: a rate limiter as a decision API, a reverse proxy and a forward-auth target.
+#[derive(Parser, Debug)]
+#[command(name = "tollgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the server: with no arguments on the built-in default (memory store, one policy of
+    /// 100 requests a minute per x-api-key or IP, API on 127.0.0.1:8080, admin on :9090).
+    Serve {
+        /// A TOML configuration file (reloaded on SIGHUP and when it changes).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+    /// Check a configuration file: print its effective policies, or every error with
+    /// file:line:column, and exit non-zero.
+    Validate {
+        /// The TOML configuration file.
+        file: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate { file } => validate(&file),
+        Command::Serve { config } => {
+            init_tracing();
+            match serve(config) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("tollgate: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("TOLLGATE_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn validate(file: &std::path::Path) -> ExitCode {
+    match Config::load(file) {
+        Ok(config) => {
+            for p in config.policies.iter() {
+                println!("{p}");
+            }
+            if config.policies.is_empty() {
+                println!("(no policies: every request is admitted)");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(ConfigError::Invalid(d)) => {
+            for e in &d.0 {
+                eprintln!("{e}");
+            }
+            eprintln!(
+                "{}: {} error{}",
+                file.display(),
+                d.0.len(),
+                if d.0.len() == 1 { "" } else { "s" }
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[tokio::main]
+async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = match &path {
+        Some(p) => match Config::load(p) {
+            Ok(c) => c,
+            Err(ConfigError::Invalid(d)) => anyhow::bail!("invalid configuration:\n{d}"),
+            Err(e) => return Err(e.into()),
+        },
+        None => Config::builtin(),
+    };
+    let listeners = Listeners::bind(&config)
+        .await
+        .context("cannot bind the listeners")?;
+    let (api, admin, proxy) = listeners.local_addrs();
+    let source = path.as_ref().map_or_else(
+        || "the built-in default".to_owned(),
+        |p| p.display().to_string(),
+    );
+    println!("tollgate {} serving {source}", env!("CARGO_PKG_VERSION"));
+    for p in config.policies.iter() {
+        println!("  policy {p}");
+    }
+    if let Some(a) = api {
+        println!("  decision API  http://{a}  (POST /v1/check, /v1/forward-auth)");
+    }
+    if let Some(a) = admin {
+        println!("  admin         http://{a}  (/metrics /healthz /readyz /v1/policies)");
+    }
+    if let Some(a) = proxy {
+        println!("  proxy         http://{a}");
+    }
+    if let Some(a) = api {
+        println!(
+            "try:\n  curl -i -X POST http://{a}/v1/check -H 'content-type: application/json' -d '{{\"policy\":\"{}\",\"key\":\"customer-42\",\"cost\":1}}'",
+            config.policies.first().map_or("default", |p| p.name())
+        );
+    }
+    tollgate_server::run(config, listeners, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,398 @@
+//! The configuration: TOML (SPEC §8 field names) read into raw serde structs, validated once into
+//! the domain types the server runs on. Every problem is reported with file, line and column, and
+//! all of them at once.
+
+mod raw;
+mod schema;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::{AlgorithmKind, Policy, Quota, Rate};
+
+use crate::matcher::{Cidr, KeySelector, RouteMatch};
+
+pub use raw::DEFAULT_CONFIG;
+
+/// One problem in a configuration file, with its position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// The file, as given.
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column (in characters).
+    pub column: usize,
+    /// What is wrong and what to write instead.
+    pub message: String,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file, self.line, self.column, self.message
+        )
+    }
+}
+
+/// Every problem found in a configuration file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Diagnostics(pub Vec<Diagnostic>);
+
+impl fmt::Display for Diagnostics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{d}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: cannot read the configuration: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file was read but is not a valid configuration.
+    #[error("{0}")]
+    Invalid(Diagnostics),
+}
+
+/// Which store keeps the counters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    /// In this process.
+    Memory,
+    /// Redis or Redis Cluster.
+    Redis,
+}
+
+/// What to do when the store fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnError {
+    /// Admit the request (fail open).
+    Allow,
+    /// Refuse the request.
+    Deny,
+    /// Decide with an in-memory limiter until the store is back.
+    Local,
+}
+
+/// Whose clock a Redis store uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreClock {
+    /// Redis's `TIME`.
+    Redis,
+    /// This process's clock.
+    Local,
+}
+
+/// `[store]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// `kind`.
+    pub kind: StoreKind,
+    /// `url` (Redis).
+    pub url: Option<String>,
+    /// `cluster`.
+    pub cluster: bool,
+    /// `nodes`: cluster seed nodes.
+    pub nodes: Vec<String>,
+    /// `timeout` (default 50ms).
+    pub timeout: Duration,
+    /// `on_error` (default allow).
+    pub on_error: OnError,
+    /// `clock` (default redis).
+    pub clock: StoreClock,
+    /// `max_keys` for the memory store.
+    pub max_keys: Option<usize>,
+}
+
+/// `[proxy]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProxyConfig {
+    /// `listen`.
+    pub listen: SocketAddr,
+    /// `upstream`, an `http://host:port` base.
+    pub upstream: hyper::Uri,
+    /// `trusted_proxies`: CIDRs whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<Cidr>,
+    /// `timeout`: how long the upstream may take to answer (default 30s).
+    pub timeout: Duration,
+}
+
+/// How `X-RateLimit-Reset` is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResetFormat {
+    /// Unix epoch seconds (GitHub style).
+    Epoch,
+    /// Seconds from now.
+    Delta,
+}
+
+/// `[headers]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadersConfig {
+    /// `legacy`: `X-RateLimit-*`.
+    pub legacy: bool,
+    /// `reset_format`.
+    pub reset_format: ResetFormat,
+    /// `ietf`: `RateLimit-Policy` and `RateLimit`.
+    pub ietf: bool,
+}
+
+impl Default for HeadersConfig {
+    fn default() -> Self {
+        HeadersConfig {
+            legacy: true,
+            reset_format: ResetFormat::Epoch,
+            ietf: true,
+        }
+    }
+}
+
+/// What a policy does with a request it denies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Answer 429.
+    Reject,
+    /// Hold the request until its slot (leaky bucket), 429 past the bound.
+    Delay,
+    /// Never block: count, log and report only.
+    Shadow,
+}
+
+impl Action {
+    /// The configuration name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Reject => "reject",
+            Action::Delay => "delay",
+            Action::Shadow => "shadow",
+        }
+    }
+}
+
+/// `[jwt]`: how Bearer tokens are verified for `jwt:<claim>` key selectors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JwtConfig {
+    /// HS256 with the secret in this environment variable.
+    Hs256SecretEnv(String),
+    /// RS256 with this PEM public key.
+    Rs256PublicKeyFile(PathBuf),
+    /// ES256 with this PEM public key.
+    Es256PublicKeyFile(PathBuf),
+}
+
+/// One `[[policy]]`, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyConfig {
+    /// The named quota the limiter enforces.
+    pub policy: Policy,
+    /// `key`: selectors tried in order; the first present wins.
+    pub keys: Vec<KeySelector>,
+    /// `match`: which requests the policy applies to.
+    pub route: RouteMatch,
+    /// `cost` per request (default 1).
+    pub cost: u32,
+    /// `action` (default reject).
+    pub action: Action,
+    /// `require_key`: a request with no key is refused with 401 rather than counted as
+    /// `anonymous`.
+    pub require_key: bool,
+}
+
+impl PolicyConfig {
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        self.policy.name()
+    }
+}
+
+impl fmt::Display for PolicyConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} key=[", self.policy.name(), self.policy.quota())?;
+        for (i, k) in self.keys.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{k}")?;
+        }
+        write!(
+            f,
+            "] match={} cost={} action={}",
+            self.route,
+            self.cost,
+            self.action.as_str()
+        )?;
+        if self.require_key {
+            f.write_str(" require_key=true")?;
+        }
+        Ok(())
+    }
+}
+
+/// A validated configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Where it was read from (`None` for the built-in default); reloads re-read it.
+    pub source: Option<PathBuf>,
+    /// `[server] listen`: the decision API.
+    pub listen: SocketAddr,
+    /// `[server] grpc_listen`: Envoy RLS (not served by this build; logged).
+    pub grpc_listen: Option<SocketAddr>,
+    /// `[admin] listen`.
+    pub admin_listen: SocketAddr,
+    /// `[admin] token`: a bearer token the admin endpoints require.
+    pub admin_token: Option<String>,
+    /// `[store]`.
+    pub store: StoreConfig,
+    /// `[proxy]`.
+    pub proxy: Option<ProxyConfig>,
+    /// `[headers]`.
+    pub headers: HeadersConfig,
+    /// `[[policy]]`, in file order.
+    pub policies: Arc<[PolicyConfig]>,
+    /// `[jwt]`.
+    pub jwt: Option<JwtConfig>,
+}
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mut config = Config::parse(&path.display().to_string(), &text)?;
+        config.source = Some(path.to_path_buf());
+        Ok(config)
+    }
+
+    /// Validates `text`; `file` names it in diagnostics.
+    pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
+        let mut errs = Errors::new(file, text);
+        let Some(doc) = schema::check(text, &mut errs) else {
+            return Err(ConfigError::Invalid(errs.finish()));
+        };
+        let raw: raw::RawConfig =
+            match serde::Deserialize::deserialize(toml::de::Deserializer::from(doc)) {
+                Ok(raw) => raw,
+                Err(e) => {
+                    errs.at(
+                        e.span().map_or(0, |s| s.start),
+                        e.message().trim().to_owned(),
+                    );
+                    return Err(ConfigError::Invalid(errs.finish()));
+                }
+            };
+        let config = raw::validate(raw, &mut errs);
+        let diagnostics = errs.finish();
+        match config {
+            Some(c) if diagnostics.0.is_empty() => Ok(c),
+            _ => Err(ConfigError::Invalid(diagnostics)),
+        }
+    }
+
+    /// The built-in default of `tollgate serve` with no arguments: the memory store and one
+    /// sliding-window-counter policy of 100 requests a minute per API key (`x-api-key`),
+    /// falling back to the client IP, on every path.
+    pub fn builtin() -> Config {
+        // The default text is validated by a unit test; it cannot fail here. Should it ever,
+        // fall back to an empty policy set rather than panic.
+        Config::parse("<built-in default>", DEFAULT_CONFIG).unwrap_or_else(|_| Config {
+            source: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            grpc_listen: None,
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            admin_token: None,
+            store: raw::default_store(),
+            proxy: None,
+            headers: HeadersConfig::default(),
+            policies: Arc::from(Vec::new()),
+            jwt: None,
+        })
+    }
+
+    /// The policy named `name`.
+    pub fn policy(&self, name: &str) -> Option<&PolicyConfig> {
+        self.policies.iter().find(|p| p.name() == name)
+    }
+}
+
+/// Collects diagnostics, turning byte offsets into line and column.
+pub(crate) struct Errors<'a> {
+    file: &'a str,
+    text: &'a str,
+    list: Vec<Diagnostic>,
+    suppressed: Vec<String>,
+}
+
+impl<'a> Errors<'a> {
+    fn new(file: &'a str, text: &'a str) -> Self {
+        Errors {
+            file,
+            text,
+            list: Vec::new(),
+            suppressed: Vec::new(),
+        }
+    }
+
+    /// Drops later diagnostics starting with `prefix` (a field already reported otherwise).
+    pub(crate) fn suppress(&mut self, prefix: String) {
+        self.suppressed.push(prefix);
+    }
+
+    fn finish(&mut self) -> Diagnostics {
+        let suppressed = std::mem::take(&mut self.suppressed);
+        let mut list = std::mem::take(&mut self.list);
+        list.retain(|d| !suppressed.iter().any(|p| d.message.starts_with(p.as_str())));
+        list.sort_by_key(|d| (d.line, d.column));
+        Diagnostics(list)
+    }
+
+    pub(crate) fn at(&mut self, offset: usize, message: String) {
+        let offset = offset.min(self.text.len());
+        let before = self.text.get(..offset).unwrap_or(self.text);
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let column = before.get(line_start..).map_or(0, |s| s.chars().count()) + 1;
+        self.list.push(Diagnostic {
+            file: self.file.to_owned(),
+            line,
+            column,
+            message,
+        });
+    }
+}
+
+/// Parses the pieces of the configuration that are not core types.
+pub(crate) fn parse_rate(s: &str) -> Result<Rate, String> {
+    s.parse::<Rate>().map_err(|e| e.reason().to_owned())
+}
+
+pub(crate) fn parse_algorithm(s: &str) -> Result<AlgorithmKind, String> {
+    s.parse::<AlgorithmKind>()
+        .map_err(|e| e.reason().to_owned())
+}
+
+pub(crate) fn make_policy(name: &str, quota: Quota) -> Result<Policy, String> {
+    Policy::new(name, quota).map_err(|e| e.reason().to_owned())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,795 @@
+//! The raw serde structs of the TOML file (exactly SPEC §8's field names) and their validation
+//! into the domain types of [`super`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tollgate::{AlgorithmKind, Quota, parse_duration};
+use toml::Spanned;
+
+use super::{
+    Action, Config, Errors, HeadersConfig, JwtConfig, OnError, PolicyConfig, ProxyConfig,
+    ResetFormat, StoreClock, StoreConfig, StoreKind, make_policy, parse_algorithm, parse_rate,
+};
+use crate::matcher::{Cidr, KeySelector, RouteMatch};
+
+/// The built-in configuration of `tollgate serve` with no arguments.
+pub const DEFAULT_CONFIG: &str = r#"# Tollgate's built-in default: a read-heavy API.
+[server]
+listen = "127.0.0.1:8080"
+
+[admin]
+listen = "127.0.0.1:9090"
+
+[store]
+kind = "memory"
+
+[headers]
+legacy = true
+reset_format = "epoch"
+ietf = true
+
+[[policy]]
+name = "default"
+algorithm = "sliding_window_counter"
+limit = 100
+window = "1m"
+key = ["header:x-api-key", "ip"]
+match = { path = "/**" }
+"#;
+
+type S<T> = Spanned<T>;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    server: Option<RawServer>,
+    admin: Option<RawAdmin>,
+    store: Option<RawStore>,
+    proxy: Option<S<RawProxy>>,
+    headers: Option<RawHeaders>,
+    #[serde(default)]
+    policy: Vec<S<RawPolicy>>,
+    jwt: Option<S<RawJwt>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<S<String>>,
+    grpc_listen: Option<S<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    listen: Option<S<String>>,
+    token: Option<S<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    kind: Option<S<String>>,
+    url: Option<S<String>>,
+    cluster: Option<S<bool>>,
+    nodes: Option<Vec<S<String>>>,
+    timeout: Option<S<String>>,
+    on_error: Option<S<String>>,
+    clock: Option<S<String>>,
+    max_keys: Option<S<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProxy {
+    listen: Option<S<String>>,
+    upstream: Option<S<String>>,
+    trusted_proxies: Option<Vec<S<String>>>,
+    timeout: Option<S<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHeaders {
+    legacy: Option<bool>,
+    reset_format: Option<S<String>>,
+    ietf: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    name: Option<S<String>>,
+    algorithm: Option<S<String>>,
+    limit: Option<S<i64>>,
+    window: Option<S<String>>,
+    capacity: Option<S<i64>>,
+    refill: Option<S<String>>,
+    rate: Option<S<String>>,
+    queue: Option<S<i64>>,
+    cost: Option<S<i64>>,
+    key: Option<S<Vec<S<String>>>>,
+    #[serde(rename = "match")]
+    route: Option<S<RawMatch>>,
+    action: Option<S<String>>,
+    max_delay: Option<S<String>>,
+    require_key: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMatch {
+    path: Option<S<String>>,
+    methods: Option<Vec<S<String>>>,
+    host: Option<S<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJwt {
+    hs256_secret_env: Option<S<String>>,
+    rs256_public_key_file: Option<S<String>>,
+    es256_public_key_file: Option<S<String>>,
+}
+
+pub(super) fn default_store() -> StoreConfig {
+    StoreConfig {
+        kind: StoreKind::Memory,
+        url: None,
+        cluster: false,
+        nodes: Vec::new(),
+        timeout: Duration::from_millis(50),
+        on_error: OnError::Allow,
+        clock: StoreClock::Redis,
+        max_keys: None,
+    }
+}
+
+fn addr(v: &S<String>, field: &str, errs: &mut Errors<'_>) -> Option<SocketAddr> {
+    match v.get_ref().parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            errs.at(
+                v.span().start,
+                format!(
+                    "field \"{field}\": {:?} is not an address; write IP:PORT, e.g. {field} = \"127.0.0.1:8080\" (or \"[::1]:8080\")",
+                    v.get_ref()
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn duration(v: &S<String>, field: &str, ctx: &str, errs: &mut Errors<'_>) -> Option<Duration> {
+    match parse_duration(v.get_ref()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            errs.at(
+                v.span().start,
+                format!(
+                    "{ctx}field \"{field}\": {}; write e.g. {field} = \"50ms\"",
+                    e.reason()
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn one_of<T: Copy>(
+    v: &S<String>,
+    field: &str,
+    ctx: &str,
+    choices: &[(&str, T)],
+    errs: &mut Errors<'_>,
+) -> Option<T> {
+    match choices.iter().find(|(n, _)| *n == v.get_ref()) {
+        Some((_, t)) => Some(*t),
+        None => {
+            let names: Vec<String> = choices.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+            errs.at(
+                v.span().start,
+                format!(
+                    "{ctx}field \"{field}\": {:?} is not one of {}; write e.g. {field} = {}",
+                    v.get_ref(),
+                    names.join(", "),
+                    names.first().map_or("", String::as_str)
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// A positive integer that fits `u32`.
+fn count(v: &S<i64>, field: &str, ctx: &str, min: i64, errs: &mut Errors<'_>) -> Option<u32> {
+    let n = *v.get_ref();
+    if n < min || n > i64::from(u32::MAX) {
+        errs.at(
+            v.span().start,
+            format!(
+                "{ctx}field \"{field}\" must be between {min} and {}, not {n}",
+                u32::MAX
+            ),
+        );
+        return None;
+    }
+    u32::try_from(n).ok()
+}
+
+pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> {
+    let mut ok = true;
+
+    let server = raw.server.unwrap_or(RawServer {
+        listen: None,
+        grpc_listen: None,
+    });
+    let listen = match &server.listen {
+        Some(v) => addr(v, "listen", errs),
+        None => Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
+    };
+    let grpc_listen = server
+        .grpc_listen
+        .as_ref()
+        .map(|v| addr(v, "grpc_listen", errs));
+    let admin = raw.admin.unwrap_or(RawAdmin {
+        listen: None,
+        token: None,
+    });
+    let admin_listen = match &admin.listen {
+        Some(v) => addr(v, "listen", errs),
+        None => Some(SocketAddr::from(([127, 0, 0, 1], 9090))),
+    };
+    let admin_token = match admin.token {
+        Some(t) if t.get_ref().is_empty() => {
+            errs.at(
+                t.span().start,
+                "[admin] field \"token\" is empty; remove it to disable the check, or write a secret".to_owned(),
+            );
+            ok = false;
+            None
+        }
+        Some(t) => Some(t.into_inner()),
+        None => None,
+    };
+
+    let store = validate_store(raw.store, errs);
+    let proxy = raw.proxy.map(|p| validate_proxy(p, errs));
+    let headers = match raw.headers {
+        None => Some(HeadersConfig::default()),
+        Some(h) => {
+            let reset_format = match &h.reset_format {
+                Some(v) => one_of(
+                    v,
+                    "reset_format",
+                    "[headers] ",
+                    &[("epoch", ResetFormat::Epoch), ("delta", ResetFormat::Delta)],
+                    errs,
+                ),
+                None => Some(ResetFormat::Epoch),
+            };
+            reset_format.map(|reset_format| HeadersConfig {
+                legacy: h.legacy.unwrap_or(true),
+                reset_format,
+                ietf: h.ietf.unwrap_or(true),
+            })
+        }
+    };
+
+    let mut policies = Vec::with_capacity(raw.policy.len());
+    for p in raw.policy {
+        let at = p.span().start;
+        if let Some(pc) = validate_policy(at, p.into_inner(), errs) {
+            if let Some(prev) = policies
+                .iter()
+                .find(|q: &&PolicyConfig| q.name() == pc.name())
+            {
+                errs.at(
+                    at,
+                    format!(
+                        "policy \"{}\" is defined twice; give each [[policy]] its own name",
+                        prev.name()
+                    ),
+                );
+                ok = false;
+            }
+            policies.push(pc);
+        } else {
+            ok = false;
+        }
+    }
+
+    let jwt = raw.jwt.map(|j| {
+        let at = j.span().start;
+        let j = j.into_inner();
+        let mut set: Vec<JwtConfig> = Vec::new();
+        if let Some(v) = j.hs256_secret_env {
+            if v.get_ref().is_empty() {
+                errs.at(v.span().start, "[jwt] field \"hs256_secret_env\" names an environment variable; write e.g. hs256_secret_env = \"TOLLGATE_JWT_SECRET\"".to_owned());
+            }
+            set.push(JwtConfig::Hs256SecretEnv(v.into_inner()));
+        }
+        if let Some(v) = j.rs256_public_key_file {
+            set.push(JwtConfig::Rs256PublicKeyFile(PathBuf::from(v.into_inner())));
+        }
+        if let Some(v) = j.es256_public_key_file {
+            set.push(JwtConfig::Es256PublicKeyFile(PathBuf::from(v.into_inner())));
+        }
+        if set.len() != 1 {
+            errs.at(at, "[jwt] needs exactly one of hs256_secret_env, rs256_public_key_file, es256_public_key_file".to_owned());
+            return None;
+        }
+        set.pop()
+    });
+    let jwt = match jwt {
+        None => Some(None),
+        Some(None) => None,
+        Some(Some(j)) => Some(Some(j)),
+    };
+
+    let grpc_listen = match grpc_listen {
+        None => Some(None),
+        Some(None) => None,
+        Some(Some(a)) => Some(Some(a)),
+    };
+    let proxy = match proxy {
+        None => Some(None),
+        Some(None) => None,
+        Some(Some(p)) => Some(Some(p)),
+    };
+    if !ok {
+        return None;
+    }
+    Some(Config {
+        source: None,
+        listen: listen?,
+        grpc_listen: grpc_listen?,
+        admin_listen: admin_listen?,
+        admin_token,
+        store: store?,
+        proxy: proxy?,
+        headers: headers?,
+        policies: Arc::from(policies),
+        jwt: jwt?,
+    })
+}
+
+fn validate_store(raw: Option<RawStore>, errs: &mut Errors<'_>) -> Option<StoreConfig> {
+    let mut out = default_store();
+    let Some(s) = raw else {
+        return Some(out);
+    };
+    let ctx = "[store] ";
+    let mut ok = true;
+    if let Some(v) = &s.kind {
+        match one_of(v, "kind", ctx, &[("memory", true), ("redis", false)], errs) {
+            Some(true) => out.kind = StoreKind::Memory,
+            Some(false) => out.kind = StoreKind::Redis,
+            None => ok = false,
+        }
+    }
+    if let Some(v) = &s.url {
+        let u = v.get_ref();
+        if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+            errs.at(
+                v.span().start,
+                format!("[store] field \"url\": {u:?} is not a Redis URL; write e.g. url = \"redis://127.0.0.1:6379\" (rediss:// for TLS)"),
+            );
+            ok = false;
+        }
+        out.url = Some(u.clone());
+    }
+    out.cluster = s.cluster.map(|c| c.into_inner()).unwrap_or(false);
+    for n in s.nodes.unwrap_or_default() {
+        let u = n.get_ref();
+        if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+            errs.at(
+                n.span().start,
+                format!("[store] field \"nodes\": {u:?} is not a Redis URL; write e.g. nodes = [\"redis://10.0.0.1:7000\"]"),
+            );
+            ok = false;
+        }
+        out.nodes.push(u.clone());
+    }
+    if let Some(v) = &s.timeout {
+        match duration(v, "timeout", ctx, errs) {
+            Some(d) if d.is_zero() => {
+                errs.at(
+                    v.span().start,
+                    "[store] field \"timeout\" must be positive; write e.g. timeout = \"50ms\""
+                        .to_owned(),
+                );
+                ok = false;
+            }
+            Some(d) => out.timeout = d,
+            None => ok = false,
+        }
+    }
+    if let Some(v) = &s.on_error {
+        match one_of(
+            v,
+            "on_error",
+            ctx,
+            &[
+                ("allow", OnError::Allow),
+                ("deny", OnError::Deny),
+                ("local", OnError::Local),
+            ],
+            errs,
+        ) {
+            Some(o) => out.on_error = o,
+            None => ok = false,
+        }
+    }
+    if let Some(v) = &s.clock {
+        match one_of(
+            v,
+            "clock",
+            ctx,
+            &[("redis", StoreClock::Redis), ("local", StoreClock::Local)],
+            errs,
+        ) {
+            Some(c) => out.clock = c,
+            None => ok = false,
+        }
+    }
+    if let Some(v) = &s.max_keys {
+        match count(v, "max_keys", ctx, 1, errs) {
+            Some(n) => out.max_keys = usize::try_from(n).ok(),
+            None => ok = false,
+        }
+    }
+    if out.kind == StoreKind::Redis && out.url.is_none() && out.nodes.is_empty() {
+        let at = s.kind.as_ref().map_or(0, |k| k.span().start);
+        errs.at(at, "[store] kind = \"redis\" needs a server: write url = \"redis://127.0.0.1:6379\" (or nodes = [...] for a cluster)".to_owned());
+        ok = false;
+    }
+    ok.then_some(out)
+}
+
+fn validate_proxy(p: S<RawProxy>, errs: &mut Errors<'_>) -> Option<ProxyConfig> {
+    let at = p.span().start;
+    let p = p.into_inner();
+    let mut ok = true;
+    let listen = match &p.listen {
+        Some(v) => addr(v, "listen", errs),
+        None => {
+            errs.at(
+                at,
+                "[proxy] field \"listen\" is required; write e.g. listen = \"127.0.0.1:8000\""
+                    .to_owned(),
+            );
+            None
+        }
+    };
+    let upstream = match &p.upstream {
+        Some(v) => match v.get_ref().parse::<hyper::Uri>() {
+            Ok(u)
+                if u.scheme_str() == Some("http")
+                    && u.authority().is_some()
+                    && u.path_and_query().is_none_or(|pq| pq.as_str() == "/") =>
+            {
+                Some(u)
+            }
+            _ => {
+                errs.at(
+                    v.span().start,
+                    format!(
+                        "[proxy] field \"upstream\": {:?} is not an http://HOST:PORT base (no path; https upstreams are not supported); write e.g. upstream = \"http://127.0.0.1:3000\"",
+                        v.get_ref()
+                    ),
+                );
+                None
+            }
+        },
+        None => {
+            errs.at(at, "[proxy] field \"upstream\" is required; write e.g. upstream = \"http://127.0.0.1:3000\"".to_owned());
+            None
+        }
+    };
+    let mut trusted = Vec::new();
+    for t in p.trusted_proxies.unwrap_or_default() {
+        match t.get_ref().parse::<Cidr>() {
+            Ok(c) => trusted.push(c),
+            Err(e) => {
+                errs.at(
+                    t.span().start,
+                    format!("[proxy] field \"trusted_proxies\": {e}; write e.g. trusted_proxies = [\"10.0.0.0/8\"]"),
+                );
+                ok = false;
+            }
+        }
+    }
+    let timeout = match &p.timeout {
+        Some(v) => duration(v, "timeout", "[proxy] ", errs),
+        None => Some(Duration::from_secs(30)),
+    };
+    if !ok {
+        return None;
+    }
+    Some(ProxyConfig {
+        listen: listen?,
+        upstream: upstream?,
+        trusted_proxies: trusted,
+        timeout: timeout?,
+    })
+}
+
+fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<PolicyConfig> {
+    let Some(name) = p.name.as_ref() else {
+        errs.at(
+            at,
+            "[[policy]]: field \"name\" is required; write e.g. name = \"api\"".to_owned(),
+        );
+        return None;
+    };
+    let n = name.get_ref().clone();
+    let ctx = format!("policy \"{n}\": ");
+    let mut ok = true;
+
+    let kind = match &p.algorithm {
+        Some(v) => match parse_algorithm(v.get_ref()) {
+            Ok(k) => Some(k),
+            Err(reason) => {
+                errs.at(v.span().start, format!("{ctx}field \"algorithm\": {reason}; write e.g. algorithm = \"sliding_window_counter\""));
+                None
+            }
+        },
+        None => Some(AlgorithmKind::SlidingWindowCounter),
+    };
+    let kind = kind?;
+    let kname = kind.as_str();
+
+    // Fields that do not belong to the algorithm are errors, so a typo in the algorithm does not
+    // silently drop a limit.
+    let foreign: &[(&str, Option<usize>)] = &[
+        ("limit", p.limit.as_ref().map(|v| v.span().start)),
+        ("window", p.window.as_ref().map(|v| v.span().start)),
+        ("capacity", p.capacity.as_ref().map(|v| v.span().start)),
+        ("refill", p.refill.as_ref().map(|v| v.span().start)),
+        ("rate", p.rate.as_ref().map(|v| v.span().start)),
+        ("queue", p.queue.as_ref().map(|v| v.span().start)),
+        ("max_delay", p.max_delay.as_ref().map(|v| v.span().start)),
+    ];
+    let own: &[&str] = match kind {
+        AlgorithmKind::TokenBucket => &["capacity", "refill"],
+        AlgorithmKind::LeakyBucket => &["rate", "queue", "max_delay"],
+        _ => &["limit", "window"],
+    };
+    for (field, pos) in foreign {
+        if let Some(pos) = pos
+            && !own.contains(field)
+        {
+            errs.at(
+                *pos,
+                format!(
+                    "{ctx}field \"{field}\" does not apply to algorithm \"{kname}\", which takes {}; remove it or change the algorithm",
+                    own.join(", ")
+                ),
+            );
+            ok = false;
+        }
+    }
+    let required = |errs: &mut Errors<'_>, field: &str, example: &str| {
+        errs.at(
+            at,
+            format!("{ctx}field \"{field}\" is required for algorithm \"{kname}\"; write e.g. {field} = {example}"),
+        );
+    };
+
+    let quota = match kind {
+        AlgorithmKind::FixedWindow
+        | AlgorithmKind::SlidingWindowLog
+        | AlgorithmKind::SlidingWindowCounter => {
+            let limit = match &p.limit {
+                Some(v) => count(v, "limit", &ctx, 1, errs),
+                None => {
+                    required(errs, "limit", "100");
+                    None
+                }
+            };
+            let window = match &p.window {
+                Some(v) => duration(v, "window", &ctx, errs),
+                None => {
+                    required(errs, "window", "\"1m\"");
+                    None
+                }
+            };
+            match (limit, window) {
+                (Some(l), Some(w)) => {
+                    let q = match kind {
+                        AlgorithmKind::FixedWindow => Quota::fixed_window(l, w),
+                        AlgorithmKind::SlidingWindowLog => Quota::sliding_window_log(l, w),
+                        _ => Quota::sliding_window_counter(l, w),
+                    };
+                    q.map_err(|e| {
+                        let pos = p.window.as_ref().map_or(at, |v| v.span().start);
+                        errs.at(pos, format!("{ctx}{}", e.reason()));
+                    })
+                    .ok()
+                }
+                _ => None,
+            }
+        }
+        AlgorithmKind::TokenBucket => {
+            let capacity = match &p.capacity {
+                Some(v) => count(v, "capacity", &ctx, 1, errs),
+                None => {
+                    required(errs, "capacity", "20");
+                    None
+                }
+            };
+            let refill = match &p.refill {
+                Some(v) => parse_rate(v.get_ref())
+                    .map_err(|reason| {
+                        errs.at(
+                            v.span().start,
+                            format!("{ctx}field \"refill\": {reason}; write e.g. refill = \"1/s\""),
+                        );
+                    })
+                    .ok(),
+                None => {
+                    required(errs, "refill", "\"1/s\"");
+                    None
+                }
+            };
+            match (capacity, refill) {
+                (Some(c), Some(r)) => Quota::token_bucket(c, r)
+                    .map_err(|e| errs.at(at, format!("{ctx}{}", e.reason())))
+                    .ok(),
+                _ => None,
+            }
+        }
+        AlgorithmKind::LeakyBucket => {
+            let rate = match &p.rate {
+                Some(v) => parse_rate(v.get_ref())
+                    .map_err(|reason| {
+                        errs.at(
+                            v.span().start,
+                            format!("{ctx}field \"rate\": {reason}; write e.g. rate = \"5/s\""),
+                        );
+                    })
+                    .ok(),
+                None => {
+                    required(errs, "rate", "\"5/s\"");
+                    None
+                }
+            };
+            let queue = match &p.queue {
+                Some(v) => count(v, "queue", &ctx, 0, errs),
+                None => Some(0),
+            };
+            let max_delay = match &p.max_delay {
+                Some(v) => duration(v, "max_delay", &ctx, errs).map(Some),
+                None => Some(None),
+            };
+            match (rate, queue, max_delay) {
+                (Some(r), Some(q), Some(md)) => match Quota::leaky_bucket(r, q) {
+                    Ok(Quota::LeakyBucket(lb)) => Some(Quota::LeakyBucket(match md {
+                        Some(d) => lb.with_max_delay(d),
+                        None => lb,
+                    })),
+                    Ok(other) => Some(other),
+                    Err(e) => {
+                        errs.at(at, format!("{ctx}{}", e.reason()));
+                        None
+                    }
+                },
+                _ => None,
+            }
+        }
+    };
+
+    let policy = quota.and_then(|q| {
+        make_policy(&n, q)
+            .map_err(|reason| {
+                errs.at(
+                    name.span().start,
+                    format!("policy {n:?}: field \"name\": {reason}"),
+                )
+            })
+            .ok()
+    });
+
+    let cost = match &p.cost {
+        Some(v) => count(v, "cost", &ctx, 1, errs),
+        None => Some(1),
+    };
+    if let (Some(c), Some(pol)) = (cost, &policy) {
+        let max = pol.quota().max_cost();
+        if c > max {
+            let pos = p.cost.as_ref().map_or(at, |v| v.span().start);
+            errs.at(
+                pos,
+                format!("{ctx}field \"cost\" = {c} exceeds what the quota can ever admit ({max}); every request would be refused. Lower the cost or raise the quota"),
+            );
+            ok = false;
+        }
+    }
+
+    let mut keys = Vec::new();
+    match &p.key {
+        Some(list) => {
+            if list.get_ref().is_empty() {
+                errs.at(list.span().start, format!("{ctx}field \"key\" is empty; write e.g. key = [\"header:x-api-key\", \"ip\"]"));
+                ok = false;
+            }
+            for k in list.get_ref() {
+                match k.get_ref().parse::<KeySelector>() {
+                    Ok(sel) => keys.push(sel),
+                    Err(reason) => {
+                        errs.at(k.span().start, format!("{ctx}field \"key\": {reason}"));
+                        ok = false;
+                    }
+                }
+            }
+        }
+        None => keys.push(KeySelector::Ip),
+    }
+
+    let route = match p.route {
+        None => Some(RouteMatch::any()),
+        Some(m) => {
+            let m = m.into_inner();
+            let mut route = RouteMatch::any();
+            if let Some(path) = &m.path {
+                match route.set_path(path.get_ref()) {
+                    Ok(()) => {}
+                    Err(reason) => {
+                        errs.at(path.span().start, format!("{ctx}match.path: {reason}"));
+                        ok = false;
+                    }
+                }
+            }
+            for method in m.methods.unwrap_or_default() {
+                if let Err(reason) = route.add_method(method.get_ref()) {
+                    errs.at(method.span().start, format!("{ctx}match.methods: {reason}"));
+                    ok = false;
+                }
+            }
+            if let Some(host) = m.host {
+                if let Err(reason) = route.set_host(host.get_ref()) {
+                    errs.at(host.span().start, format!("{ctx}match.host: {reason}"));
+                    ok = false;
+                }
+            }
+            Some(route)
+        }
+    };
+
+    let action = match &p.action {
+        Some(v) => one_of(
+            v,
+            "action",
+            &ctx,
+            &[
+                ("reject", Action::Reject),
+                ("delay", Action::Delay),
+                ("shadow", Action::Shadow),
+            ],
+            errs,
+        ),
+        None => Some(Action::Reject),
+    };
+    if action == Some(Action::Delay) && kind != AlgorithmKind::LeakyBucket {
+        let pos = p.action.as_ref().map_or(at, |v| v.span().start);
+        errs.at(pos, format!("{ctx}action \"delay\" needs algorithm \"leaky_bucket\" (it holds a request until its slot); use action = \"reject\" with \"{kname}\""));
+        ok = false;
+    }
+    if !ok {
+        return None;
+    }
+    Some(PolicyConfig {
+        policy: policy?,
+        keys,
+        route: route?,
+        cost: cost?,
+        action: action?,
+        require_key: p.require_key.unwrap_or(false),
+    })
+}

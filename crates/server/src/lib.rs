@@ -1,0 +1,314 @@
+//! The Tollgate server as a library: configuration, the decision API (`/v1/check`,
+//! `/v1/forward-auth`), the admin listener, the reverse proxy and live reload.
+//!
+//! Mini-redis style: the caller binds the listeners and hands in a shutdown future, so tests run
+//! the whole server on `127.0.0.1:0`.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = tollgate_server::Config::builtin();
+//! let listeners = tollgate_server::Listeners::bind(&config).await?;
+//! tollgate_server::run(config, listeners, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+
+mod admin;
+mod api;
+pub mod config;
+mod engine;
+pub mod matcher;
+pub mod metrics;
+mod proxy;
+mod response;
+mod serve;
+pub mod store;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tollgate::{Clock, MemoryStore, SystemClock};
+
+pub use config::{Config, ConfigError, Diagnostic, Diagnostics};
+pub use engine::Engine;
+pub use serve::Limits;
+
+use crate::config::OnError;
+use crate::metrics::Metrics;
+use crate::store::{AnyStore, StoreSetupError};
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The store could not be set up.
+    #[error(transparent)]
+    Store(#[from] StoreSetupError),
+    /// The policies could not be loaded into a limiter.
+    #[error("cannot build the limiter: {0}")]
+    Limiter(#[from] tollgate::Error),
+}
+
+/// The bound listeners the server runs on.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The decision API (`[server] listen`).
+    pub api: TcpListener,
+    /// The admin endpoints (`[admin] listen`).
+    pub admin: TcpListener,
+    /// The reverse proxy (`[proxy] listen`), when configured.
+    pub proxy: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the addresses `config` names.
+    pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
+        async fn one(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Bind { addr, source })
+        }
+        Ok(Listeners {
+            api: one(config.listen).await?,
+            admin: one(config.admin_listen).await?,
+            proxy: match &config.proxy {
+                Some(p) => Some(one(p.listen).await?),
+                None => None,
+            },
+        })
+    }
+
+    /// The addresses actually bound (useful with port 0): api, admin, proxy.
+    pub fn local_addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>, Option<SocketAddr>) {
+        (
+            self.api.local_addr().ok(),
+            self.admin.local_addr().ok(),
+            self.proxy.as_ref().and_then(|p| p.local_addr().ok()),
+        )
+    }
+}
+
+/// State every listener shares; the engine is swapped whole on reload.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    engine: RwLock<Arc<Engine>>,
+    store: AnyStore,
+    local: MemoryStore,
+    metrics: Arc<Metrics>,
+    client: proxy::UpstreamClient,
+}
+
+impl Shared {
+    pub(crate) fn engine(&self) -> Arc<Engine> {
+        match self.engine.read() {
+            Ok(e) => Arc::clone(&e),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Re-reads the configuration file; keeps the running one when the new one is bad.
+    fn reload(&self, path: &Path) -> Result<bool, String> {
+        let current = self.engine();
+        let config = match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                self.metrics.reload(false);
+                return Err(e.to_string());
+            }
+        };
+        if *current.config().as_ref() == config {
+            return Ok(false);
+        }
+        let old = current.config();
+        if old.store != config.store {
+            tracing::warn!(
+                "reload: [store] changes take effect on restart; the running store is kept"
+            );
+        }
+        if old.listen != config.listen
+            || old.admin_listen != config.admin_listen
+            || old.proxy.as_ref().map(|p| p.listen) != config.proxy.as_ref().map(|p| p.listen)
+        {
+            tracing::warn!("reload: listen address changes take effect on restart");
+        }
+        let engine = Engine::new(
+            Arc::new(config),
+            self.store.clone(),
+            Some(self.local.clone()),
+            Arc::clone(&self.metrics),
+        )
+        .map_err(|e| {
+            self.metrics.reload(false);
+            e.to_string()
+        })?;
+        match self.engine.write() {
+            Ok(mut g) => *g = Arc::new(engine),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(engine),
+        }
+        self.metrics.reload(true);
+        Ok(true)
+    }
+}
+
+/// Runs the server on `listeners` until `shutdown` completes, then drains in-flight requests.
+///
+/// When the configuration came from a file, it is reloaded on SIGHUP and when the file changes
+/// (checked every second).
+pub async fn run(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    run_with(config, listeners, shutdown, Limits::default()).await
+}
+
+/// [`run`] with explicit listener [`Limits`].
+pub async fn run_with(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+    limits: Limits,
+) -> Result<(), ServerError> {
+    let store = AnyStore::from_config(&config.store)?;
+    let local = MemoryStore::default();
+    let metrics = Arc::new(Metrics::default());
+    if config.grpc_listen.is_some() {
+        tracing::warn!(
+            "[server] grpc_listen is set, but this build does not serve Envoy RLS gRPC yet"
+        );
+    }
+    if config.store.on_error == OnError::Local {
+        tracing::info!(
+            "on_error = \"local\": an in-memory limiter decides while the store is down"
+        );
+    }
+    let source = config.source.clone();
+    let engine = Engine::new(
+        Arc::new(config),
+        store.clone(),
+        Some(local.clone()),
+        Arc::clone(&metrics),
+    )?;
+    let shared = Arc::new(Shared {
+        engine: RwLock::new(Arc::new(engine)),
+        store: store.clone(),
+        local,
+        metrics,
+        client: proxy::client(),
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let mut tasks = tokio::task::JoinSet::new();
+    {
+        let s = Arc::clone(&shared);
+        tasks.spawn(serve::serve(
+            "api",
+            listeners.api,
+            move |peer, req| api::handle(Arc::clone(&s), peer, req),
+            stop_rx.clone(),
+            limits,
+        ));
+    }
+    {
+        let s = Arc::clone(&shared);
+        tasks.spawn(serve::serve(
+            "admin",
+            listeners.admin,
+            move |peer, req| admin::handle(Arc::clone(&s), peer, req),
+            stop_rx.clone(),
+            limits,
+        ));
+    }
+    if let Some(l) = listeners.proxy {
+        let s = Arc::clone(&shared);
+        tasks.spawn(serve::serve(
+            "proxy",
+            l,
+            move |peer, req| proxy::handle(Arc::clone(&s), peer, req),
+            stop_rx.clone(),
+            limits,
+        ));
+    }
+    // Housekeeping: purge idle keys of the memory stores.
+    {
+        let s = Arc::clone(&shared);
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let clock = SystemClock::new();
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        s.store.purge(clock.now());
+                        s.local.purge_expired(clock.now());
+                    }
+                    _ = crate::serve::stopped(&mut stop) => break,
+                }
+            }
+        });
+    }
+    if let Some(path) = source {
+        tokio::spawn(watch_config(Arc::clone(&shared), path, stop_rx.clone()));
+    }
+
+    shutdown.await;
+    tracing::info!("shutting down: draining in-flight requests");
+    let _ = stop_tx.send(true);
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Reloads on SIGHUP and whenever the file's contents change.
+async fn watch_config(
+    shared: Arc<Shared>,
+    path: std::path::PathBuf,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut last = std::fs::read(&path).ok();
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        #[cfg(unix)]
+        let hup_signal = async {
+            match hup.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hup_signal = std::future::pending::<()>();
+        let forced = tokio::select! {
+            _ = tick.tick() => false,
+            _ = hup_signal => true,
+            _ = crate::serve::stopped(&mut stop) => return,
+        };
+        let now = std::fs::read(&path).ok();
+        if !forced && now == last {
+            continue;
+        }
+        last = now;
+        match shared.reload(&path) {
+            Ok(true) => tracing::info!(file = %path.display(), "configuration reloaded"),
+            Ok(false) => tracing::info!(file = %path.display(), "configuration unchanged"),
+            Err(e) => tracing::error!(
+                file = %path.display(),
+                "configuration rejected; the running one stays:\n{e}"
+            ),
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The accept loop every listener shares: HTTP/1.1 with a header read timeout (slow-loris), a
+//! header size bound, a connection limit, and a graceful drain on shutdown.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+use crate::response::Body;
+
+/// Bounds every listener applies.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections served at once; further ones wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers.
+    pub header_read_timeout: Duration,
+    /// Largest request head (line and headers), in bytes; larger ones get 431.
+    pub max_header_bytes: usize,
+    /// How long shutdown waits for in-flight requests.
+    pub drain: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 10_000,
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 64 * 1024,
+            drain: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Completes once `rx` turns true (or its sender is gone).
+pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// Serves `handler` on `listener` until `shutdown` turns true, then drains.
+pub(crate) async fn serve<H, F>(
+    name: &'static str,
+    listener: TcpListener,
+    handler: H,
+    mut shutdown: watch::Receiver<bool>,
+    limits: Limits,
+) where
+    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    loop {
+        let permit = tokio::select! {
+            p = Arc::clone(&permits).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = crate::serve::stopped(&mut shutdown) => break,
+        };
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(listener = name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = crate::serve::stopped(&mut shutdown) => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .max_buf_size(limits.max_header_bytes)
+                .keep_alive(true);
+            let svc = service_fn(move |req| {
+                let h = handler.clone();
+                async move { Ok::<_, Infallible>(h(peer, req).await) }
+            });
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(listener = name, %peer, error = %e, "connection ended");
+                    }
+                }
+                _ = crate::serve::stopped(&mut stop) => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    // Every connection holds a permit: getting them all back means all have drained.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(limits.drain, permits.acquire_many(all))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            listener = name,
+            "shutdown: connections still open after the drain period"
+        );
+    }
+}
