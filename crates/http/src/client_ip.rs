@@ -1,0 +1,180 @@
+//! Who the client is: the peer address, or, when the peer is a trusted proxy, the address the
+//! proxies report in `X-Forwarded-For` or `Forwarded` (RFC 7239), walked right to left.
+//!
+//! Only the hops a trusted proxy appended can be believed: everything to their left was written
+//! by the client. So the walk starts at the right, skips trusted proxies, and stops at the first
+//! address that is not one: that is the client. A malformed entry stops the walk at the last
+//! hop that was trusted, so garbage can never make up an identity.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use http::HeaderMap;
+use http::header::{FORWARDED, HeaderName};
+
+use crate::TrustedProxies;
+
+/// Which header trusted proxies report the client in.
+///
+/// Exactly one is read: if both were, a client could forge the one its proxy does not write,
+/// and its right-most entries would then be the client's own choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2` (nginx, Traefik, most load balancers).
+    #[default]
+    XForwardedFor,
+    /// `Forwarded: for=client, for="[2001:db8::1]:4711"` (RFC 7239).
+    Forwarded,
+}
+
+/// How far the walk goes: a longer chain of trusted proxies is not a real deployment.
+const MAX_HOPS: usize = 32;
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// The client's address, given the peer (the socket's remote address) and the headers.
+pub(crate) fn client_ip(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    trusted: &TrustedProxies,
+    which: ForwardedHeader,
+) -> IpAddr {
+    let peer = peer.to_canonical();
+    if trusted.is_empty() || !trusted.contains(peer) {
+        return peer;
+    }
+    let name = match which {
+        ForwardedHeader::XForwardedFor => &X_FORWARDED_FOR,
+        ForwardedHeader::Forwarded => &FORWARDED,
+    };
+    let mut last_trusted = peer;
+    let mut hops = 0;
+    // Several header lines form one list, in order: walk the lines from the last one.
+    let lines: Vec<_> = headers.get_all(name).iter().collect();
+    for line in lines.into_iter().rev() {
+        let Ok(text) = line.to_str() else {
+            return last_trusted;
+        };
+        for entry in text.rsplit(',') {
+            hops += 1;
+            if hops > MAX_HOPS {
+                return last_trusted;
+            }
+            let node = match which {
+                ForwardedHeader::XForwardedFor => Some(entry.trim()),
+                ForwardedHeader::Forwarded => forwarded_for(entry),
+            };
+            let Some(ip) = node.and_then(parse_node) else {
+                return last_trusted;
+            };
+            if trusted.contains(ip) {
+                last_trusted = ip;
+            } else {
+                return ip;
+            }
+        }
+    }
+    // Every hop is a trusted proxy: the left-most one is as close to the client as we know.
+    last_trusted
+}
+
+/// The `for=` parameter of one `Forwarded` element (`for=1.2.3.4;proto=https`).
+fn forwarded_for(element: &str) -> Option<&str> {
+    element.split(';').find_map(|pair| {
+        let (name, value) = pair.trim().split_once('=')?;
+        name.trim()
+            .eq_ignore_ascii_case("for")
+            .then(|| value.trim())
+    })
+}
+
+/// An address as proxies write it: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]:80`,
+/// optionally in double quotes. `unknown` and obfuscated identifiers (`_hidden`) are not
+/// addresses.
+fn parse_node(node: &str) -> Option<IpAddr> {
+    let node = node.trim();
+    let node = node
+        .strip_prefix('"')
+        .and_then(|n| n.strip_suffix('"'))
+        .unwrap_or(node);
+    if let Some(rest) = node.strip_prefix('[') {
+        let (v6, _port) = rest.split_once(']')?;
+        return v6
+            .parse::<Ipv6Addr>()
+            .ok()
+            .map(|ip| IpAddr::V6(ip).to_canonical());
+    }
+    if let Ok(ip) = node.parse::<IpAddr>() {
+        return Some(ip.to_canonical());
+    }
+    // IPv4 with a port: exactly one colon.
+    let (host, port) = node.rsplit_once(':')?;
+    if port.bytes().all(|b| b.is_ascii_digit()) && !host.contains(':') {
+        return host.parse::<IpAddr>().ok();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse()
+            .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))
+    }
+
+    fn headers(name: &str, values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
+                h.append(n, v);
+            }
+        }
+        h
+    }
+
+    #[test]
+    fn untrusted_peer_is_the_client() -> Result<(), crate::ConfigError> {
+        let trusted = TrustedProxies::parse(["10.0.0.0/8"])?;
+        let h = headers("x-forwarded-for", &["6.6.6.6"]);
+        let got = client_ip(
+            ip("203.0.113.9"),
+            &h,
+            &trusted,
+            ForwardedHeader::XForwardedFor,
+        );
+        assert_eq!(got, ip("203.0.113.9"));
+        Ok(())
+    }
+
+    #[test]
+    fn walks_right_to_left_past_trusted_hops() -> Result<(), crate::ConfigError> {
+        let trusted = TrustedProxies::parse(["10.0.0.0/8"])?;
+        let h = headers("x-forwarded-for", &["6.6.6.6, 198.51.100.1", "10.0.0.2"]);
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        assert_eq!(got, ip("198.51.100.1"));
+        let h = headers("x-forwarded-for", &["garbage, 10.0.0.3"]);
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        assert_eq!(got, ip("10.0.0.3"));
+        Ok(())
+    }
+
+    #[test]
+    fn forwarded_elements() -> Result<(), crate::ConfigError> {
+        let trusted = TrustedProxies::parse(["10.0.0.0/8"])?;
+        let h = headers(
+            "forwarded",
+            &["for=6.6.6.6, for=\"[2001:db8::7]:4711\";proto=https, for=10.1.1.1:80"],
+        );
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        assert_eq!(got, ip("2001:db8::7"));
+        let h = headers("forwarded", &["for=unknown"]);
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        assert_eq!(got, ip("10.0.0.1"));
+        Ok(())
+    }
+}

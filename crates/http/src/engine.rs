@@ -1,0 +1,877 @@
+//! The policy engine: which policies a request falls under, whose key it is counted against,
+//! what the limiter decides, and what to answer. Independent of tower, so the server's proxy,
+//! check API and forward-auth endpoint use it exactly as the layer does.
+//!
+//! One request is two steps: [`Engine::prepare`] (synchronous: route matching, key selection,
+//! JWT verification) and [`Engine::decide`] (one `check_all` against the store, all-or-nothing
+//! across every matching policy). [`Engine::evaluate`] does both.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use smallvec::SmallVec;
+use tollgate::{
+    Check, Clock, Decision, Decisions, Error, Limiter, MemoryStore, Policy, Quota, Store,
+    SystemClock,
+};
+
+use crate::client_ip::{ForwardedHeader, client_ip};
+use crate::headers::{HeaderList, PolicyHeaders, render, retry_after, t_secs};
+use crate::key::{KeyBuf, KeyContext, KeyHasher};
+use crate::route::NormalizedPath;
+use crate::{
+    ConfigError, HeaderConfig, JwtVerifier, KeyChain, KeySelector, RequestInfo, RouteMatch,
+    TrustedProxies, problem,
+};
+
+/// The key a request without one is counted under (per policy), unless the policy requires a
+/// key. Selector keys always contain a `:`, so no request can claim this one.
+pub const ANONYMOUS_KEY: &[u8] = b"anonymous";
+
+/// The default bound on a held request's wait with the `delay` action.
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(10);
+
+/// What happens to a request a policy denies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Answer 429.
+    Reject,
+    /// Leaky bucket: hold the request until its slot, at most `max_delay`, then pass it on;
+    /// answer 429 when the wait would be longer.
+    Delay {
+        /// The longest a request is held.
+        max_delay: Duration,
+    },
+    /// Never block: count, log at debug level and report in the headers what would have
+    /// happened. For rolling out a new policy safely.
+    Shadow,
+}
+
+impl Action {
+    /// `"reject"`, `"delay"` (with `max_delay`, default [`DEFAULT_MAX_DELAY`]) or `"shadow"`.
+    pub fn parse(input: &str, max_delay: Option<Duration>) -> Result<Self, ConfigError> {
+        match input.trim() {
+            "reject" => Ok(Action::Reject),
+            "delay" => Ok(Action::Delay {
+                max_delay: max_delay.unwrap_or(DEFAULT_MAX_DELAY),
+            }),
+            "shadow" => Ok(Action::Shadow),
+            _ => Err(ConfigError::new(
+                input,
+                "use \"reject\", \"delay\" or \"shadow\"",
+            )),
+        }
+    }
+}
+
+impl FromStr for Action {
+    type Err = ConfigError;
+
+    fn from_str(input: &str) -> Result<Self, ConfigError> {
+        Action::parse(input, None)
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Action::Reject => f.write_str("reject"),
+            Action::Delay { max_delay } => write!(f, "delay (max {max_delay:?})"),
+            Action::Shadow => f.write_str("shadow"),
+        }
+    }
+}
+
+/// What the engine does when the store fails (after the store's own timeout and fallback).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FailMode {
+    /// Let the request through without rate-limit headers and log a warning (the default:
+    /// an outage of the limiter should not become an outage of the API).
+    #[default]
+    Allow,
+    /// Answer 503 with a generic problem+json body and `Retry-After: 1`.
+    Deny,
+}
+
+impl FromStr for FailMode {
+    type Err = ConfigError;
+
+    fn from_str(input: &str) -> Result<Self, ConfigError> {
+        match input.trim() {
+            "allow" => Ok(FailMode::Allow),
+            "deny" => Ok(FailMode::Deny),
+            _ => Err(ConfigError::new(input, "use \"allow\" or \"deny\"")),
+        }
+    }
+}
+
+/// A policy as HTTP sees it: the core policy (algorithm and quota) plus where its keys come
+/// from, which requests it applies to, what a request costs and what a denial does.
+#[derive(Clone, Debug)]
+pub struct HttpPolicy {
+    /// Name, algorithm and quota.
+    pub policy: Policy,
+    /// Key selectors, first present wins.
+    pub keys: KeyChain,
+    /// Which requests it applies to.
+    pub route: RouteMatch,
+    /// What one request costs.
+    pub cost: u32,
+    /// What a denial does.
+    pub action: Action,
+    /// Answer 401 rather than count a request with no key under the anonymous key.
+    pub require_key: bool,
+}
+
+impl HttpPolicy {
+    /// `policy` for every request, keyed by client IP, cost 1, rejecting.
+    pub fn new(policy: Policy) -> Self {
+        HttpPolicy {
+            policy,
+            keys: KeyChain::new([KeySelector::Ip]),
+            route: RouteMatch::any(),
+            cost: 1,
+            action: Action::Reject,
+            require_key: false,
+        }
+    }
+
+    /// Sets the key selectors.
+    pub fn keys(mut self, keys: KeyChain) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// Sets the route.
+    pub fn route(mut self, route: RouteMatch) -> Self {
+        self.route = route;
+        self
+    }
+
+    /// Sets the cost.
+    pub fn cost(mut self, cost: u32) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Sets the action.
+    pub fn action(mut self, action: Action) -> Self {
+        self.action = action;
+        self
+    }
+
+    /// Sets whether a key is required.
+    pub fn require_key(mut self, require: bool) -> Self {
+        self.require_key = require;
+        self
+    }
+}
+
+/// A policy with everything a request needs precomputed.
+#[derive(Debug)]
+struct Compiled {
+    http: HttpPolicy,
+    text: PolicyHeaders,
+}
+
+/// Finds a client address from the request; the engine's default reads the peer and, from
+/// trusted proxies, the forwarding header.
+type ResolveIp = dyn Fn(&RequestInfo<'_>) -> Option<IpAddr> + Send + Sync;
+
+struct Inner {
+    policies: Vec<Compiled>,
+    headers: HeaderConfig,
+    jwt: Option<JwtVerifier>,
+    hasher: KeyHasher,
+    ipv6_prefix: u8,
+    fail_mode: FailMode,
+    resolve_ip: Box<ResolveIp>,
+}
+
+impl fmt::Debug for Inner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("policies", &self.policies)
+            .field("headers", &self.headers)
+            .field("jwt", &self.jwt)
+            .field("ipv6_prefix", &self.ipv6_prefix)
+            .field("fail_mode", &self.fail_mode)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The policy engine. Cheap to clone; clones share the limiter, the store and the policies.
+#[derive(Debug)]
+pub struct Engine<S = MemoryStore, C = SystemClock> {
+    limiter: Limiter<S, C>,
+    inner: Arc<Inner>,
+}
+
+impl<S, C> Clone for Engine<S, C> {
+    fn clone(&self) -> Self {
+        Engine {
+            limiter: self.limiter.clone(),
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+/// Builds an [`Engine`].
+pub struct EngineBuilder<S, C> {
+    store: S,
+    clock: C,
+    policies: Vec<HttpPolicy>,
+    headers: HeaderConfig,
+    trusted: TrustedProxies,
+    forwarded: ForwardedHeader,
+    ipv6_prefix: u8,
+    jwt: Option<JwtVerifier>,
+    key_secret: Vec<u8>,
+    fail_mode: FailMode,
+}
+
+impl<S, C> fmt::Debug for EngineBuilder<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineBuilder")
+            .field("policies", &self.policies)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// A builder with the in-memory store and the system clock.
+    pub fn builder() -> EngineBuilder<MemoryStore, SystemClock> {
+        EngineBuilder {
+            store: MemoryStore::default(),
+            clock: SystemClock::new(),
+            policies: Vec::new(),
+            headers: HeaderConfig::default(),
+            trusted: TrustedProxies::none(),
+            forwarded: ForwardedHeader::default(),
+            ipv6_prefix: 64,
+            jwt: None,
+            key_secret: Vec::new(),
+            fail_mode: FailMode::default(),
+        }
+    }
+}
+
+impl<S, C> EngineBuilder<S, C> {
+    /// Keeps state in `store`.
+    pub fn store<S2: Store>(self, store: S2) -> EngineBuilder<S2, C> {
+        EngineBuilder {
+            store,
+            clock: self.clock,
+            policies: self.policies,
+            headers: self.headers,
+            trusted: self.trusted,
+            forwarded: self.forwarded,
+            ipv6_prefix: self.ipv6_prefix,
+            jwt: self.jwt,
+            key_secret: self.key_secret,
+            fail_mode: self.fail_mode,
+        }
+    }
+
+    /// Reads time (and sleeps held requests) with `clock`.
+    pub fn clock<C2: Clock>(self, clock: C2) -> EngineBuilder<S, C2> {
+        EngineBuilder {
+            store: self.store,
+            clock,
+            policies: self.policies,
+            headers: self.headers,
+            trusted: self.trusted,
+            forwarded: self.forwarded,
+            ipv6_prefix: self.ipv6_prefix,
+            jwt: self.jwt,
+            key_secret: self.key_secret,
+            fail_mode: self.fail_mode,
+        }
+    }
+
+    /// Adds a policy. Policies are checked in the order they are added.
+    pub fn policy(mut self, policy: HttpPolicy) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    /// Adds policies.
+    pub fn policies(mut self, policies: impl IntoIterator<Item = HttpPolicy>) -> Self {
+        self.policies.extend(policies);
+        self
+    }
+
+    /// Which headers responses carry.
+    pub fn headers(mut self, headers: HeaderConfig) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// The proxies whose forwarding headers are believed (default: none).
+    pub fn trusted_proxies(mut self, trusted: TrustedProxies) -> Self {
+        self.trusted = trusted;
+        self
+    }
+
+    /// Which forwarding header trusted proxies write (default `X-Forwarded-For`).
+    pub fn forwarded_header(mut self, header: ForwardedHeader) -> Self {
+        self.forwarded = header;
+        self
+    }
+
+    /// How many leading bits of an IPv6 address form one client (default 64).
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits;
+        self
+    }
+
+    /// Verifies Bearer tokens for `jwt:<claim>` selectors.
+    pub fn jwt(mut self, verifier: JwtVerifier) -> Self {
+        self.jwt = Some(verifier);
+        self
+    }
+
+    /// The secret credentials are hashed with before they become store keys (default empty).
+    /// Instances sharing a store must share it.
+    pub fn key_hash_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.key_secret = secret.into();
+        self
+    }
+
+    /// What to do when the store fails (default [`FailMode::Allow`]).
+    pub fn fail_mode(mut self, mode: FailMode) -> Self {
+        self.fail_mode = mode;
+        self
+    }
+
+    /// The engine, or the first configuration error.
+    pub fn build(self) -> Result<Engine<S, C>, ConfigError>
+    where
+        S: Store,
+        C: Clock,
+    {
+        if self.ipv6_prefix > 128 {
+            return Err(ConfigError::new(
+                &self.ipv6_prefix.to_string(),
+                "ipv6_prefix must be from 0 to 128",
+            ));
+        }
+        let mut compiled = Vec::with_capacity(self.policies.len());
+        for mut http in self.policies {
+            let name = http.policy.name().to_owned();
+            let fail = |reason: &str| Err(ConfigError::new(&name, reason));
+            if http.keys.uses_jwt() && self.jwt.is_none() {
+                return fail(
+                    "a \"jwt:<claim>\" key selector needs a JWT key ([jwt] in the config)",
+                );
+            }
+            if http.require_key && http.keys.selectors().is_empty() {
+                return fail("require_key needs at least one key selector");
+            }
+            let max = http.policy.quota().max_cost();
+            if http.cost > max {
+                return Err(ConfigError::new(
+                    &name,
+                    format!(
+                        "cost {} exceeds the quota: no request could ever pass (at most {max})",
+                        http.cost
+                    ),
+                ));
+            }
+            if let Action::Delay { max_delay } = http.action {
+                // The bound is enforced by the algorithm, so a request that would wait too long
+                // is denied before it consumes anything.
+                let Quota::LeakyBucket(bucket) = http.policy.quota() else {
+                    return fail("action \"delay\" needs algorithm \"leaky_bucket\"");
+                };
+                let bound = bucket.max_delay().map_or(max_delay, |d| d.min(max_delay));
+                let quota = Quota::LeakyBucket(bucket.clone().with_max_delay(bound));
+                http.policy =
+                    Policy::new(&name, quota).map_err(|e| ConfigError::new(&name, e.reason()))?;
+            }
+            let text = PolicyHeaders::new(&http.policy)?;
+            compiled.push(Compiled { http, text });
+        }
+        let limiter = Limiter::builder()
+            .store(self.store)
+            .clock(self.clock)
+            .policies(compiled.iter().map(|c| c.http.policy.clone()))
+            .build()
+            .map_err(|e| ConfigError::new("policies", e.to_string()))?;
+        let trusted = self.trusted;
+        let forwarded = self.forwarded;
+        let resolve_ip: Box<ResolveIp> = Box::new(move |info: &RequestInfo<'_>| {
+            if let Some(ip) = info.client_ip {
+                return Some(ip.to_canonical());
+            }
+            info.peer
+                .map(|peer| client_ip(peer, info.headers, &trusted, forwarded))
+        });
+        Ok(Engine {
+            limiter,
+            inner: Arc::new(Inner {
+                policies: compiled,
+                headers: self.headers,
+                jwt: self.jwt,
+                hasher: KeyHasher::new(&self.key_secret),
+                ipv6_prefix: self.ipv6_prefix,
+                fail_mode: self.fail_mode,
+                resolve_ip,
+            }),
+        })
+    }
+}
+
+/// One matching policy and the key the request is counted under.
+#[derive(Clone, Debug)]
+struct Entry {
+    index: usize,
+    key: KeyBuf,
+}
+
+/// The synchronous half of an evaluation: which policies match and the keys. Owns its data, so
+/// it can cross an `await` without borrowing the request.
+#[derive(Clone, Debug, Default)]
+pub struct Prepared {
+    entries: SmallVec<[Entry; 4]>,
+    missing_key: Option<usize>,
+}
+
+impl Prepared {
+    /// Whether no policy applies (the request passes untouched, without headers).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.missing_key.is_none()
+    }
+}
+
+/// What to do with a request.
+#[derive(Debug)]
+pub enum Verdict<S: Store, C: Clock> {
+    /// Pass it on now, adding the outcome's headers to the response.
+    Pass,
+    /// Hold it for [`Hold::delay`], then pass it on. Dropping the hold before it completes
+    /// gives the request's quota back.
+    Hold(Hold<S, C>),
+    /// Answer with this response (429, 401 or 503) instead of passing it on. It already carries
+    /// the outcome's headers.
+    Respond(Response<Bytes>),
+}
+
+/// The result of evaluating a request.
+#[derive(Debug)]
+pub struct Outcome<S: Store, C: Clock> {
+    decisions: Decisions,
+    headers: HeaderList,
+    verdict: Verdict<S, C>,
+}
+
+impl<S: Store, C: Clock> Outcome<S, C> {
+    /// One decision per matching policy, in policy order; empty when none matched, the key was
+    /// missing or the store failed.
+    pub fn decisions(&self) -> &Decisions {
+        &self.decisions
+    }
+
+    /// Whether the request goes on (now or after a hold).
+    pub fn allowed(&self) -> bool {
+        !matches!(self.verdict, Verdict::Respond(_))
+    }
+
+    /// The rate-limit headers for the response.
+    pub fn headers(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        self.headers.iter().map(|(n, v)| (n, v))
+    }
+
+    /// Adds the rate-limit headers to `headers`.
+    pub fn apply_headers(&self, headers: &mut HeaderMap) {
+        for (name, value) in &self.headers {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+
+    /// What to do.
+    pub fn verdict(&self) -> &Verdict<S, C> {
+        &self.verdict
+    }
+
+    /// The decisions, the headers and what to do, by value.
+    pub fn into_parts(self) -> (Decisions, HeaderMap, Verdict<S, C>) {
+        let mut headers = HeaderMap::with_capacity(self.headers.len());
+        for (name, value) in self.headers {
+            headers.insert(name, value);
+        }
+        (self.decisions, headers, self.verdict)
+    }
+
+    /// Moves the headers into `headers` and returns what to do.
+    pub fn into_verdict(self, headers: &mut HeaderMap) -> Verdict<S, C> {
+        for (name, value) in self.headers {
+            headers.insert(name, value);
+        }
+        self.verdict
+    }
+}
+
+impl<S: Store, C: Clock> Engine<S, C> {
+    /// The limiter (for checks by policy name, such as the server's `/v1/check`).
+    pub fn limiter(&self) -> &Limiter<S, C> {
+        &self.limiter
+    }
+
+    /// The policies, in order.
+    pub fn policies(&self) -> impl Iterator<Item = &HttpPolicy> {
+        self.inner.policies.iter().map(|c| &c.http)
+    }
+
+    /// The header settings.
+    pub fn header_config(&self) -> &HeaderConfig {
+        &self.inner.headers
+    }
+
+    /// Matches the request against the policies and selects its keys.
+    pub fn prepare(&self, info: &RequestInfo<'_>) -> Prepared {
+        let mut prepared = Prepared::default();
+        let path = NormalizedPath::new(info.path);
+        let cx = KeyContext {
+            info,
+            jwt: self.inner.jwt.as_ref(),
+            claims: Default::default(),
+            client_ip: Default::default(),
+            resolve_ip: &*self.inner.resolve_ip,
+            ipv6_prefix: self.inner.ipv6_prefix,
+        };
+        for (index, policy) in self.inner.policies.iter().enumerate() {
+            let http = &policy.http;
+            if !http.route.matches(info.method, &path, info.host) {
+                continue;
+            }
+            let mut key = KeyBuf::new();
+            if !cx.key(&http.keys, &self.inner.hasher, &mut key) {
+                if http.require_key {
+                    prepared.missing_key = Some(index);
+                    prepared.entries.clear();
+                    return prepared;
+                }
+                key.clear();
+                key.extend_from_slice(ANONYMOUS_KEY);
+            }
+            prepared.entries.push(Entry { index, key });
+        }
+        prepared
+    }
+
+    /// Matches, selects keys and decides.
+    pub async fn evaluate(&self, info: &RequestInfo<'_>) -> Outcome<S, C> {
+        let prepared = self.prepare(info);
+        self.decide(prepared).await
+    }
+
+    /// Decides a prepared request: one all-or-nothing `check_all` over every matching policy.
+    pub async fn decide(&self, prepared: Prepared) -> Outcome<S, C> {
+        let policies = &self.inner.policies;
+        if let Some(index) = prepared.missing_key {
+            let name = policies.get(index).map_or("", |p| p.http.policy.name());
+            tracing::debug!(
+                policy = name,
+                "request without a key for a policy that requires one"
+            );
+            let response = problem::response(StatusCode::UNAUTHORIZED, problem::key_required(name));
+            return self.outcome(
+                Decisions::new(),
+                HeaderList::new(),
+                Verdict::Respond(response),
+            );
+        }
+        if prepared.entries.is_empty() {
+            return self.outcome(Decisions::new(), HeaderList::new(), Verdict::Pass);
+        }
+        let entries = &prepared.entries;
+        let checks: SmallVec<[Check<'_>; 4]> = entries.iter().map(|e| self.check(e)).collect();
+        let mut decisions = match self.limiter.check_all(&checks).await {
+            Ok(d) => d,
+            Err(e) => return self.failed(e, entries),
+        };
+        let mut consumed = decisions.allowed();
+        if !consumed {
+            let enforced_denial = decisions
+                .as_slice()
+                .iter()
+                .zip(entries.iter())
+                .any(|(d, e)| !d.allowed && !self.is_shadow(e));
+            for (d, e) in decisions.as_slice().iter().zip(entries.iter()) {
+                if !d.allowed && self.is_shadow(e) {
+                    tracing::debug!(policy = &*d.policy, "shadow policy would deny this request");
+                }
+            }
+            if !enforced_denial {
+                // Only shadow policies deny: the request goes on, so the enforcing policies
+                // must count it, in their own all-or-nothing call.
+                let enforced: SmallVec<[Check<'_>; 4]> = entries
+                    .iter()
+                    .filter(|e| !self.is_shadow(e))
+                    .map(|e| self.check(e))
+                    .collect();
+                if enforced.is_empty() {
+                    let headers = self.render(&decisions, entries);
+                    return self.outcome(decisions, headers, Verdict::Pass);
+                }
+                let again = match self.limiter.check_all(&enforced).await {
+                    Ok(d) => d,
+                    Err(e) => return self.failed(e, entries),
+                };
+                consumed = again.allowed();
+                let mut again = again.into_iter();
+                decisions = decisions
+                    .into_iter()
+                    .zip(entries.iter())
+                    .map(|(d, e)| {
+                        if self.is_shadow(e) {
+                            Some(d)
+                        } else {
+                            again.next()
+                        }
+                    })
+                    .collect::<Option<Decisions>>()
+                    .unwrap_or_default();
+            }
+        }
+        let headers = self.render(&decisions, entries);
+        if !consumed || decisions.len() != entries.len() {
+            return self.deny(decisions, headers, entries);
+        }
+        // Admitted. Hold for the longest slot a `delay` policy asks for.
+        let delay = decisions
+            .as_slice()
+            .iter()
+            .zip(entries.iter())
+            .filter(|(_, e)| matches!(self.action(e), Action::Delay { .. }))
+            .filter_map(|(d, _)| d.delay)
+            .max();
+        match delay {
+            Some(delay) if !delay.is_zero() => {
+                let hold = Hold {
+                    delay,
+                    guard: Some(RefundGuard {
+                        engine: self.clone(),
+                        entries: entries
+                            .iter()
+                            .filter(|e| !self.is_shadow(e))
+                            .cloned()
+                            .collect(),
+                        armed: true,
+                    }),
+                };
+                self.outcome(decisions, headers, Verdict::Hold(hold))
+            }
+            _ => self.outcome(decisions, headers, Verdict::Pass),
+        }
+    }
+
+    fn outcome(
+        &self,
+        decisions: Decisions,
+        headers: HeaderList,
+        verdict: Verdict<S, C>,
+    ) -> Outcome<S, C> {
+        Outcome {
+            decisions,
+            headers,
+            verdict,
+        }
+    }
+
+    fn check<'e>(&'e self, entry: &'e Entry) -> Check<'e> {
+        let http = &self.inner.policies[entry.index].http;
+        Check::new(&http.policy, &entry.key, http.cost)
+    }
+
+    fn action(&self, entry: &Entry) -> Action {
+        self.inner.policies[entry.index].http.action
+    }
+
+    fn is_shadow(&self, entry: &Entry) -> bool {
+        self.action(entry) == Action::Shadow
+    }
+
+    fn render(&self, decisions: &Decisions, entries: &[Entry]) -> HeaderList {
+        let items: SmallVec<[(&Decision, &PolicyHeaders); 4]> = decisions
+            .as_slice()
+            .iter()
+            .zip(entries.iter())
+            .map(|(d, e)| (d, &self.inner.policies[e.index].text))
+            .collect();
+        let mut headers = HeaderList::new();
+        render(
+            &self.inner.headers,
+            self.limiter.clock().now(),
+            &items,
+            &mut headers,
+        );
+        headers
+    }
+
+    /// The 429.
+    fn deny(
+        &self,
+        decisions: Decisions,
+        mut headers: HeaderList,
+        entries: &[Entry],
+    ) -> Outcome<S, C> {
+        let now = self.limiter.clock().now();
+        // Retry-After covers every enforcing policy that denied; shadow denials never delay.
+        let mut wait: Option<Duration> = Some(Duration::ZERO);
+        let mut floor = 0;
+        for (d, e) in decisions.as_slice().iter().zip(entries.iter()) {
+            if d.allowed || self.is_shadow(e) {
+                continue;
+            }
+            floor = floor.max(t_secs(d));
+            wait = match (wait, d.retry_after) {
+                (Some(w), Some(r)) => Some(w.max(r)),
+                _ => None,
+            };
+        }
+        // RateLimit's `t` may come from another denying policy: never answer earlier than it.
+        if let Some((_, v)) = headers
+            .iter()
+            .find(|(n, _)| *n == crate::headers::RATELIMIT)
+        {
+            floor = floor.max(parse_t(v.as_bytes()));
+        }
+        let retry = wait.map(|w| retry_after(self.inner.headers.retry_after_format, now, w, floor));
+        let violated = decisions
+            .as_slice()
+            .iter()
+            .zip(entries.iter())
+            .filter(|(d, e)| !d.allowed && !self.is_shadow(e))
+            .map(|(d, _)| &*d.policy);
+        tracing::debug!(policies = ?violated.clone().collect::<SmallVec<[&str; 4]>>(), "rate limited");
+        let body = problem::quota_exceeded(violated, retry.as_ref().map(|(s, _)| *s));
+        let mut response = problem::response(StatusCode::TOO_MANY_REQUESTS, body);
+        if let Some((_, value)) = retry {
+            headers.push((http::header::RETRY_AFTER, value));
+        }
+        for (name, value) in &headers {
+            response.headers_mut().insert(name.clone(), value.clone());
+        }
+        self.outcome(decisions, headers, Verdict::Respond(response))
+    }
+
+    fn failed(&self, error: Error, entries: &[Entry]) -> Outcome<S, C> {
+        match error {
+            Error::CostExceedsQuota { policy, .. } => {
+                // Cannot happen for configured costs (the builder refuses them); answered as
+                // the SPEC says: 429 with no Retry-After, since waiting never helps.
+                let body = problem::quota_exceeded([policy.as_str()].into_iter(), None);
+                let response = problem::response(StatusCode::TOO_MANY_REQUESTS, body);
+                self.outcome(
+                    Decisions::new(),
+                    HeaderList::new(),
+                    Verdict::Respond(response),
+                )
+            }
+            error => {
+                let names: SmallVec<[&str; 4]> = entries
+                    .iter()
+                    .map(|e| self.inner.policies[e.index].http.policy.name())
+                    .collect();
+                tracing::warn!(%error, policies = ?names, fail_mode = ?self.inner.fail_mode, "rate limit store failed");
+                match self.inner.fail_mode {
+                    FailMode::Allow => {
+                        self.outcome(Decisions::new(), HeaderList::new(), Verdict::Pass)
+                    }
+                    FailMode::Deny => {
+                        let mut response = problem::response(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            problem::unavailable(),
+                        );
+                        response
+                            .headers_mut()
+                            .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+                        self.outcome(
+                            Decisions::new(),
+                            HeaderList::new(),
+                            Verdict::Respond(response),
+                        )
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The `t` parameter of a `RateLimit` value we rendered.
+fn parse_t(value: &[u8]) -> u64 {
+    let Some(pos) = value.windows(3).rposition(|w| w == b";t=") else {
+        return 0;
+    };
+    value[pos + 3..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .fold(0u64, |n, b| {
+            n.saturating_mul(10).saturating_add(u64::from(b - b'0'))
+        })
+}
+
+/// A request held for its leaky-bucket slot.
+#[derive(Debug)]
+pub struct Hold<S: Store, C: Clock> {
+    delay: Duration,
+    guard: Option<RefundGuard<S, C>>,
+}
+
+impl<S: Store, C: Clock> Hold<S, C> {
+    /// How long the request is held.
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// Waits out the hold on the limiter's clock. If this future is dropped first (the client
+    /// went away), the request's quota is given back.
+    pub async fn wait(mut self) {
+        if let Some(guard) = &self.guard {
+            guard.engine.limiter.clock().sleep(self.delay).await;
+        }
+        // Served: nothing to give back.
+        if let Some(guard) = &mut self.guard {
+            guard.armed = false;
+        }
+    }
+}
+
+/// Gives the quota of an abandoned held request back to the store.
+#[derive(Debug)]
+struct RefundGuard<S: Store, C: Clock> {
+    engine: Engine<S, C>,
+    // Only held requests get here: a Vec keeps `Verdict` small for all the others.
+    entries: Vec<Entry>,
+    armed: bool,
+}
+
+impl<S: Store, C: Clock> Drop for RefundGuard<S, C> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // The refund talks to the store, which may be remote: it runs as its own task. Outside
+        // a runtime there is nothing to run it on, and the slot simply passes unused.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let engine = self.engine.clone();
+        let entries = std::mem::take(&mut self.entries);
+        runtime.spawn(async move {
+            let checks: SmallVec<[Check<'_>; 4]> =
+                entries.iter().map(|e| engine.check(e)).collect();
+            let now = engine.limiter.clock().now();
+            if let Err(error) = engine.limiter.store().refund(now, &checks).await {
+                tracing::debug!(%error, "could not give back a held request's quota");
+            }
+        });
+    }
+}

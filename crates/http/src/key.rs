@@ -1,0 +1,402 @@
+//! Key selectors: who a request is counted against.
+//!
+//! A policy names a chain of selectors (`["header:x-api-key", "jwt:sub", "ip"]`); the first that
+//! finds a value in the request gives the key. The selector's kind and name are part of the
+//! stored key, so the API key `1.2.3.4` never shares a counter with the IP address 1.2.3.4.
+//! Credentials (headers, query parameters, JWT claims) are stored only as a keyed hash, and so
+//! is any value longer than [`MAX_RAW_KEY`] bytes.
+
+use std::cell::OnceCell;
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use hmac::{Hmac, Mac};
+use http::HeaderName;
+use sha2::Sha256;
+use smallvec::SmallVec;
+
+use crate::ConfigError;
+use crate::jwt::{Claims, JwtVerifier, claim_bytes};
+use crate::request::{RequestInfo, query_param};
+
+/// Values longer than this are hashed before they become store keys (SPEC §4).
+pub const MAX_RAW_KEY: usize = 256;
+
+/// A store key under construction; most fit inline, without allocating.
+pub(crate) type KeyBuf = SmallVec<[u8; 72]>;
+
+/// An identity the application's own authentication put in the request's extensions, for the
+/// `user` selector:
+///
+/// ```
+/// # let mut request = http::Request::new(());
+/// request.extensions_mut().insert(tollgate_http::UserId::new("customer-42"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct UserId(pub String);
+
+impl UserId {
+    /// The user `id`.
+    pub fn new(id: impl Into<String>) -> Self {
+        UserId(id.into())
+    }
+}
+
+/// Where one kind of key comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum KeySelector {
+    /// `header:<name>`: a request header, such as an API key. Stored hashed.
+    Header(HeaderName),
+    /// `query:<name>`: a query-string parameter. Stored hashed.
+    Query(String),
+    /// `user`: the [`UserId`] in the request's extensions.
+    User,
+    /// `jwt:<claim>`: a claim of the verified Bearer token. Stored hashed.
+    Jwt(String),
+    /// `ip`: the client address (IPv6 grouped by prefix).
+    Ip,
+}
+
+impl FromStr for KeySelector {
+    type Err = ConfigError;
+
+    fn from_str(input: &str) -> Result<Self, ConfigError> {
+        let text = input.trim();
+        let (kind, arg) = match text.split_once(':') {
+            Some((k, a)) => (k, Some(a.trim())),
+            None => (text, None),
+        };
+        match (kind, arg) {
+            ("header", Some(name)) if !name.is_empty() => HeaderName::from_bytes(name.as_bytes())
+                .map(KeySelector::Header)
+                .map_err(|_| ConfigError::new(input, "not a valid HTTP header name")),
+            ("query", Some(name)) if !name.is_empty() => Ok(KeySelector::Query(name.to_owned())),
+            ("jwt", Some(claim)) if !claim.is_empty() => Ok(KeySelector::Jwt(claim.to_owned())),
+            ("user", None) => Ok(KeySelector::User),
+            ("ip", None) => Ok(KeySelector::Ip),
+            ("header" | "query" | "jwt", _) => Err(ConfigError::new(
+                input,
+                format!(
+                    "write the {} after the colon, like \"{kind}:{}\"",
+                    what(kind),
+                    example(kind)
+                ),
+            )),
+            ("user" | "ip", Some(_)) => Err(ConfigError::new(
+                input,
+                format!("\"{kind}\" takes no argument; write just \"{kind}\""),
+            )),
+            _ => Err(ConfigError::new(
+                input,
+                "unknown key selector; use \"header:<name>\", \"query:<name>\", \"user\", \
+                 \"jwt:<claim>\" or \"ip\"",
+            )),
+        }
+    }
+}
+
+fn what(kind: &str) -> &'static str {
+    match kind {
+        "header" => "header name",
+        "query" => "query parameter name",
+        _ => "claim name",
+    }
+}
+
+fn example(kind: &str) -> &'static str {
+    match kind {
+        "header" => "x-api-key",
+        "query" => "api_key",
+        _ => "sub",
+    }
+}
+
+impl fmt::Display for KeySelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySelector::Header(name) => write!(f, "header:{name}"),
+            KeySelector::Query(name) => write!(f, "query:{name}"),
+            KeySelector::User => f.write_str("user"),
+            KeySelector::Jwt(claim) => write!(f, "jwt:{claim}"),
+            KeySelector::Ip => f.write_str("ip"),
+        }
+    }
+}
+
+/// Selectors tried in order; the first that finds a value wins.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KeyChain {
+    selectors: Vec<KeySelector>,
+}
+
+impl KeyChain {
+    /// A chain of `selectors`. An empty chain gives every request the policy's anonymous key: a
+    /// limit shared by everyone.
+    pub fn new(selectors: impl IntoIterator<Item = KeySelector>) -> Self {
+        KeyChain {
+            selectors: selectors.into_iter().collect(),
+        }
+    }
+
+    /// Parses `["header:x-api-key", "jwt:sub", "ip"]`, failing on the first bad entry.
+    pub fn parse<I, T>(items: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = T>,
+        T: AsRef<str>,
+    {
+        let selectors = items
+            .into_iter()
+            .map(|s| s.as_ref().parse())
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(KeyChain { selectors })
+    }
+
+    /// The selectors, in order.
+    pub fn selectors(&self) -> &[KeySelector] {
+        &self.selectors
+    }
+
+    /// Whether any selector reads a JWT.
+    pub(crate) fn uses_jwt(&self) -> bool {
+        self.selectors
+            .iter()
+            .any(|s| matches!(s, KeySelector::Jwt(_)))
+    }
+}
+
+impl fmt::Display for KeyChain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, s) in self.selectors.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{s}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Hashes credentials into fixed-length store keys: HMAC-SHA-256 under a secret, cut to 128
+/// bits, in hex. With a secret, a leaked store dump does not even let anyone test guesses.
+#[derive(Clone)]
+pub(crate) struct KeyHasher {
+    // HMAC takes keys of any length, so this is always `Some`; plain SHA-256 stands in rather
+    // than a panic should that ever change.
+    keyed: Option<Hmac<Sha256>>,
+}
+
+impl fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeyHasher")
+    }
+}
+
+impl KeyHasher {
+    pub(crate) fn new(secret: &[u8]) -> Self {
+        KeyHasher {
+            keyed: <Hmac<Sha256> as Mac>::new_from_slice(secret).ok(),
+        }
+    }
+
+    /// Appends the hex hash of `value` to `out`.
+    pub(crate) fn append(&self, value: &[u8], out: &mut KeyBuf) {
+        let digest: [u8; 32] = match &self.keyed {
+            Some(keyed) => {
+                let mut mac = keyed.clone();
+                mac.update(value);
+                mac.finalize().into_bytes().into()
+            }
+            None => {
+                use sha2::Digest;
+                Sha256::digest(value).into()
+            }
+        };
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for b in digest.iter().take(16) {
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 0x0f)]);
+        }
+    }
+}
+
+/// What the selectors of one request read from, computed at most once per request however many
+/// policies ask: the token verification and the client address.
+pub(crate) struct KeyContext<'r> {
+    pub(crate) info: &'r RequestInfo<'r>,
+    pub(crate) jwt: Option<&'r JwtVerifier>,
+    pub(crate) claims: OnceCell<Option<Claims>>,
+    pub(crate) client_ip: OnceCell<Option<IpAddr>>,
+    pub(crate) resolve_ip: &'r dyn Fn(&RequestInfo<'_>) -> Option<IpAddr>,
+    pub(crate) ipv6_prefix: u8,
+}
+
+impl KeyContext<'_> {
+    /// Writes the key for `chain` into `out`; `false` when no selector found a value.
+    pub(crate) fn key(&self, chain: &KeyChain, hasher: &KeyHasher, out: &mut KeyBuf) -> bool {
+        chain
+            .selectors
+            .iter()
+            .any(|selector| self.select(selector, hasher, out))
+    }
+
+    fn select(&self, selector: &KeySelector, hasher: &KeyHasher, out: &mut KeyBuf) -> bool {
+        out.clear();
+        match selector {
+            KeySelector::Header(name) => {
+                let Some(value) = self.info.headers.get(name) else {
+                    return false;
+                };
+                let value = trim(value.as_bytes());
+                if value.is_empty() {
+                    return false;
+                }
+                out.extend_from_slice(b"header:");
+                out.extend_from_slice(name.as_str().as_bytes());
+                out.push(b':');
+                hasher.append(value, out);
+                true
+            }
+            KeySelector::Query(name) => {
+                let Some(value) = self.info.query.and_then(|q| query_param(q, name)) else {
+                    return false;
+                };
+                if value.is_empty() {
+                    return false;
+                }
+                out.extend_from_slice(b"query:");
+                out.extend_from_slice(name.as_bytes());
+                out.push(b':');
+                hasher.append(&value, out);
+                true
+            }
+            KeySelector::User => {
+                let Some(UserId(id)) = self.info.extensions.and_then(|e| e.get::<UserId>()) else {
+                    return false;
+                };
+                if id.is_empty() {
+                    return false;
+                }
+                if id.len() > MAX_RAW_KEY {
+                    // A distinct prefix: a raw id can never equal a hashed one.
+                    out.extend_from_slice(b"user#:");
+                    hasher.append(id.as_bytes(), out);
+                } else {
+                    out.extend_from_slice(b"user:");
+                    out.extend_from_slice(id.as_bytes());
+                }
+                true
+            }
+            KeySelector::Jwt(claim) => {
+                let Some(verifier) = self.jwt else {
+                    return false;
+                };
+                let claims = self
+                    .claims
+                    .get_or_init(|| verifier.verify_request(self.info.headers));
+                let Some(value) = claims.as_ref().and_then(|c| claim_bytes(c, claim)) else {
+                    return false;
+                };
+                out.extend_from_slice(b"jwt:");
+                out.extend_from_slice(claim.as_bytes());
+                out.push(b':');
+                hasher.append(&value, out);
+                true
+            }
+            KeySelector::Ip => {
+                let ip = *self.client_ip.get_or_init(|| (self.resolve_ip)(self.info));
+                let Some(ip) = ip else {
+                    return false;
+                };
+                write_ip(ip, self.ipv6_prefix, out);
+                true
+            }
+        }
+    }
+}
+
+/// `ip:203.0.113.9`, or `ip:2001:db8:1:2::/64` for the IPv6 network the address is in.
+fn write_ip(ip: IpAddr, ipv6_prefix: u8, out: &mut KeyBuf) {
+    use std::io::Write;
+    out.extend_from_slice(b"ip:");
+    let mut text = [0u8; 64];
+    let mut cursor = std::io::Cursor::new(&mut text[..]);
+    let written = match ip.to_canonical() {
+        IpAddr::V4(v4) => write!(cursor, "{v4}"),
+        v6 @ IpAddr::V6(_) => {
+            let net = crate::cidr::mask(v6, ipv6_prefix);
+            write!(cursor, "{net}/{ipv6_prefix}")
+        }
+    };
+    let len = usize::try_from(cursor.position()).unwrap_or(0);
+    if written.is_ok() {
+        out.extend_from_slice(&text[..len]);
+    }
+}
+
+fn trim(bytes: &[u8]) -> &[u8] {
+    let start = bytes
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(bytes.len());
+    let end = bytes
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    &bytes[start..end.max(start)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_parse_and_print() {
+        for text in ["header:x-api-key", "query:k", "user", "jwt:sub", "ip"] {
+            let s: KeySelector = text.parse().unwrap();
+            assert_eq!(s.to_string(), text);
+        }
+        let s: KeySelector = "header:X-Api-Key".parse().unwrap();
+        assert_eq!(s.to_string(), "header:x-api-key");
+    }
+
+    #[test]
+    fn bad_selectors_say_why() {
+        for (input, needle) in [
+            ("header:", "header name after the colon"),
+            ("header:bad name", "valid HTTP header name"),
+            ("jwt", "claim name after the colon"),
+            ("ip:v6", "takes no argument"),
+            ("cookie:session", "unknown key selector"),
+            ("", "unknown key selector"),
+        ] {
+            let text = input
+                .parse::<KeySelector>()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(text.contains(needle), "{input:?}: {text}");
+        }
+    }
+
+    #[test]
+    fn hashes_are_fixed_length_hex_and_keyed() {
+        let mut a = KeyBuf::new();
+        KeyHasher::new(b"").append(b"secret-api-key", &mut a);
+        assert_eq!(a.len(), 32);
+        assert!(a.iter().all(u8::is_ascii_hexdigit));
+        let mut b = KeyBuf::new();
+        KeyHasher::new(b"pepper").append(b"secret-api-key", &mut b);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn ipv6_is_grouped_by_prefix() {
+        let mut a = KeyBuf::new();
+        write_ip("2001:db8:1:2:aaaa::1".parse().unwrap(), 64, &mut a);
+        assert_eq!(&a[..], b"ip:2001:db8:1:2::/64");
+        let mut b = KeyBuf::new();
+        write_ip("::ffff:192.0.2.1".parse().unwrap(), 64, &mut b);
+        assert_eq!(&b[..], b"ip:192.0.2.1");
+    }
+}

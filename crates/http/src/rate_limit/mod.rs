@@ -1,0 +1,43 @@
+//! The tower middleware over the [`Engine`](crate::Engine): [`RateLimitLayer`] wraps a
+//! service in a [`RateLimitService`], whose calls are checked before they reach it.
+//!
+//! Like axum middleware that rejects, and unlike tower's own rate limit, it never applies
+//! backpressure: `poll_ready` is the inner service's, and a denied request is answered from
+//! `call` with a complete 429 (or 401, or 503 when the store fails and the engine fails
+//! closed). Admitted requests reach the inner service and their responses get the rate-limit
+//! headers; requests no policy matches pass untouched, without even an allocation.
+
+mod future;
+mod layer;
+mod service;
+
+use std::net::{IpAddr, SocketAddr};
+
+use bytes::Bytes;
+use http::Extensions;
+use http_body_util::{Either, Full};
+
+pub use future::ResponseFuture;
+pub use layer::RateLimitLayer;
+pub use service::RateLimitService;
+
+/// The response body of a [`RateLimitService`]: the inner service's, or the engine's own
+/// problem+json.
+pub type ResponseBody<B> = Either<B, Full<Bytes>>;
+
+/// The peer's socket address, for servers to put in request extensions (hyper does not). axum's
+/// `ConnectInfo` is read through [`RateLimitLayer::peer_addr`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// Finds the peer address in request extensions.
+pub type PeerFn = fn(&Extensions) -> Option<IpAddr>;
+
+/// The default [`PeerFn`]: a [`PeerAddr`], a `SocketAddr` or an `IpAddr` in the extensions.
+pub fn default_peer(extensions: &Extensions) -> Option<IpAddr> {
+    extensions
+        .get::<PeerAddr>()
+        .map(|p| p.0.ip())
+        .or_else(|| extensions.get::<SocketAddr>().map(SocketAddr::ip))
+        .or_else(|| extensions.get::<IpAddr>().copied())
+}

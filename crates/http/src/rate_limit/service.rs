@@ -1,0 +1,104 @@
+//! [`RateLimitService`]: checks each request with the engine before the inner service sees it.
+
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use http_body_util::{Either, Full};
+use tollgate::{Clock, MemoryStore, Store, SystemClock};
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::{PeerFn, ResponseBody};
+use crate::{Engine, RequestInfo, Verdict};
+
+/// The rate-limited service. Clones share the engine (and so the counters).
+#[derive(Debug)]
+pub struct RateLimitService<T, S = MemoryStore, C = SystemClock> {
+    inner: T,
+    engine: Engine<S, C>,
+    peer: PeerFn,
+}
+
+impl<T: Clone, S, C> Clone for RateLimitService<T, S, C> {
+    fn clone(&self) -> Self {
+        RateLimitService {
+            inner: self.inner.clone(),
+            engine: self.engine.clone(),
+            peer: self.peer,
+        }
+    }
+}
+
+impl<T, S: Store, C: Clock> RateLimitService<T, S, C> {
+    /// `inner`, checked by `engine`, finding the peer address with `peer`.
+    pub fn new(inner: T, engine: Engine<S, C>, peer: PeerFn) -> Self {
+        RateLimitService {
+            inner,
+            engine,
+            peer,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &T {
+        &self.inner
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine<S, C> {
+        &self.engine
+    }
+}
+
+impl<T, S, C, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<T, S, C>
+where
+    T: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    T::Future: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+    S: Store,
+    C: Clock,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = T::Error;
+    type Future = ResponseFuture<T::Future, ResBody, T::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // No backpressure of our own: denials are answered, not waited for.
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let peer = (self.peer)(request.extensions());
+        let prepared = self
+            .engine
+            .prepare(&RequestInfo::from_request(&request, peer));
+        if prepared.is_empty() {
+            return ResponseFuture::passthrough(self.inner.call(request));
+        }
+        // The inner service that was polled ready goes with the request; this one keeps a
+        // fresh clone for the next call (the usual tower idiom for async middleware).
+        let fresh = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, fresh);
+        let engine = self.engine.clone();
+        ResponseFuture::boxed(Box::pin(async move {
+            let outcome = engine.decide(prepared).await;
+            let (_decisions, headers, verdict) = outcome.into_parts();
+            match verdict {
+                Verdict::Respond(response) => {
+                    return Ok(response.map(|body| Either::Right(Full::new(body))));
+                }
+                Verdict::Hold(hold) => hold.wait().await,
+                Verdict::Pass => {}
+            }
+            let mut response = inner.call(request).await?;
+            let target = response.headers_mut();
+            for (name, value) in headers {
+                if let Some(name) = name {
+                    target.insert(name, value);
+                }
+            }
+            Ok(response.map(Either::Left))
+        }))
+    }
+}

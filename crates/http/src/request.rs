@@ -1,0 +1,181 @@
+//! The parts of a request the engine looks at, borrowed: the tower layer fills them from an
+//! `http::Request`, the server from its proxy, its check API or forward-auth headers.
+
+use std::borrow::Cow;
+use std::net::IpAddr;
+
+use http::header::HOST;
+use http::{Extensions, HeaderMap, Method, request::Parts};
+
+/// A request as the policy engine sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestInfo<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The path as sent, still percent-encoded (the engine normalises it for matching).
+    pub path: &'a str,
+    /// The query string without the `?`.
+    pub query: Option<&'a str>,
+    /// The host the request is for, from the URI's authority or the `Host` header.
+    pub host: Option<&'a str>,
+    /// The headers (API keys, `Authorization`, forwarding headers).
+    pub headers: &'a HeaderMap,
+    /// The extensions, where an application's auth layer puts a [`UserId`](crate::UserId).
+    pub extensions: Option<&'a Extensions>,
+    /// The socket's remote address; forwarding headers are believed only when it is a trusted
+    /// proxy.
+    pub peer: Option<IpAddr>,
+    /// The client's address when the caller already knows it (the server's check API, where
+    /// the caller states it): used as is, forwarding headers are not read.
+    pub client_ip: Option<IpAddr>,
+}
+
+impl<'a> RequestInfo<'a> {
+    /// The request described by `parts`, from `peer`.
+    pub fn from_parts(parts: &'a Parts, peer: Option<IpAddr>) -> Self {
+        Self::from_request_parts(
+            &parts.method,
+            &parts.uri,
+            &parts.headers,
+            Some(&parts.extensions),
+            peer,
+        )
+    }
+
+    /// The request `request`, from `peer`.
+    pub fn from_request<B>(request: &'a http::Request<B>, peer: Option<IpAddr>) -> Self {
+        Self::from_request_parts(
+            request.method(),
+            request.uri(),
+            request.headers(),
+            Some(request.extensions()),
+            peer,
+        )
+    }
+
+    fn from_request_parts(
+        method: &'a Method,
+        uri: &'a http::Uri,
+        headers: &'a HeaderMap,
+        extensions: Option<&'a Extensions>,
+        peer: Option<IpAddr>,
+    ) -> Self {
+        let host = uri
+            .host()
+            .or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()));
+        RequestInfo {
+            method,
+            path: uri.path(),
+            query: uri.query(),
+            host,
+            headers,
+            extensions,
+            peer,
+            client_ip: None,
+        }
+    }
+
+    /// A request described attribute by attribute, for callers with no `http::Request` (the
+    /// check API, forward-auth). `path_and_query` may carry a `?query`.
+    pub fn new(method: &'a Method, path_and_query: &'a str, headers: &'a HeaderMap) -> Self {
+        let (path, query) = match path_and_query.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (path_and_query, None),
+        };
+        RequestInfo {
+            method,
+            path,
+            query,
+            host: headers.get(HOST).and_then(|h| h.to_str().ok()),
+            headers,
+            extensions: None,
+            peer: None,
+            client_ip: None,
+        }
+    }
+
+    /// Sets the host.
+    pub fn with_host(mut self, host: Option<&'a str>) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// Sets the peer address.
+    pub fn with_peer(mut self, peer: Option<IpAddr>) -> Self {
+        self.peer = peer;
+        self
+    }
+
+    /// Sets the client address, bypassing forwarding headers.
+    pub fn with_client_ip(mut self, ip: Option<IpAddr>) -> Self {
+        self.client_ip = ip;
+        self
+    }
+
+    /// Sets the extensions.
+    pub fn with_extensions(mut self, extensions: Option<&'a Extensions>) -> Self {
+        self.extensions = extensions;
+        self
+    }
+}
+
+/// The first value of query parameter `name`, percent-decoded (`+` is a space).
+pub(crate) fn query_param<'q>(query: &'q str, name: &str) -> Option<Cow<'q, [u8]>> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (percent_decode(k.as_bytes(), true).as_ref() == name.as_bytes())
+            .then(|| percent_decode(v.as_bytes(), true))
+    })
+}
+
+/// Decodes `%XX` escapes (and `+` as a space when `plus` is set). Invalid escapes stay as
+/// they are, as browsers and most servers treat them.
+pub(crate) fn percent_decode(input: &[u8], plus: bool) -> Cow<'_, [u8]> {
+    if !input.iter().any(|&b| b == b'%' || (plus && b == b'+')) {
+        return Cow::Borrowed(input);
+    }
+    let mut out = Vec::with_capacity(input.len());
+    let mut i = 0;
+    while i < input.len() {
+        match input[i] {
+            b'%' => match (
+                input.get(i + 1).and_then(hex),
+                input.get(i + 2).and_then(hex),
+            ) {
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' if plus => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    Cow::Owned(out)
+}
+
+pub(crate) fn hex(b: &u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_params_are_decoded() {
+        let q = "a=1&api%5Fkey=s%20e+c&api_key=second&flag";
+        assert_eq!(query_param(q, "api_key").as_deref(), Some(&b"s e c"[..]));
+        assert_eq!(query_param(q, "flag").as_deref(), Some(&b""[..]));
+        assert_eq!(query_param(q, "missing"), None);
+        assert_eq!(percent_decode(b"%zz%4", false).as_ref(), b"%zz%4");
+    }
+}
