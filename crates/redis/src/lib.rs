@@ -1,0 +1,36 @@
+//! Redis store for Tollgate: every instance of a deployment shares one count per (policy, key).
+//!
+//! [`RedisStore`] implements [`tollgate::Store`]: the five algorithms run inside Redis as one
+//! Lua script ([`SCRIPT`]), so each request is decided in one atomic, all-or-nothing step with
+//! exactly the pure algorithms' arithmetic. Standalone (`redis://`, `rediss://` with the `tls`
+//! feature) or Cluster (seed nodes; MOVED/ASK handled by the client). [`RedisConfig`] sets the
+//! timeout, the failure mode ([`OnError`]), whose clock decides ([`ClockSource`]) and how keys
+//! are named; client keys are stored only as a keyed hash.
+//!
+//! ```no_run
+//! use tollgate::{Check, Policy, Quota, Store, Timestamp};
+//! use tollgate_redis::{RedisConfig, RedisStore};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::new(RedisConfig::standalone("redis://127.0.0.1:6379")).await?;
+//! let policy = Policy::new("api", "100/1m".parse().and_then(|r: tollgate::Rate| {
+//!     Quota::token_bucket(100, r)
+//! })?)?;
+//! let decisions = store
+//!     .apply(Timestamp::from_system_time(std::time::SystemTime::now()), &[Check::new(&policy, b"customer-42", 1)])
+//!     .await?;
+//! assert!(decisions.allowed());
+//! # Ok(())
+//! # }
+//! ```
+
+mod config;
+mod deny_cache;
+mod keys;
+mod store;
+
+pub use config::{
+    ClockSource, ConfigError, DEFAULT_KEY_PREFIX, DEFAULT_KEY_SECRET, DEFAULT_TIMEOUT, OnError,
+    RedisConfig,
+};
+pub use store::{BuildError, MAX_COUNTER_PRODUCT, RedisStore, RedisStoreStats, SCRIPT};

@@ -1,0 +1,408 @@
+//! Test harness: real `redis-server` processes on free loopback ports (standalone, or a Cluster
+//! of 3 masters with a replica each), killed when dropped or when the test process exits, and
+//! a TCP proxy that delays replies. Tests never talk to a server they did not start.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tollgate_redis::{ClockSource, OnError, RedisConfig, RedisStore};
+
+/// Fails (never skips) when Redis is not installed, saying how to install it.
+pub fn require_redis() {
+    for tool in ["redis-server", "redis-cli"] {
+        let ok = Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "`{tool}` not found: the tollgate-redis tests start real Redis servers. Install them \
+             with `apt-get install -y redis-server redis-tools` (no service needs to run)."
+        );
+    }
+}
+
+/// A port free on 127.0.0.1 (and, for Cluster nodes, its bus port + 10000 too).
+fn free_port(cluster: bool) -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        if !cluster {
+            return port;
+        }
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// One `redis-server` process. A bash wrapper owns it and kills it as soon as its stdin closes,
+/// so the server dies with the test process even when a `static` server is never dropped.
+pub struct RedisServer {
+    pub port: u16,
+    dir: PathBuf,
+    extra: Vec<String>,
+    wrapper: Option<Child>,
+    pid: Option<u32>,
+}
+
+impl RedisServer {
+    /// A standalone server, answering PING when this returns.
+    pub fn start() -> Self {
+        Self::start_with(free_port(false), Vec::new())
+    }
+
+    fn start_with(port: u16, extra: Vec<String>) -> Self {
+        require_redis();
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-redis-test-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut server = RedisServer {
+            port,
+            dir,
+            extra,
+            wrapper: None,
+            pid: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let mut args: Vec<String> = [
+            "--port",
+            &self.port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            self.dir.to_str().unwrap(),
+            "--logfile",
+            "redis.log",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        args.extend(self.extra.iter().cloned());
+        let script = r#"redis-server "$@" & R=$!; echo $R; read _; kill -9 $R 2>/dev/null; wait $R 2>/dev/null"#;
+        let mut child = Command::new("bash")
+            .arg("-c")
+            .arg(script)
+            .arg("redis-wrapper")
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("bash");
+        let mut out = child.stdout.take().unwrap();
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while out.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+            line.push(byte[0]);
+        }
+        self.pid = String::from_utf8_lossy(&line).trim().parse().ok();
+        self.wrapper = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.pings() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not start; see {}/redis.log",
+                self.port,
+                self.dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Whether the server answers PING right now.
+    pub fn pings(&self) -> bool {
+        self.command(&["PING"]).is_some_and(|r| r.contains("PONG"))
+    }
+
+    /// Runs a command with `redis-cli` against this server; `None` if it cannot connect.
+    pub fn command(&self, args: &[&str]) -> Option<String> {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success() && !text.starts_with("Could not connect")).then_some(text)
+    }
+
+    /// `INFO commandstats` calls of `command` (lowercase, e.g. "evalsha").
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info = self.command(&["INFO", "commandstats"]).unwrap_or_default();
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Kills the server (SIGKILL, like a crash) and waits until its port refuses.
+    pub fn kill(&mut self) {
+        if let Some(pid) = self.pid.take() {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+        if let Some(mut w) = self.wrapper.take() {
+            drop(w.stdin.take());
+            let _ = w.wait();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_ok() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts the server again on the same port (empty: no persistence).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Cluster of 3 masters with one replica each, `cluster_state:ok` on every node.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        require_redis();
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| {
+                RedisServer::start_with(
+                    free_port(true),
+                    [
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "1000",
+                    ]
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .collect(),
+                )
+            })
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Polls until every live node reports `cluster_state:ok` and agrees there are 3 masters.
+    pub fn wait_ok(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ok = self.nodes.iter().filter(|n| n.pid.is_some()).all(|n| {
+                n.command(&["CLUSTER", "INFO"])
+                    .is_some_and(|i| i.contains("cluster_state:ok"))
+            });
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn seeds(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node currently master of `slot`.
+    pub fn master_of(&mut self, slot: u16) -> &mut RedisServer {
+        let live = self.nodes.iter().find(|n| n.pid.is_some()).unwrap();
+        let text = live.command(&["CLUSTER", "NODES"]).unwrap();
+        let port = text
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                if !f.get(2)?.contains("master") || f.get(2)?.contains("fail") {
+                    return None;
+                }
+                let owns = f[8..].iter().any(|r| match r.split_once('-') {
+                    Some((a, b)) => {
+                        a.parse::<u16>().is_ok_and(|a| a <= slot)
+                            && b.parse::<u16>().is_ok_and(|b| slot <= b)
+                    }
+                    None => r.parse::<u16>().is_ok_and(|s| s == slot),
+                });
+                if !owns {
+                    return None;
+                }
+                f[1].split(['@', ':']).nth(1)?.parse::<u16>().ok()
+            })
+            .unwrap();
+        self.nodes.iter_mut().find(|n| n.port == port).unwrap()
+    }
+}
+
+/// A store on `url` with a local clock (the conformance suite's), no deny cache.
+pub async fn local_store(url: &str) -> RedisStore {
+    let mut config = RedisConfig::standalone(url);
+    config.clock = ClockSource::Local;
+    config.deny_cache_size = 0;
+    config.timeout = Duration::from_secs(2);
+    RedisStore::new(config).await.unwrap()
+}
+
+/// A store on a Cluster with a local clock, no deny cache.
+pub async fn local_cluster_store(seeds: &[String]) -> RedisStore {
+    let mut config = RedisConfig::cluster(seeds);
+    config.clock = ClockSource::Local;
+    config.deny_cache_size = 0;
+    config.timeout = Duration::from_secs(2);
+    RedisStore::new(config).await.unwrap()
+}
+
+/// A store with the given failure mode and timeout (Redis clock, default deny cache).
+pub async fn store_with(url: &str, on_error: OnError, timeout: Duration) -> RedisStore {
+    let mut config = RedisConfig::standalone(url);
+    config.on_error = on_error;
+    config.timeout = timeout;
+    RedisStore::new(config).await.unwrap()
+}
+
+/// A TCP proxy to `upstream` that holds every reply chunk for `delay` milliseconds (settable).
+pub struct SlowProxy {
+    pub port: u16,
+    pub delay_ms: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl SlowProxy {
+    pub fn start(upstream: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (d, s) = (delay_ms.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if s.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                pump(
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    None,
+                );
+                pump(server, client, Some(d.clone()));
+            }
+        });
+        SlowProxy {
+            port,
+            delay_ms,
+            stop,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn set_delay(&self, delay: Duration) {
+        self.delay_ms
+            .store(delay.as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, delay: Option<Arc<AtomicU64>>) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if let Some(d) = &delay {
+                // The proxy's whole purpose: a slow network or server.
+                let ms = d.load(Ordering::Relaxed);
+                if ms > 0 {
+                    std::thread::sleep(Duration::from_millis(ms));
+                }
+            }
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(std::net::Shutdown::Both);
+    });
+}
+
+/// Polls `condition` every 20 ms until it holds or `within` passes; returns whether it held.
+pub async fn eventually<F, Fut>(within: Duration, mut condition: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if condition().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
