@@ -86,7 +86,7 @@ pub(crate) async fn serve<H, F>(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
-                .max_buf_size(limits.max_header_bytes)
+                .max_header_size(limits.max_header_bytes)
                 .keep_alive(true);
             let svc = service_fn(move |req| {
                 let h = handler.clone();

@@ -1,0 +1,543 @@
+//! End-to-end tests of the server library: decision API, forward-auth, admin, reload, proxy,
+//! graceful shutdown. Every server binds 127.0.0.1:0.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use hyper::StatusCode;
+
+const TWO_PER_MINUTE: &str = r#"
+[[policy]]
+name = "api"
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+key = ["header:x-api-key", "ip"]
+match = { path = "/v1/**" }
+
+[[policy]]
+name = "export"
+algorithm = "token_bucket"
+capacity = 10
+refill = "1/s"
+cost = 5
+key = ["header:x-api-key"]
+match = { path = "/v1/export/*", methods = ["POST"] }
+
+[[policy]]
+name = "strict"
+algorithm = "sliding_window_counter"
+limit = 5
+window = "1m"
+key = ["header:x-user"]
+require_key = true
+match = { path = "/private/**" }
+
+[[policy]]
+name = "trial"
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+action = "shadow"
+match = { path = "/trial/**" }
+"#;
+
+/// Parses a structured-field list into (name, params) without a regex: enough for the tests.
+fn sf_list(v: &str) -> Vec<(String, Vec<(String, i64)>)> {
+    v.split(", ")
+        .map(|item| {
+            let mut parts = item.split(';');
+            let name = parts.next().unwrap().trim_matches('"').to_owned();
+            let params = parts
+                .map(|p| {
+                    let (k, v) = p.split_once('=').unwrap();
+                    (k.to_owned(), v.parse().unwrap())
+                })
+                .collect();
+            (name, params)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn check_by_policy_allows_then_denies_with_headers() {
+    let s = start_text(TWO_PER_MINUTE).await;
+    let body = r#"{"policy": "api", "key": "customer-42", "cost": 1}"#;
+    let r = post_json(&s.url("/v1/check"), body).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let j = r.json();
+    for field in [
+        "allowed",
+        "policy",
+        "limit",
+        "remaining",
+        "reset",
+        "retry_after",
+        "delay",
+    ] {
+        assert!(j.get(field).is_some(), "missing {field}: {j}");
+    }
+    assert_eq!(j["allowed"], true);
+    assert_eq!(j["policy"], "api");
+    assert_eq!(j["limit"], 2);
+    assert_eq!(j["remaining"], 1);
+    assert!(j["retry_after"].is_null() && j["delay"].is_null());
+    assert_eq!(r.header("x-ratelimit-limit"), Some("2"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("1"));
+    let reset: u64 = r.header("x-ratelimit-reset").unwrap().parse().unwrap();
+    assert!(reset > 1_700_000_000, "epoch seconds by default");
+    let pol = sf_list(r.header("ratelimit-policy").unwrap());
+    assert_eq!(pol[0].0, "api");
+    assert_eq!(pol[0].1, vec![("q".to_owned(), 2), ("w".to_owned(), 60)]);
+
+    post_json(&s.url("/v1/check"), body).await;
+    let r = post_json(&s.url("/v1/check"), body).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    let j = r.json();
+    assert_eq!(j["allowed"], false);
+    assert_eq!(j["remaining"], 0);
+    let retry = j["retry_after"].as_u64().unwrap();
+    assert!((1..=60).contains(&retry));
+    let header_retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert_eq!(header_retry, retry);
+    let rl = sf_list(r.header("ratelimit").unwrap());
+    assert_eq!(rl[0].0, "api");
+    assert_eq!(rl[0].1[0], ("r".to_owned(), 0));
+    assert!(
+        header_retry >= rl[0].1[1].1 as u64,
+        "Retry-After never earlier than t"
+    );
+
+    // Another key has its own quota; a cost above the quota is denied without a Retry-After.
+    let r = post_json(&s.url("/v1/check"), r#"{"policy":"api","key":"other"}"#).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = post_json(
+        &s.url("/v1/check"),
+        r#"{"policy":"api","key":"x","cost":3}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(r.json()["retry_after"].is_null());
+    assert!(r.header("retry-after").is_none());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn check_rejects_bad_input_with_problem_json() {
+    let s = start_text(TWO_PER_MINUTE).await;
+    for bad in [
+        "{not json",
+        "[1,2]",
+        r#"{"policy": 3}"#,
+        r#"{"policy":"api"}"#,
+        r#"{"policy":"api","key":"k","cost":-1}"#,
+        r#"{"method":"GET"}"#,
+    ] {
+        let r = post_json(&s.url("/v1/check"), bad).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert_eq!(r.json()["status"], 400);
+    }
+    let r = post_json(&s.url("/v1/check"), r#"{"policy":"nope","key":"k"}"#).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = get(&s.url("/v1/check"), &[]).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+    let r = send("POST", &s.url("/v1/check"), &[], vec![b'{'; 100 * 1024]).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn check_by_attributes_evaluates_every_matching_policy() {
+    let s = start_text(TWO_PER_MINUTE).await;
+    let req =
+        r#"{"method":"POST","path":"/v1/export/7","headers":{"x-api-key":"k"},"ip":"203.0.113.9"}"#;
+    let r = post_json(&s.url("/v1/check"), req).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let j = r.json();
+    assert_eq!(j["allowed"], true);
+    let names: Vec<&str> = j["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["api", "export"]);
+    let pol = sf_list(r.header("ratelimit-policy").unwrap());
+    assert_eq!(pol.len(), 2);
+    // export: capacity 10, cost 5 → the second request empties it, the third is denied, and
+    // a denial consumes from no policy (api still has 0 left after two admits).
+    let r = post_json(&s.url("/v1/check"), req).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = post_json(&s.url("/v1/check"), req).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    // GET is not matched by export: only api, keyed by the same API key, now exhausted.
+    let r = post_json(
+        &s.url("/v1/check"),
+        r#"{"path":"/v1/x","headers":{"x-api-key":"k"}}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.json()["decisions"].as_array().unwrap().len(), 1);
+    // The IP selector: a different key space, so an API key equal to an IP never collides.
+    let r = post_json(
+        &s.url("/v1/check"),
+        r#"{"path":"/v1/x","ip":"203.0.113.9"}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    // No policy matches: admitted, no headers.
+    let r = post_json(&s.url("/v1/check"), r#"{"path":"/elsewhere"}"#).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.header("ratelimit").is_none());
+    // require_key: 401 without the key.
+    let r = post_json(&s.url("/v1/check"), r#"{"path":"/private/x"}"#).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    // shadow never blocks but reports.
+    for _ in 0..3 {
+        let r = post_json(&s.url("/v1/check"), r#"{"path":"/trial/x","ip":"1.1.1.1"}"#).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    let r = post_json(&s.url("/v1/check"), r#"{"path":"/trial/x","ip":"1.1.1.1"}"#).await;
+    assert_eq!(r.json()["shadow"][0]["allowed"], false);
+    let m = get(&s.admin_url("/metrics"), &[]).await;
+    let text = String::from_utf8_lossy(&m.body);
+    assert!(
+        text.contains("tollgate_decisions_total{policy=\"trial\",outcome=\"shadow\"} 3"),
+        "{text}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn forward_auth_reads_forwarded_headers() {
+    let s = start_text(TWO_PER_MINUTE).await;
+    let h = [
+        ("x-forwarded-method", "GET"),
+        ("x-forwarded-uri", "/v1/items?page=2"),
+        ("x-forwarded-host", "api.example.com"),
+        ("x-forwarded-for", "198.51.100.7"),
+    ];
+    for _ in 0..2 {
+        let r = get(&s.url("/v1/forward-auth"), &h).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert!(r.header("ratelimit").is_some());
+    }
+    let r = get(&s.url("/v1/forward-auth"), &h).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    let j = r.json();
+    assert_eq!(
+        j["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(j["violated-policies"][0], "api");
+    assert!(r.header("retry-after").is_some());
+    // Another client address behind the same proxy has its own quota.
+    let r = get(
+        &s.url("/v1/forward-auth"),
+        &[
+            ("x-forwarded-uri", "/v1/items"),
+            ("x-forwarded-for", "198.51.100.8"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn admin_endpoints_and_token() {
+    let s = start_text(&format!("{TWO_PER_MINUTE}\n")).await;
+    let r = get(&s.admin_url("/healthz"), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = get(&s.admin_url("/readyz"), &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = get(&s.admin_url("/v1/policies"), &[]).await;
+    let j = r.json();
+    assert_eq!(j["policies"][0]["name"], "api");
+    assert_eq!(j["policies"][1]["match"]["methods"][0], "POST");
+    post_json(&s.url("/v1/check"), r#"{"policy":"api","key":"a"}"#).await;
+    let r = get(&s.admin_url("/metrics"), &[]).await;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(r.header("content-type").unwrap().starts_with("text/plain"));
+    for needle in [
+        "tollgate_decisions_total{policy=\"api\",outcome=\"allowed\"} 1",
+        "tollgate_decision_duration_seconds_bucket{le=\"+Inf\"} 1",
+        "tollgate_store_errors_total 0",
+        "tollgate_keys_tracked 1",
+        "tollgate_requests_delayed_total 0",
+        "tollgate_config_reloads_total{result=\"failed\"} 0",
+    ] {
+        assert!(text.contains(needle), "{needle} in\n{text}");
+    }
+    s.stop().await;
+
+    let config = tollgate_server::Config::parse(
+        "t.toml",
+        "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"s3cret\"\n",
+    )
+    .unwrap();
+    let s = start(config).await;
+    let r = get(&s.admin_url("/metrics"), &[]).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    let r = get(
+        &s.admin_url("/metrics"),
+        &[("authorization", "Bearer wrong")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    let r = get(
+        &s.admin_url("/metrics"),
+        &[("authorization", "Bearer s3cret")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn reload_on_file_change_keeps_counters_and_rejects_bad_files() {
+    let dir = std::env::temp_dir().join(format!("tollgate-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tollgate.toml");
+    let policy = |extra: &str| {
+        with_ports(&format!(
+            "[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1h\"\n{extra}"
+        ))
+    };
+    std::fs::write(&path, policy("")).unwrap();
+    let s = start(tollgate_server::Config::load(&path).unwrap()).await;
+    let check = r#"{"policy":"api","key":"k"}"#;
+    let r = post_json(&s.url("/v1/check"), check).await;
+    assert_eq!(r.json()["remaining"], 2);
+
+    // A good change that leaves "api" alone: api keeps its count, the new policy appears.
+    std::fs::write(
+        &path,
+        policy("\n[[policy]]\nname = \"new\"\nlimit = 1\nwindow = \"1m\"\n"),
+    )
+    .unwrap();
+    wait_for(|| async {
+        get(&s.admin_url("/v1/policies"), &[]).await.json()["policies"]
+            .as_array()
+            .unwrap()
+            .len()
+            == 2
+    })
+    .await;
+    let r = post_json(&s.url("/v1/check"), check).await;
+    assert_eq!(
+        r.json()["remaining"],
+        1,
+        "counters of unchanged policies survive a reload"
+    );
+
+    // A bad file is rejected: the running configuration stays, and the metric says so.
+    std::fs::write(&path, "[[policy]]\nname = \"api\"\nlimit = \"lots\"\n").unwrap();
+    wait_for(|| async {
+        let m = get(&s.admin_url("/metrics"), &[]).await;
+        String::from_utf8_lossy(&m.body)
+            .contains("tollgate_config_reloads_total{result=\"failed\"} 1")
+    })
+    .await;
+    let r = post_json(&s.url("/v1/check"), r#"{"policy":"new","key":"k"}"#).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = post_json(&s.url("/v1/check"), check).await;
+    assert_eq!(r.json()["remaining"], 0);
+
+    // Changing a policy's quota starts it afresh.
+    std::fs::write(&path, policy("").replace("limit = 3", "limit = 5")).unwrap();
+    wait_for(|| async {
+        post_json(&s.url("/v1/check"), r#"{"policy":"api","key":"fresh"}"#)
+            .await
+            .json()["limit"]
+            == 5
+    })
+    .await;
+    let r = post_json(&s.url("/v1/check"), check).await;
+    assert_eq!(r.json()["remaining"], 4);
+    s.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn wait_for<F, Fut>(mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("condition not met within 10 s");
+}
+
+fn proxy_config(upstream: std::net::SocketAddr, extra: &str) -> String {
+    format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\ntimeout = \"1s\"\n\n{extra}"
+    )
+}
+
+#[tokio::test]
+async fn proxy_forwards_streams_and_limits() {
+    let up = upstream().await;
+    let s = start_text(&proxy_config(
+        up,
+        "[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"\nkey = [\"header:x-api-key\", \"ip\"]\nmatch = { path = \"/v1/**\" }\n",
+    ))
+    .await;
+    // Body streamed to the upstream and back, 8 MiB, Host kept, X-Forwarded-For appended.
+    let big = vec![b'a'; 8 * 1024 * 1024];
+    let r = send(
+        "POST",
+        &s.proxy_url("/echo"),
+        &[
+            ("host", "api.example.com"),
+            ("x-forwarded-for", "192.0.2.1"),
+        ],
+        big.clone(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body.len(), big.len());
+    assert_eq!(r.header("x-seen-host"), Some("api.example.com"));
+    assert_eq!(r.header("x-seen-xff"), Some("192.0.2.1, 127.0.0.1"));
+    assert!(r.header("ratelimit").is_none(), "no policy matched /echo");
+    // A large response streamed down.
+    let r = get(&s.proxy_url("/big?n=16777216"), &[]).await;
+    assert_eq!(r.body.len(), 16 * 1024 * 1024);
+    // Limited paths carry the headers; the fourth is refused by Tollgate, not the upstream.
+    for i in 0..3 {
+        let r = get(&s.proxy_url("/v1/items"), &[("x-api-key", "k")]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.header("x-ratelimit-remaining"), Some(["2", "1", "0"][i]));
+        assert!(r.header("ratelimit-policy").is_some());
+    }
+    let r = get(&s.proxy_url("/v1/items"), &[("x-api-key", "k")]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.json()["violated-policies"][0], "api");
+    assert!(
+        r.header("x-seen-host").is_none(),
+        "a refused request never reaches the upstream"
+    );
+    // Upstream too slow → 504.
+    let r = get(&s.proxy_url("/slow"), &[]).await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn proxy_answers_502_when_upstream_is_down() {
+    // Bind then drop: a port nobody listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let s = start_text(&proxy_config(dead, "")).await;
+    let r = get(&s.proxy_url("/anything"), &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(r.json()["status"], 502);
+    let m = get(&s.admin_url("/metrics"), &[]).await;
+    assert!(String::from_utf8_lossy(&m.body).contains("tollgate_upstream_errors_total 1"));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn proxy_holds_delay_requests_for_their_slot() {
+    let up = upstream().await;
+    let s = start_text(&proxy_config(
+        up,
+        "[[policy]]\nname = \"hooks\"\nalgorithm = \"leaky_bucket\"\nrate = \"4/s\"\nqueue = 2\naction = \"delay\"\nmax_delay = \"1s\"\nkey = [\"header:x-tenant\"]\n",
+    ))
+    .await;
+    let started = Instant::now();
+    let mut statuses = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        let url = s.proxy_url("/hook");
+        tasks.push(tokio::spawn(async move {
+            get(&url, &[("x-tenant", "t1")]).await.status
+        }));
+    }
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!(ok + refused, 5);
+    assert!(ok >= 3, "{statuses:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "held for their slots"
+    );
+    let m = get(&s.admin_url("/metrics"), &[]).await;
+    assert!(!String::from_utf8_lossy(&m.body).contains("tollgate_requests_delayed_total 0"));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_drains_in_flight_requests() {
+    let up = upstream().await;
+    let mut s =
+        start_text(&proxy_config(up, "").replace("timeout = \"1s\"", "timeout = \"10s\"")).await;
+    let url = s.proxy_url("/slow");
+    let inflight = tokio::spawn(async move { get(&url, &[]).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.trigger_stop();
+    let r = inflight.await.unwrap();
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(&r.body[..], b"slow");
+    tokio::time::timeout(Duration::from_secs(10), &mut s.task)
+        .await
+        .unwrap()
+        .unwrap();
+    // New connections are refused once it has stopped.
+    assert!(tokio::net::TcpStream::connect(s.api).await.is_err());
+}
+
+#[tokio::test]
+async fn slow_loris_and_huge_headers_are_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = tollgate_server::Config::parse("t.toml", &with_ports("")).unwrap();
+    let listeners = tollgate_server::Listeners::bind(&config).await.unwrap();
+    let api = listeners.api.local_addr().unwrap();
+    let limits = tollgate_server::Limits {
+        header_read_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(tollgate_server::run_with(
+        config,
+        listeners,
+        async {
+            let _ = rx.await;
+        },
+        limits,
+    ));
+    // Slow loris: half a request line, then silence → the server closes the connection.
+    let mut c = tokio::net::TcpStream::connect(api).await.unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(3), c.read_to_end(&mut buf)).await;
+    assert!(n.is_ok(), "connection closed by the header read timeout");
+    // Huge headers → 431, no panic.
+    let big = "a".repeat(100 * 1024);
+    let r = get(&format!("http://{api}/healthz"), &[("x-big", big.as_str())]).await;
+    assert_eq!(r.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    let _ = tx.send(());
+    task.await.unwrap().unwrap();
+}
