@@ -1,0 +1,475 @@
+//! Key selectors against a real axum app: each selector, the fallback chain, kinds kept apart,
+//! spoofed forwarding headers, IPv6 grouping, JWTs that must not be trusted, anonymous keys
+//! and `require_key`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use common::*;
+use http::{Request, StatusCode};
+use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+use serde::Serialize;
+use tollgate_http::{JwtVerifier, TrustedProxies, UserId};
+
+/// Test-only key pair (generated for these tests; protects nothing).
+const EC_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgqtOkNsMjB+WeQzyB
+BAEc9RE7LqPtbe7rKDSHnLF2qyShRANCAAT3Oh0ZfVIeid+CWxioYyvja1TWS/Wv
+0HeRQdpCl8vRJe4/oAUeeE/4ciemeoi6beFikMtiwntAU8P7/JPrJM1p
+-----END PRIVATE KEY-----
+";
+const EC_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----
+MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE9zodGX1SHonfglsYqGMr42tU1kv1
+r9B3kUHaQpfL0SXuP6AFHnhP+HInpnqIum3hYpDLYsJ7QFPD+/yT6yTNaQ==
+-----END PUBLIC KEY-----
+";
+const SECRET: &[u8] = b"test-secret-for-hs256-only-in-tests";
+
+#[derive(Serialize)]
+struct Claims<'a> {
+    sub: &'a str,
+    exp: u64,
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn hs256(sub: &str, exp: u64, secret: &[u8]) -> String {
+    encode(
+        &Header::new(Algorithm::HS256),
+        &Claims { sub, exp },
+        &EncodingKey::from_secret(secret),
+    )
+    .unwrap()
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+#[tokio::test]
+async fn header_key_each_key_has_its_own_quota() {
+    let engine = builder(manual_clock())
+        .policy(policy(
+            fixed("api", 2, 60),
+            &["header:x-api-key", "ip"],
+            None,
+        ))
+        .build()
+        .unwrap();
+    let app = app(engine);
+    for _ in 0..2 {
+        assert_eq!(
+            status(&app, get("/", "1.1.1.1", &[("x-api-key", "a")])).await,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        status(&app, get("/", "2.2.2.2", &[("x-api-key", "a")])).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another key, same IP: its own quota.
+    assert_eq!(
+        status(&app, get("/", "1.1.1.1", &[("x-api-key", "b")])).await,
+        StatusCode::OK
+    );
+    // No key: falls back to the IP.
+    assert_eq!(status(&app, get("/", "1.1.1.1", &[])).await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn selector_kind_is_part_of_the_key() {
+    let engine = builder(manual_clock())
+        .policy(policy(
+            fixed("api", 1, 60),
+            &["header:x-api-key", "ip"],
+            None,
+        ))
+        .build()
+        .unwrap();
+    let app = app(engine);
+    // The IP 1.2.3.4 spends its quota...
+    assert_eq!(status(&app, get("/", "1.2.3.4", &[])).await, StatusCode::OK);
+    assert_eq!(
+        status(&app, get("/", "1.2.3.4", &[])).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // ...the API key "1.2.3.4" still has its own.
+    assert_eq!(
+        status(&app, get("/", "9.9.9.9", &[("x-api-key", "1.2.3.4")])).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn query_key() {
+    let engine = builder(manual_clock())
+        .policy(policy(fixed("api", 1, 60), &["query:api_key", "ip"], None))
+        .build()
+        .unwrap();
+    let app = app(engine);
+    assert_eq!(
+        status(&app, get("/x?api_key=k1", "1.1.1.1", &[])).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, get("/x?a=b&api%5Fkey=k1", "2.2.2.2", &[])).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(&app, get("/x?api_key=k2", "1.1.1.1", &[])).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn user_key_from_extensions() {
+    let engine = builder(manual_clock())
+        .policy(policy(fixed("api", 1, 60), &["user", "ip"], None))
+        .build()
+        .unwrap();
+    let app = app(engine);
+    let as_user = |user: &str, ip: &str| {
+        let mut r = get("/", ip, &[]);
+        r.extensions_mut().insert(UserId::new(user));
+        r
+    };
+    assert_eq!(
+        status(&app, as_user("alice", "1.1.1.1")).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, as_user("alice", "2.2.2.2")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(&app, as_user("bob", "1.1.1.1")).await,
+        StatusCode::OK
+    );
+    // A user id longer than 256 bytes is hashed, and still one key.
+    let long = "u".repeat(10_000);
+    assert_eq!(
+        status(&app, as_user(&long, "3.3.3.3")).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, as_user(&long, "4.4.4.4")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn spoofed_forwarded_for_from_an_untrusted_peer_is_ignored() {
+    let engine = builder(manual_clock())
+        .policy(policy(fixed("api", 1, 60), &["ip"], None))
+        .trusted_proxies(TrustedProxies::parse(["10.0.0.0/8"]).unwrap())
+        .build()
+        .unwrap();
+    let app = app(engine);
+    assert_eq!(
+        status(
+            &app,
+            get("/", "203.0.113.9", &[("x-forwarded-for", "1.1.1.1")])
+        )
+        .await,
+        StatusCode::OK
+    );
+    // A new forged address each time: still the same peer, still the same key.
+    assert_eq!(
+        status(
+            &app,
+            get("/", "203.0.113.9", &[("x-forwarded-for", "2.2.2.2")])
+        )
+        .await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(
+            &app,
+            get("/", "203.0.113.9", &[("forwarded", "for=3.3.3.3")])
+        )
+        .await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn trusted_proxy_hops_are_walked_right_to_left() {
+    let engine = builder(manual_clock())
+        .policy(policy(fixed("api", 1, 60), &["ip"], None))
+        .trusted_proxies(TrustedProxies::parse(["10.0.0.0/8"]).unwrap())
+        .build()
+        .unwrap();
+    let app = app(engine);
+    // Client 198.51.100.7 behind two trusted proxies; the left-most entry is the client's own
+    // forgery and must not matter.
+    let xff = [("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.0.0.5")];
+    assert_eq!(
+        status(&app, get("/", "10.0.0.1", &xff)).await,
+        StatusCode::OK
+    );
+    let xff = [("x-forwarded-for", "7.7.7.7, 198.51.100.7, 10.0.0.5")];
+    assert_eq!(
+        status(&app, get("/", "10.0.0.2", &xff)).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let other = [("x-forwarded-for", "198.51.100.8")];
+    assert_eq!(
+        status(&app, get("/", "10.0.0.1", &other)).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn ipv6_rotation_inside_one_64_shares_a_key() {
+    let engine = builder(manual_clock())
+        .policy(policy(fixed("api", 2, 60), &["ip"], None))
+        .build()
+        .unwrap();
+    let app = app(engine);
+    assert_eq!(
+        status(&app, get("/", "2001:db8:1:2::1", &[])).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, get("/", "2001:db8:1:2:ffff:1:2:3", &[])).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, get("/", "2001:db8:1:2:dead:beef::9", &[])).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // The next /64 is another client.
+    assert_eq!(
+        status(&app, get("/", "2001:db8:1:3::1", &[])).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn ipv6_prefix_is_configurable() {
+    let engine = builder(manual_clock())
+        .policy(policy(fixed("api", 1, 60), &["ip"], None))
+        .ipv6_prefix(48)
+        .build()
+        .unwrap();
+    let app = app(engine);
+    assert_eq!(
+        status(&app, get("/", "2001:db8:1:2::1", &[])).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, get("/", "2001:db8:1:3::1", &[])).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+fn jwt_app(verifier: JwtVerifier) -> axum::Router {
+    let engine = builder(manual_clock())
+        .policy(policy(fixed("api", 1, 60), &["jwt:sub", "ip"], None))
+        .jwt(verifier)
+        .build()
+        .unwrap();
+    app(engine)
+}
+
+#[tokio::test]
+async fn valid_hs256_jwt_gives_the_key() {
+    let app = jwt_app(JwtVerifier::hs256(SECRET).unwrap());
+    let alice = bearer(&hs256("alice", now() + 3600, SECRET));
+    assert_eq!(
+        status(&app, get("/", "1.1.1.1", &[("authorization", &alice)])).await,
+        StatusCode::OK
+    );
+    // Same subject from another address: same key.
+    assert_eq!(
+        status(&app, get("/", "2.2.2.2", &[("authorization", &alice)])).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let bob = bearer(&hs256("bob", now() + 3600, SECRET));
+    assert_eq!(
+        status(&app, get("/", "2.2.2.2", &[("authorization", &bob)])).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn es256_jwt_verifies_with_the_public_key() {
+    let app = jwt_app(JwtVerifier::es256_pem(EC_PUBLIC.as_bytes()).unwrap());
+    let key = EncodingKey::from_ec_pem(EC_PRIVATE.as_bytes()).unwrap();
+    let token = encode(
+        &Header::new(Algorithm::ES256),
+        &Claims {
+            sub: "carol",
+            exp: now() + 60,
+        },
+        &key,
+    )
+    .unwrap();
+    let auth = bearer(&token);
+    assert_eq!(
+        status(&app, get("/", "1.1.1.1", &[("authorization", &auth)])).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, get("/", "2.2.2.2", &[("authorization", &auth)])).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // An HS256 token "signed" with the public key (the classic confusion attack) is absent.
+    let confused = hs256("carol", now() + 60, EC_PUBLIC.as_bytes());
+    assert_eq!(
+        status(
+            &app,
+            get("/", "3.3.3.3", &[("authorization", &bearer(&confused))])
+        )
+        .await,
+        StatusCode::OK
+    );
+}
+
+/// Forged, `alg: none`, expired and oversized tokens are absent: the request falls back to its
+/// IP, so each of them from a fresh IP passes, and none of them spends the real subject's quota.
+#[tokio::test]
+async fn untrusted_jwts_are_absent() {
+    let app = jwt_app(JwtVerifier::hs256(SECRET).unwrap());
+    let forged = hs256("alice", now() + 3600, b"not-the-secret");
+    let expired = hs256("alice", now() - 3600, SECRET);
+    let none = {
+        use base64_like::encode as b64;
+        format!(
+            "{}.{}.",
+            b64(br#"{"alg":"none","typ":"JWT"}"#),
+            b64(format!(r#"{{"sub":"alice","exp":{}}}"#, now() + 3600).as_bytes())
+        )
+    };
+    let huge = format!(
+        "{}.{}.{}",
+        "a".repeat(30_000),
+        "b".repeat(30_000),
+        "c".repeat(5_000)
+    );
+    for (i, token) in [forged, expired, none, huge].iter().enumerate() {
+        let ip = format!("10.9.9.{i}");
+        let auth = bearer(token);
+        assert_eq!(
+            status(&app, get("/", &ip, &[("authorization", &auth)])).await,
+            StatusCode::OK,
+            "token {i}"
+        );
+        // Its key was the IP: the second request from that IP is limited.
+        assert_eq!(
+            status(&app, get("/", &ip, &[("authorization", &auth)])).await,
+            StatusCode::TOO_MANY_REQUESTS,
+            "token {i}"
+        );
+    }
+    // alice's quota is untouched.
+    let alice = bearer(&hs256("alice", now() + 3600, SECRET));
+    assert_eq!(
+        status(&app, get("/", "8.8.8.8", &[("authorization", &alice)])).await,
+        StatusCode::OK
+    );
+}
+
+/// Just enough unpadded base64url for the hand-made `alg: none` token.
+mod base64_like {
+    pub(crate) fn encode(input: &[u8]) -> String {
+        const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut out = String::new();
+        for chunk in input.chunks(3) {
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
+            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+            for i in 0..=chunk.len() {
+                out.push(char::from(T[((n >> (18 - 6 * i)) & 63) as usize]));
+            }
+        }
+        out
+    }
+}
+
+#[tokio::test]
+async fn no_key_counts_under_anonymous() {
+    let engine = builder(manual_clock())
+        .policy(policy(fixed("api", 1, 60), &["header:x-api-key"], None))
+        .build()
+        .unwrap();
+    let app = app(engine);
+    assert_eq!(status(&app, get("/", "1.1.1.1", &[])).await, StatusCode::OK);
+    // Everyone without a key shares one quota.
+    assert_eq!(
+        status(&app, get("/", "2.2.2.2", &[])).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(&app, get("/", "2.2.2.2", &[("x-api-key", "k")])).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn require_key_answers_401_problem_json() {
+    let engine = builder(manual_clock())
+        .policy(
+            policy(fixed("api", 5, 60), &["header:x-api-key"], Some("/v1/**")).require_key(true),
+        )
+        .build()
+        .unwrap();
+    let app = app(engine);
+    let response = send(&app, get("/v1/x", "1.1.1.1", &[])).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        header(&response, "content-type"),
+        Some("application/problem+json")
+    );
+    let body = body_json(response).await;
+    assert_eq!(body["status"], 401);
+    assert_eq!(
+        status(&app, get("/v1/x", "1.1.1.1", &[("x-api-key", "k")])).await,
+        StatusCode::OK
+    );
+    // Outside the policy's routes no key is needed.
+    assert_eq!(
+        status(&app, get("/health", "1.1.1.1", &[])).await,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn peer_from_axum_connect_info() {
+    use axum::extract::ConnectInfo;
+    use std::net::SocketAddr;
+    use tollgate_http::RateLimitLayer;
+    let engine = builder(manual_clock())
+        .policy(policy(fixed("api", 1, 60), &["ip"], None))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(engine)
+        .peer_addr(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "hi" }))
+        .layer(layer);
+    let req = |ip: [u8; 4]| {
+        Request::builder()
+            .uri("/")
+            .extension(ConnectInfo(SocketAddr::from((ip, 1234))))
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(status(&app, req([1, 1, 1, 1])).await, StatusCode::OK);
+    assert_eq!(
+        status(&app, req([1, 1, 1, 1])).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(status(&app, req([2, 2, 2, 2])).await, StatusCode::OK);
+}
