@@ -235,13 +235,17 @@ impl RedisCluster {
         cluster
     }
 
-    /// Polls until every live node reports `cluster_state:ok` and agrees there are 3 masters.
+    /// Polls until every live node reports `cluster_state:ok` and every replica is in sync
+    /// with its master (a replica that never synced refuses to take over).
     pub fn wait_ok(&self, within: Duration) {
         let deadline = Instant::now() + within;
         loop {
             let ok = self.nodes.iter().filter(|n| n.pid.is_some()).all(|n| {
                 n.command(&["CLUSTER", "INFO"])
                     .is_some_and(|i| i.contains("cluster_state:ok"))
+                    && n.command(&["INFO", "replication"]).is_some_and(|i| {
+                        i.contains("role:master") || i.contains("master_link_status:up")
+                    })
             });
             if ok {
                 return;

@@ -1,0 +1,72 @@
+//! A Cluster master killed under traffic: the limiter keeps answering (by `on_error`) and, once
+//! the replica is promoted, decides in Redis again, on the new master.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use common::RedisCluster;
+use tollgate::testing::unique;
+use tollgate::{Check, Policy, Quota, Store, Timestamp};
+use tollgate_redis::{OnError, RedisConfig, RedisStore};
+
+fn wall() -> Timestamp {
+    Timestamp::from_system_time(SystemTime::now())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn master_killed_then_replica_promoted() {
+    let mut cluster = RedisCluster::start();
+    let mut config = RedisConfig::cluster(&cluster.seeds());
+    config.on_error = OnError::Local;
+    config.timeout = Duration::from_millis(200);
+    let store = RedisStore::new(config).await.unwrap();
+    let policy = Policy::new(
+        &unique("failover"),
+        Quota::fixed_window(1_000_000, Duration::from_secs(3600)).unwrap(),
+    )
+    .unwrap();
+    let key = b"failover-key";
+    let check = [Check::new(&policy, key, 1)];
+    for _ in 0..10 {
+        assert!(store.apply_redis(wall(), &check).await.unwrap().allowed());
+    }
+    let name = store.key_of(&check[0]);
+    let slot: u16 = cluster.nodes[0]
+        .command(&["CLUSTER", "KEYSLOT", &name])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let old_master = cluster.master_of(slot).port;
+    tokio::task::block_in_place(|| cluster.master_of(slot).kill());
+
+    // The limiter keeps answering throughout; Redis decides again once a replica took over.
+    let back = common::eventually(Duration::from_secs(20), || async {
+        let d = store.apply(wall(), &check).await.unwrap();
+        assert!(d.allowed(), "on_error = local admits meanwhile");
+        match store.apply_redis(wall(), &check).await {
+            Ok(_) => true,
+            Err(e) => {
+                eprintln!("still failing over: {e}");
+                false
+            }
+        }
+    })
+    .await;
+    assert!(back, "no decision from Redis 20 s after the master died");
+    let new_master = cluster.master_of(slot).port;
+    assert_ne!(new_master, old_master);
+    // The promoted replica had the replicated state: the count continued, it did not restart.
+    let d = store
+        .apply_redis(wall(), &[Check::new(&policy, key, 0)])
+        .await
+        .unwrap();
+    let remaining = d.as_slice()[0].remaining;
+    assert!(
+        remaining <= 1_000_000 - 11,
+        "the count restarted from scratch: remaining {remaining}"
+    );
+}
