@@ -1,7 +1,6 @@
 //! What a check answers: a [`Verdict`] from one algorithm step, a [`Decision`] once it carries
 //! its policy's name, and [`Decisions`] for a request checked against several policies.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -25,8 +24,9 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// The decision for `policy`.
-    pub fn into_decision(self, policy: Arc<str>) -> Decision {
+    /// The decision for the policy named `policy`.
+    #[inline]
+    pub fn into_decision(self, policy: &'static str) -> Decision {
         Decision {
             policy,
             allowed: self.allowed,
@@ -45,10 +45,10 @@ impl Verdict {
 }
 
 /// A policy's answer for one request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decision {
-    /// The policy that decided.
-    pub policy: Arc<str>,
+    /// The name of the policy that decided.
+    pub policy: &'static str,
     /// Whether this policy admits the request.
     pub allowed: bool,
     /// The quota (requests per window, bucket capacity).
@@ -168,7 +168,7 @@ mod tests {
 
     fn decision(name: &str, allowed: bool, remaining: u64, reset: u64) -> Decision {
         Decision {
-            policy: Arc::from(name),
+            policy: Box::leak(name.to_owned().into_boxed_str()),
             allowed,
             limit: 10,
             remaining,
@@ -187,11 +187,11 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        assert_eq!(ds.most_restrictive().map(|d| &*d.policy), Some("b"));
+        assert_eq!(ds.most_restrictive().map(|d| d.policy), Some("b"));
         let ds: Decisions = [decision("a", true, 0, 10), decision("d", false, 5, 1)]
             .into_iter()
             .collect();
-        assert_eq!(ds.most_restrictive().map(|d| &*d.policy), Some("d"));
+        assert_eq!(ds.most_restrictive().map(|d| d.policy), Some("d"));
         assert!(!ds.allowed());
     }
 

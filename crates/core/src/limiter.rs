@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+
 use std::time::Duration;
 
 use crate::store::{Check, MemoryStore, Store};
@@ -53,7 +54,37 @@ impl<S, C> Clone for Limiter<S, C> {
 struct Inner<S, C> {
     store: S,
     clock: C,
-    policies: HashMap<Arc<str>, Policy>,
+    policies: Policies,
+}
+
+/// Policies by name. Most limiters have a handful, and comparing a few short names is several
+/// times cheaper than hashing one, so small sets are scanned; large ones use a map.
+#[derive(Debug)]
+struct Policies {
+    list: Vec<Policy>,
+    index: Option<HashMap<&'static str, usize>>,
+}
+
+impl Policies {
+    const SCAN_UP_TO: usize = 8;
+
+    fn new(list: Vec<Policy>) -> Self {
+        let index = (list.len() > Self::SCAN_UP_TO).then(|| {
+            list.iter()
+                .enumerate()
+                .map(|(i, p)| (p.name(), i))
+                .collect()
+        });
+        Policies { list, index }
+    }
+
+    #[inline]
+    fn get(&self, name: &str) -> Option<&Policy> {
+        match &self.index {
+            Some(index) => index.get(name).map(|&i| &self.list[i]),
+            None => self.list.iter().find(|p| p.name() == name),
+        }
+    }
 }
 
 /// Builds a [`Limiter`]; the store defaults to a [`MemoryStore`], the clock to the
@@ -113,14 +144,13 @@ impl<S, C> LimiterBuilder<S, C> {
         S: Store,
         C: Clock,
     {
-        let mut policies = HashMap::with_capacity(self.policies.len());
-        for policy in self.policies {
-            let name = policy.shared_name().clone();
-            if policies.contains_key(&name) {
-                return Err(Error::DuplicatePolicy(name.to_string()));
+        let mut seen = std::collections::HashSet::with_capacity(self.policies.len());
+        for policy in &self.policies {
+            if !seen.insert(policy.name()) {
+                return Err(Error::DuplicatePolicy(policy.name().to_owned()));
             }
-            policies.insert(name, policy);
         }
+        let policies = Policies::new(self.policies);
         Ok(Limiter {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -143,11 +173,17 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         cost: u32,
     ) -> Result<Decision, Error> {
         let policy = self.require(policy)?;
-        let checks = [Check::new(policy, key.as_ref(), cost)];
-        let decisions = self.check_all(&checks).await?;
-        decisions
-            .into_first()
-            .ok_or_else(|| Error::UnknownPolicy(policy.name().to_owned()))
+        let max = policy.quota().max_cost();
+        if cost > max {
+            return Err(Error::CostExceedsQuota {
+                policy: policy.name().to_owned(),
+                cost,
+                max,
+            });
+        }
+        let now = self.inner.clock.now();
+        let check = Check::new(policy, key.as_ref(), cost);
+        Ok(self.inner.store.apply_one(now, check).await?)
     }
 
     /// Checks one request against several policies, all-or-nothing: it consumes from every
@@ -231,9 +267,9 @@ impl<S: Store, C: Clock> Limiter<S, C> {
             .ok_or_else(|| Error::UnknownPolicy(name.chars().take(128).collect()))
     }
 
-    /// Every policy, in no particular order.
+    /// Every policy, in the order they were added.
     pub fn policies(&self) -> impl Iterator<Item = &Policy> {
-        self.inner.policies.values()
+        self.inner.policies.list.iter()
     }
 
     /// The store.

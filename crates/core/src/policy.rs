@@ -1,8 +1,9 @@
 //! A policy: a named quota. Requests name the policy they are checked against; stores keep one
 //! state per (policy, key).
 
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use crate::{Quota, QuotaError};
 
@@ -16,7 +17,7 @@ pub const MAX_POLICY_NAME: usize = 128;
 /// reading old state with new meaning, while an unchanged policy keeps its counters.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Policy {
-    name: Arc<str>,
+    name: &'static str,
     quota: Quota,
     fingerprint: u64,
 }
@@ -38,20 +39,20 @@ impl Policy {
         }
         let fingerprint = fnv1a(format!("{name}\u{0}{quota}").as_bytes());
         Ok(Policy {
-            name: Arc::from(name),
+            name: intern(name),
             quota,
             fingerprint,
         })
     }
 
     /// The name.
-    pub fn name(&self) -> &str {
-        &self.name
+    pub fn name(&self) -> &'static str {
+        self.name
     }
 
-    /// The name, shared (decisions carry it without copying).
-    pub fn shared_name(&self) -> &Arc<str> {
-        &self.name
+    /// The name, as decisions carry it.
+    pub fn shared_name(&self) -> &'static str {
+        self.name
     }
 
     /// The quota.
@@ -70,6 +71,24 @@ impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.name, self.quota)
     }
+}
+
+/// Policy names live for the whole process: every decision carries its policy's name, and a
+/// `&'static str` costs nothing to copy, where a shared `Arc<str>` would make every decision
+/// touch one reference count that all threads fight over. Each distinct name is stored once, so
+/// reloads that keep their names add nothing.
+fn intern(name: &str) -> &'static str {
+    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut names = NAMES
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(&known) = names.get(name) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.insert(leaked);
+    leaked
 }
 
 /// FNV-1a: tiny, stable across platforms and releases (unlike `std`'s hashers).

@@ -3,7 +3,7 @@
 
 use std::future::Future;
 
-use crate::{Decisions, Policy, StoreError, Timestamp};
+use crate::{Decision, Decisions, Policy, StoreError, Timestamp};
 
 pub mod memory;
 
@@ -53,6 +53,21 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<Decisions, StoreError>> + Send;
+
+    /// Decides one check: [`apply`](Self::apply) for the common single-policy request, which a
+    /// store can answer without collecting a list.
+    fn apply_one(
+        &self,
+        now: Timestamp,
+        check: Check<'_>,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        async move {
+            let decisions = self.apply(now, &[check]).await?;
+            decisions.into_first().ok_or_else(|| StoreError::Protocol {
+                reason: "the store returned no decision".to_owned(),
+            })
+        }
+    }
 
     /// Gives back the cost of checks that were admitted but abandoned before they were used (a
     /// request held for its leaky-bucket slot whose client went away).

@@ -2,7 +2,7 @@
 //! under the test's control. A store's own tests instantiate it with
 //! [`store_conformance_tests!`](crate::store_conformance_tests):
 //!
-//! ```ignore
+//! ```text
 //! tollgate::store_conformance_tests!(|| async { tollgate::MemoryStore::new() });
 //! ```
 //!
@@ -85,7 +85,7 @@ pub async fn admits_the_quota_then_denies<S: Store>(store: &S) {
             assert!(d.allowed, "{}: {d:?}", policy.name());
             assert_eq!(d.remaining, expected_remaining, "{}", policy.name());
             assert_eq!(d.limit, 5, "{}", policy.name());
-            assert_eq!(&*d.policy, policy.name());
+            assert_eq!(d.policy, policy.name());
         }
         let d = one(store, T0, &policy, key.as_bytes(), 1).await;
         assert!(!d.allowed, "{}: the sixth is denied", policy.name());
@@ -383,7 +383,7 @@ pub async fn matches_the_pure_algorithms<S: Store>(store: &S) {
             let got = one(store, now, &policy, stored_key.as_bytes(), cost).await;
             let want = model
                 .check(key, now, cost)
-                .into_decision(policy.shared_name().clone());
+                .into_decision(policy.shared_name());
             assert_eq!(
                 got,
                 want,

@@ -76,7 +76,7 @@ async fn check_all_is_all_or_nothing() -> Result<(), Box<dyn std::error::Error>>
     assert!(limiter.check_all(&both).await?.allowed());
     let third = limiter.check_all(&both).await?;
     assert!(!third.allowed(), "the bucket of 2 is empty");
-    assert_eq!(third.most_restrictive().map(|d| &*d.policy), Some("burst"));
+    assert_eq!(third.most_restrictive().map(|d| d.policy), Some("burst"));
     // The denied request took nothing from "api": one left of 3.
     assert_eq!(limiter.check("api", "k", 0).await?.remaining, 1);
     Ok(())

@@ -34,7 +34,7 @@ use crate::algorithm::{
     SlidingWindowCounterState, SlidingWindowLog, SlidingWindowLogState, TokenBucket,
     TokenBucketState,
 };
-use crate::{Decisions, Quota, StoreError, Timestamp, Verdict};
+use crate::{Decision, Decisions, Quota, StoreError, Timestamp, Verdict};
 
 /// The default bound on tracked keys.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -216,22 +216,33 @@ impl MemoryStore {
         match checks {
             [] => Decisions::new(),
             [check] => {
-                let hash = self.hash(check);
-                let mut shard = lock(self.shard(hash));
-                let (verdict, _) = shard.step(
+                let mut out = Decisions::new();
+                out.push(self.apply_one_now(now, check));
+                out
+            }
+            _ => self.apply_batch(now, checks),
+        }
+    }
+
+    /// Decides one check synchronously.
+    #[inline]
+    pub fn apply_one_now(&self, now: Timestamp, check: &Check<'_>) -> Decision {
+        let hash = self.hash(check);
+        let verdict = {
+            let mut shard = lock(self.shard(hash));
+            let cap = self.inner.shard_cap;
+            shard
+                .step(
                     check.policy.quota(),
                     hash,
                     now,
                     check.cost,
                     Mode::Commit,
-                    self.inner.shard_cap,
-                );
-                let mut out = Decisions::new();
-                out.push(verdict.into_decision(check.policy.shared_name().clone()));
-                out
-            }
-            _ => self.apply_batch(now, checks),
-        }
+                    cap,
+                )
+                .0
+        };
+        verdict.into_decision(check.policy.shared_name())
     }
 
     /// Several checks at once: lock every shard involved in index order (so two batches never
@@ -281,7 +292,7 @@ impl MemoryStore {
         checks
             .iter()
             .zip(verdicts)
-            .map(|(check, v)| v.into_decision(check.policy.shared_name().clone()))
+            .map(|(check, v)| v.into_decision(check.policy.shared_name()))
             .collect()
     }
 
@@ -293,14 +304,20 @@ impl MemoryStore {
         }
     }
 
+    /// The key's identity: SipHash-1-3 under this store's random key, of the key bytes followed
+    /// by the policy fingerprint (fixed-size and last, so no length prefix is needed to keep
+    /// two (policy, key) pairs from writing the same bytes).
+    #[inline]
     fn hash(&self, check: &Check<'_>) -> u64 {
-        self.inner
-            .hasher
-            .hash_one((check.policy.fingerprint(), check.key))
+        let mut hasher = self.inner.hasher.build_hasher();
+        hasher.write(check.key);
+        hasher.write_u64(check.policy.fingerprint());
+        hasher.finish()
     }
 
     /// Bits 32 and up pick the shard: the maps use the low bits for buckets and the top seven
     /// as tags, so shard choice stays independent of both.
+    #[inline]
     fn shard_index(&self, hash: u64) -> usize {
         ((hash >> 32) & self.inner.shard_mask) as usize
     }
@@ -313,6 +330,10 @@ impl MemoryStore {
 impl Store for MemoryStore {
     async fn apply(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
         Ok(self.apply_now(now, checks))
+    }
+
+    async fn apply_one(&self, now: Timestamp, check: Check<'_>) -> Result<Decision, StoreError> {
+        Ok(self.apply_one_now(now, &check))
     }
 
     async fn refund(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<(), StoreError> {
@@ -466,22 +487,28 @@ impl Shard {
         mode: Mode,
         cap: usize,
     ) -> (Verdict, Undo) {
-        let before = self.slots.get(&hash).copied();
-        let mut state = before.map_or_else(A::State::default, |s| alg.unpack(s));
+        let commit = mode == Mode::Commit && cost > 0;
+        // One lookup for a known key: decide and update the slot in place.
+        if let Some(slot) = self.slots.get_mut(&hash) {
+            let before = *slot;
+            let mut state = alg.unpack(before);
+            let verdict = alg.evaluate(&mut state, now, cost);
+            if !(commit && verdict.allowed) {
+                return (verdict, Undo::Nothing);
+            }
+            alg.commit(&mut state, now, cost);
+            *slot = alg.pack(&state);
+            return (verdict, Undo::Slot(Some(before)));
+        }
+        let mut state = A::State::default();
         let verdict = alg.evaluate(&mut state, now, cost);
-        if mode == Mode::Evaluate || !verdict.allowed || cost == 0 {
+        if !(commit && verdict.allowed) {
             return (verdict, Undo::Nothing);
         }
         alg.commit(&mut state, now, cost);
-        let slot = alg.pack(&state);
-        match self.slots.get_mut(&hash) {
-            Some(existing) => *existing = slot,
-            None => {
-                self.make_room(now.as_micros(), cap);
-                self.slots.insert(hash, slot);
-            }
-        }
-        (verdict, Undo::Slot(before))
+        self.make_room(now.as_micros(), cap);
+        self.slots.insert(hash, alg.pack(&state));
+        (verdict, Undo::Slot(None))
     }
 
     fn step_log(
