@@ -28,6 +28,11 @@
 //! # }
 //! ```
 
+// The README's Rust examples compile and run as doc tests of this crate.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
+
 pub mod algorithm;
 mod clock;
 mod decision;
