@@ -44,7 +44,9 @@ pub(crate) async fn handle(
         "/metrics" => {
             let mut res = text(
                 StatusCode::OK,
-                shared.metrics.render(engine.store().keys_tracked()),
+                shared
+                    .metrics
+                    .render(engine.store().keys_tracked(), engine.store().redis_stats()),
             );
             res.headers_mut().insert(
                 CONTENT_TYPE,
@@ -80,11 +82,11 @@ fn policy_json(p: &PolicyConfig) -> Value {
         "quota": q.to_string(),
         "limit": q.limit(),
         "window_seconds": q.window().as_secs_f64(),
-        "key": p.keys.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "key": p.keys.selectors().iter().map(ToString::to_string).collect::<Vec<_>>(),
         "match": {
-            "path": p.route.path(),
-            "methods": p.route.methods(),
-            "host": p.route.host(),
+            "path": p.route.path_pattern().map_or_else(|| "/**".to_owned(), ToString::to_string),
+            "methods": p.route.method_list().iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+            "host": p.route.host_pattern().map(ToString::to_string),
         },
         "cost": p.cost,
         "action": p.action.as_str(),

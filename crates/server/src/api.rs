@@ -7,16 +7,18 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderName, HeaderValue};
+use hyper::header::{HOST, HeaderName, HeaderValue};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
+use tollgate::Decision;
+use tollgate_http::{RequestInfo, TrustedProxies};
+
 use crate::Shared;
-use crate::engine::{Engine, Evaluation};
-use crate::matcher::{RequestView, client_ip};
+use crate::config::Action;
+use crate::engine::{Engine, Verdict};
 use crate::response::{
-    Body, decision_json, json_response, missing_key, problem, rate_limit_headers, text,
-    too_many_requests,
+    Body, decision_json, full, json_response, problem, rate_limit_headers, text,
 };
 
 /// The largest `/v1/check` body accepted.
@@ -47,15 +49,6 @@ pub(crate) async fn handle(
 
 fn bad_request(detail: &str) -> Response<Body> {
     problem(StatusCode::BAD_REQUEST, "Bad request", Some(detail))
-}
-
-fn internal(e: &tollgate::Error) -> Response<Body> {
-    tracing::error!(error = %e, "decision failed");
-    problem(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "Decision failed",
-        Some("the limiter could not decide; see the server log"),
-    )
 }
 
 async fn check(engine: &Engine, req: Request<Incoming>) -> Response<Body> {
@@ -105,35 +98,54 @@ async fn check_by_policy(engine: &Engine, obj: &serde_json::Map<String, Value>) 
             )),
         );
     };
-    let eval = match engine.check_one(pc, key.as_bytes(), cost).await {
-        Ok(e) => e,
-        Err(e) => return internal(&e),
+    let decisions = match engine.check_one(pc, key.as_bytes(), cost).await {
+        Ok(Some(d)) => d,
+        Ok(None) => {
+            // Never admissible: denied, and no retry_after, which would lie.
+            let q = pc.policy.quota();
+            let body = json!({"allowed": false, "policy": pc.name(), "limit": q.limit(),
+                "remaining": 0, "reset": q.window().as_secs(), "retry_after": null,
+                "delay": null, "action": pc.action.as_str(),
+                "detail": format!("cost {cost} exceeds what the quota can ever admit ({})", q.max_cost())});
+            let status = if pc.action == Action::Shadow {
+                StatusCode::OK
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            };
+            return json_response(status, &body);
+        }
+        Err(e) => return store_failed(&e),
     };
-    let d = eval
-        .enforced
-        .as_slice()
-        .first()
-        .or(eval.shadow.as_slice().first());
-    let config = engine.config();
-    let mut body = match d {
-        Some(d) => decision_json(d),
-        // The store failed and on_error = "allow" admitted it undecided.
-        None => json!({"allowed": true, "policy": pc.name(), "limit": pc.policy.quota().limit(),
-            "remaining": null, "reset": null, "retry_after": null, "delay": null}),
+    let Some(d) = decisions.as_slice().first() else {
+        return store_failed(&tollgate::Error::UnknownPolicy(name.to_owned()));
     };
+    let mut body = decision_json(d);
     if let Some(obj) = body.as_object_mut() {
         obj.insert("action".into(), Value::from(pc.action.as_str()));
-        if eval.fail_open {
-            obj.insert("fail_open".into(), Value::from(true));
-        }
     }
-    let status = if eval.enforced.allowed() {
+    let config = engine.config();
+    let shadow = pc.action == Action::Shadow;
+    let status = if d.allowed || shadow {
         StatusCode::OK
     } else {
         StatusCode::TOO_MANY_REQUESTS
     };
     let mut res = json_response(status, &body);
-    rate_limit_headers(res.headers_mut(), &eval.enforced, config, &config.headers);
+    if !shadow {
+        rate_limit_headers(res.headers_mut(), &decisions, config, &config.headers);
+    }
+    res
+}
+
+fn store_failed(e: &tollgate::Error) -> Response<Body> {
+    tracing::warn!(error = %e, "decision failed");
+    let mut res = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Rate limiter unavailable",
+        Some("the store could not decide; retry shortly"),
+    );
+    res.headers_mut()
+        .insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
     res
 }
 
@@ -142,8 +154,11 @@ async fn check_by_attributes(
     obj: &serde_json::Map<String, Value>,
 ) -> Response<Body> {
     let method = match obj.get("method") {
-        None | Some(Value::Null) => "GET".to_owned(),
-        Some(Value::String(m)) => m.to_ascii_uppercase(),
+        None | Some(Value::Null) => Method::GET,
+        Some(Value::String(m)) => match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+            Ok(m) => m,
+            Err(_) => return bad_request("\"method\" is not an HTTP method"),
+        },
         Some(_) => return bad_request("\"method\" must be a string"),
     };
     let Some(target) = obj.get("path").and_then(Value::as_str) else {
@@ -151,6 +166,9 @@ async fn check_by_attributes(
             "send {\"policy\", \"key\", \"cost\"} or request attributes with at least \"path\"",
         );
     };
+    if !target.starts_with('/') {
+        return bad_request("\"path\" must start with '/'");
+    }
     let host = match obj.get("host") {
         None | Some(Value::Null) => None,
         Some(Value::String(h)) => Some(h.as_str()),
@@ -183,117 +201,123 @@ async fn check_by_attributes(
         },
         Some(_) => return bad_request("\"ip\" must be a string"),
     };
-    let (path, query) = match target.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (target, None),
+    let host = host.or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()));
+    let info = RequestInfo::new(&method, target, &headers)
+        .with_host(host)
+        .with_client_ip(ip);
+    let eval = engine.evaluate(&info).await;
+    let status = match eval.verdict {
+        Verdict::Respond(r) if r.status() != StatusCode::TOO_MANY_REQUESTS => {
+            // 401 (no key for a require_key policy) or 503 (store down, on_error = "deny").
+            return r.map(full);
+        }
+        Verdict::Respond(_) => StatusCode::TOO_MANY_REQUESTS,
+        Verdict::Hold(hold) => {
+            // The caller holds the request; keep its slot rather than give it back.
+            tokio::spawn(hold.wait());
+            StatusCode::OK
+        }
+        Verdict::Pass => StatusCode::OK,
     };
-    let view = RequestView {
-        method: &method,
-        path,
-        query,
-        host,
-        headers: &headers,
-        ip,
-    };
-    let eval = match engine.evaluate(&view).await {
-        Ok(e) => e,
-        Err(e) => return internal(&e),
-    };
-    if let Some(policy) = &eval.missing_key {
-        return missing_key(policy);
-    }
-    let config = engine.config();
-    let top = eval.enforced.most_restrictive();
+    let (enforced, shadow): (Vec<&Decision>, Vec<&Decision>) = eval
+        .decisions
+        .as_slice()
+        .iter()
+        .partition(|d| engine.enforced(d));
+    let allowed = status == StatusCode::OK;
+    // As SPEC §5 picks it: a denial first, then the lowest remaining, then the latest reset.
+    let top = enforced.iter().copied().min_by(|a, b| {
+        a.allowed
+            .cmp(&b.allowed)
+            .then(a.remaining.cmp(&b.remaining))
+            .then(b.reset.cmp(&a.reset))
+    });
     let mut body = match top {
         Some(d) => decision_json(d),
         None => json!({"policy": null, "limit": null, "remaining": null, "reset": null,
             "retry_after": null, "delay": null}),
     };
     if let Some(o) = body.as_object_mut() {
-        o.insert("allowed".into(), Value::from(eval.allowed()));
-        o.insert(
-            "retry_after".into(),
-            json!(crate::response::retry_after_secs(&eval.enforced).filter(|_| !eval.allowed())),
-        );
+        o.insert("allowed".into(), Value::from(allowed));
+        let retry = eval
+            .headers
+            .get(hyper::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        o.insert("retry_after".into(), json!(retry.filter(|_| !allowed)));
         o.insert(
             "decisions".into(),
             Value::from(
-                eval.enforced
-                    .as_slice()
+                enforced
                     .iter()
-                    .map(decision_json)
+                    .map(|d| decision_json(d))
                     .collect::<Vec<_>>(),
             ),
         );
         o.insert(
             "shadow".into(),
-            Value::from(
-                eval.shadow
-                    .as_slice()
-                    .iter()
-                    .map(decision_json)
-                    .collect::<Vec<_>>(),
-            ),
+            Value::from(shadow.iter().map(|d| decision_json(d)).collect::<Vec<_>>()),
         );
         o.insert("fail_open".into(), Value::from(eval.fail_open));
     }
-    let status = if eval.allowed() {
-        StatusCode::OK
-    } else {
-        StatusCode::TOO_MANY_REQUESTS
-    };
     let mut res = json_response(status, &body);
-    rate_limit_headers(res.headers_mut(), &eval.enforced, config, &config.headers);
+    for (name, value) in &eval.headers {
+        res.headers_mut().insert(name.clone(), value.clone());
+    }
     res
+}
+
+/// The client behind a forward-auth caller: the caller (a proxy) is trusted by definition, so
+/// its `X-Forwarded-For` is walked right to left past it and any `trusted_proxies`.
+fn forwarded_client(peer: IpAddr, headers: &HeaderMap, trusted: Option<&TrustedProxies>) -> IpAddr {
+    let hops: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .collect();
+    let mut client = peer.to_canonical();
+    for hop in hops.iter().rev().take(32) {
+        let Ok(ip) = hop.trim().parse::<IpAddr>() else {
+            break;
+        };
+        client = ip.to_canonical();
+        if !trusted.is_some_and(|t| t.contains(client)) {
+            break;
+        }
+    }
+    client
 }
 
 async fn forward_auth(engine: &Engine, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
     let h = req.headers();
     let get = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
-    let method = get("x-forwarded-method")
-        .map(str::to_ascii_uppercase)
-        .unwrap_or_else(|| req.method().as_str().to_owned());
+    let method = match get("x-forwarded-method") {
+        Some(m) => match Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes()) {
+            Ok(m) => m,
+            Err(_) => return bad_request("X-Forwarded-Method is not an HTTP method"),
+        },
+        None => req.method().clone(),
+    };
     let uri = get("x-forwarded-uri")
         .or_else(|| get("x-original-uri"))
         .unwrap_or("/");
-    let (path, query) = match uri.split_once('?') {
-        Some((p, q)) => (p, Some(q)),
-        None => (uri, None),
-    };
     let host = get("x-forwarded-host").or_else(|| get("host"));
-    // The caller is the proxy itself: its X-Forwarded-For is the client, walked right to left
-    // past any further trusted proxies.
-    let mut trusted = engine
-        .config()
-        .proxy
-        .as_ref()
-        .map(|p| p.trusted_proxies.clone())
-        .unwrap_or_default();
-    trusted.push(crate::matcher::Cidr::from_ip(peer.ip()));
-    let ip = client_ip(peer.ip(), h, &trusted);
-    let view = RequestView {
-        method: &method,
-        path,
-        query,
-        host,
-        headers: h,
-        ip: Some(ip),
-    };
-    let eval: Evaluation = match engine.evaluate(&view).await {
-        Ok(e) => e,
-        Err(e) => return internal(&e),
-    };
-    let config = engine.config();
-    if let Some(policy) = &eval.missing_key {
-        return missing_key(policy);
+    let trusted = engine.config().proxy.as_ref().map(|p| &p.trusted_proxies);
+    let ip = forwarded_client(peer.ip(), h, trusted);
+    let info = RequestInfo::new(&method, uri, h)
+        .with_host(host)
+        .with_client_ip(Some(ip));
+    let eval = engine.evaluate(&info).await;
+    match eval.verdict {
+        Verdict::Respond(r) => r.map(full),
+        verdict => {
+            if let Verdict::Hold(hold) = verdict {
+                hold.wait().await;
+            }
+            let mut res = Response::new(full(Bytes::new()));
+            *res.headers_mut() = eval.headers;
+            res
+        }
     }
-    if !eval.allowed() {
-        return too_many_requests(&eval, config);
-    }
-    if let Some(d) = eval.delay() {
-        tokio::time::sleep(d).await;
-    }
-    let mut res = Response::new(crate::response::full(Bytes::new()));
-    rate_limit_headers(res.headers_mut(), &eval.enforced, config, &config.headers);
-    res
 }

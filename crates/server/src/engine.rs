@@ -1,54 +1,49 @@
-//! The policy engine of one configuration generation: which policies a request falls under,
-//! which key each counts, the all-or-nothing check against the store, shadow policies and the
-//! `on_error` fallback. Rebuilt on every reload over the same store, so unchanged policies keep
-//! their counters.
+//! One configuration generation, ready to decide: the HTTP policy engine of `tollgate-http`
+//! (routes, key selectors, JWT, trusted proxies, headers, 429/401) over the server's store, plus
+//! the metrics. Rebuilt on every reload over the same store, so unchanged policies keep their
+//! counters.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use hyper::HeaderMap;
+use sha2::{Digest, Sha256};
 use tollgate::store::Check;
-use tollgate::{Decision, Decisions, Error, Limiter, MemoryStore, Policy, SystemClock};
+use tollgate::{Decision, Decisions, Error, SystemClock};
+use tollgate_http::{FailMode, HeaderConfig, NormalizedPath, RequestInfo, RetryAfterFormat};
 
-use crate::config::{Action, Config, OnError, PolicyConfig};
-use crate::matcher::RequestView;
+use crate::config::{Action, Config, OnError, PolicyConfig, ResetFormat};
 use crate::metrics::{Metrics, Outcome};
+use crate::response::policy_name;
 use crate::store::AnyStore;
 
+/// What to do with a request, as the HTTP engine says.
+pub(crate) type Verdict = tollgate_http::Verdict<AnyStore, SystemClock>;
+
+/// The HTTP engine over the server's store.
+pub(crate) type HttpEngine = tollgate_http::Engine<AnyStore, SystemClock>;
+
 /// What the engine decided for one request.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Evaluation {
-    /// Decisions of the enforcing (reject/delay) policies.
-    pub enforced: Decisions,
-    /// Decisions of shadow policies: reported, never enforced.
-    pub shadow: Decisions,
-    /// A `require_key` policy found no key: the request is refused with 401.
-    pub missing_key: Option<String>,
-    /// The store failed and `on_error = "allow"` admitted the request undecided.
+    /// One decision per matching policy (shadow ones included), in policy order.
+    pub decisions: Decisions,
+    /// The rate-limit headers for the response.
+    pub headers: HeaderMap,
+    /// Pass, hold, or answer (429/401/503) instead.
+    pub verdict: Verdict,
+    /// The store failed and the request was let through undecided.
     pub fail_open: bool,
 }
 
-impl Evaluation {
-    /// Whether the request may go on.
-    pub fn allowed(&self) -> bool {
-        self.missing_key.is_none() && self.enforced.allowed()
-    }
+/// Keys longer than this are hashed before they reach the store.
+const MAX_RAW_KEY: usize = 256;
 
-    /// How long to hold the request first (leaky bucket with `delay`).
-    pub fn delay(&self) -> Option<Duration> {
-        if self.allowed() {
-            self.enforced.delay()
-        } else {
-            None
-        }
-    }
-}
-
-/// One configuration generation, ready to decide.
+/// One configuration generation.
 #[derive(Debug)]
 pub struct Engine {
     config: Arc<Config>,
-    limiter: Limiter<AnyStore, SystemClock>,
-    local: Option<Limiter<MemoryStore, SystemClock>>,
+    http: HttpEngine,
     metrics: Arc<Metrics>,
 }
 
@@ -57,24 +52,35 @@ impl Engine {
     pub fn new(
         config: Arc<Config>,
         store: AnyStore,
-        local: Option<MemoryStore>,
         metrics: Arc<Metrics>,
-    ) -> Result<Engine, Error> {
-        let policies: Vec<Policy> = config.policies.iter().map(|p| p.policy.clone()).collect();
-        let limiter = Limiter::builder()
+    ) -> Result<Engine, tollgate_http::ConfigError> {
+        let h = &config.headers;
+        let mut builder = tollgate_http::Engine::builder()
             .store(store)
-            .policies(policies.iter().cloned())
-            .build()?;
-        let local = match (config.store.on_error, local) {
-            (OnError::Local, Some(m)) => {
-                Some(Limiter::builder().store(m).policies(policies).build()?)
-            }
-            _ => None,
-        };
+            .clock(SystemClock::new())
+            .policies(config.policies.iter().map(PolicyConfig::to_http))
+            .headers(HeaderConfig {
+                legacy: h.legacy,
+                reset_format: match h.reset_format {
+                    ResetFormat::Epoch => tollgate_http::ResetFormat::Epoch,
+                    ResetFormat::Delta => tollgate_http::ResetFormat::Delta,
+                },
+                ietf: h.ietf,
+                retry_after_format: RetryAfterFormat::Seconds,
+            })
+            .fail_mode(match config.store.on_error {
+                OnError::Deny => FailMode::Deny,
+                OnError::Allow | OnError::Local => FailMode::Allow,
+            });
+        if let Some(p) = &config.proxy {
+            builder = builder.trusted_proxies(p.trusted_proxies.clone());
+        }
+        if let Some(j) = &config.jwt {
+            builder = builder.jwt(j.verifier.clone());
+        }
         Ok(Engine {
+            http: builder.build()?,
             config,
-            limiter,
-            local,
             metrics,
         })
     }
@@ -86,7 +92,7 @@ impl Engine {
 
     /// The store.
     pub fn store(&self) -> &AnyStore {
-        self.limiter.store()
+        self.http.limiter().store()
     }
 
     /// The policy named `name`.
@@ -94,148 +100,98 @@ impl Engine {
         self.config.policy(name)
     }
 
-    /// Checks `key` against one named policy for `cost` (`/v1/check` by policy).
+    /// Evaluates a request against every policy whose `match` fits it.
+    pub async fn evaluate(&self, info: &RequestInfo<'_>) -> Evaluation {
+        let prepared = self.http.prepare(info);
+        let matched = !prepared.is_empty();
+        let started = Instant::now();
+        let outcome = self.http.decide(prepared).await;
+        if matched {
+            self.metrics.latency(started.elapsed());
+        }
+        let (decisions, headers, verdict) = outcome.into_parts();
+        let fail_open = matched && decisions.is_empty() && matches!(verdict, Verdict::Pass);
+        if fail_open {
+            self.metrics.store_error();
+            let path = NormalizedPath::new(info.path);
+            for pc in self.config.policies.iter() {
+                if pc.route.matches(info.method, &path, info.host) {
+                    self.metrics.decision(pc.name(), Outcome::FailOpen);
+                }
+            }
+        }
+        match &verdict {
+            Verdict::Respond(r) if r.status() == hyper::StatusCode::UNAUTHORIZED => {
+                self.metrics.missing_key();
+            }
+            Verdict::Respond(r) if r.status() == hyper::StatusCode::SERVICE_UNAVAILABLE => {
+                self.metrics.store_error();
+            }
+            Verdict::Hold(_) => self.metrics.delayed(),
+            _ => {}
+        }
+        self.count(&decisions);
+        Evaluation {
+            decisions,
+            headers,
+            verdict,
+            fail_open,
+        }
+    }
+
+    /// Checks `key` against one named policy for `cost` (`/v1/check` by policy). `None`: the
+    /// cost exceeds what the quota can ever admit.
     pub async fn check_one(
         &self,
         pc: &PolicyConfig,
         key: &[u8],
         cost: u32,
-    ) -> Result<Evaluation, Error> {
-        let mut eval = Evaluation::default();
-        let max = pc.policy.quota().max_cost();
-        if cost > max {
-            // Never admissible: denied with no Retry-After, which would lie.
-            let d = never(&pc.policy);
+    ) -> Result<Option<Decisions>, Error> {
+        if cost > pc.policy.quota().max_cost() {
             self.metrics.decision(pc.name(), Outcome::Denied);
-            if pc.action == Action::Shadow {
-                eval.shadow.push(d);
-            } else {
-                eval.enforced.push(d);
-            }
-            return Ok(eval);
+            return Ok(None);
         }
-        let checks = [Check::new(&pc.policy, key, cost)];
-        let shadow = pc.action == Action::Shadow;
-        let decided = self.decide(&checks, shadow).await?;
-        if shadow {
-            eval.shadow = decided.0;
+        let hashed;
+        let key = if key.len() > MAX_RAW_KEY {
+            hashed = Sha256::digest(key);
+            &hashed[..]
         } else {
-            eval.enforced = decided.0;
-        }
-        eval.fail_open = decided.1;
-        Ok(eval)
-    }
-
-    /// Evaluates `req` against every configured policy whose `match` fits it.
-    pub async fn evaluate(&self, req: &RequestView<'_>) -> Result<Evaluation, Error> {
-        let mut eval = Evaluation::default();
-        let mut keys: Vec<(&PolicyConfig, Vec<u8>)> = Vec::new();
-        for pc in self.config.policies.iter() {
-            if !pc.route.matches(req) {
-                continue;
-            }
-            let key = pc.keys.iter().find_map(|k| k.extract(req));
-            match key {
-                Some(k) => keys.push((pc, k)),
-                None if pc.require_key => {
-                    self.metrics.missing_key();
-                    eval.missing_key = Some(pc.name().to_owned());
-                    return Ok(eval);
-                }
-                None => keys.push((pc, b"anonymous".to_vec())),
-            }
-        }
-        let enforced: Vec<Check<'_>> = keys
-            .iter()
-            .filter(|(pc, _)| pc.action != Action::Shadow)
-            .map(|(pc, k)| Check::new(&pc.policy, k, pc.cost))
-            .collect();
-        let shadow: Vec<Check<'_>> = keys
-            .iter()
-            .filter(|(pc, _)| pc.action == Action::Shadow)
-            .map(|(pc, k)| Check::new(&pc.policy, k, pc.cost))
-            .collect();
-        if !enforced.is_empty() {
-            let (d, fail_open) = self.decide(&enforced, false).await?;
-            eval.enforced = d;
-            eval.fail_open |= fail_open;
-        }
-        if !shadow.is_empty() {
-            let (d, fail_open) = self.decide(&shadow, true).await?;
-            eval.shadow = d;
-            eval.fail_open |= fail_open;
-        }
-        if let Some(delay) = eval.delay()
-            && !delay.is_zero()
-        {
-            self.metrics.delayed();
-        }
-        Ok(eval)
-    }
-
-    /// Runs checks through the store, with the `on_error` policy and metrics.
-    async fn decide(&self, checks: &[Check<'_>], shadow: bool) -> Result<(Decisions, bool), Error> {
-        let started = Instant::now();
-        let result = self.limiter.check_all(checks).await;
-        self.metrics.latency(started.elapsed());
-        let (decisions, fail_open) = match result {
-            Ok(d) => (d, false),
-            Err(Error::Store(e)) => {
-                self.metrics.store_error();
-                tracing::warn!(error = %e, on_error = ?self.config.store.on_error, "store failed");
-                match (&self.local, self.config.store.on_error) {
-                    (Some(local), _) => (local.check_all(checks).await?, false),
-                    (None, OnError::Deny) => {
-                        let d: Decisions = checks.iter().map(|c| unavailable(c.policy)).collect();
-                        (d, false)
-                    }
-                    _ => {
-                        for c in checks {
-                            self.metrics.decision(c.policy.name(), Outcome::FailOpen);
-                        }
-                        return Ok((Decisions::new(), true));
-                    }
-                }
-            }
-            Err(e) => return Err(e),
+            key
         };
-        for d in &decisions {
+        let started = Instant::now();
+        let d = self
+            .http
+            .limiter()
+            .check_all(&[Check::new(&pc.policy, key, cost)])
+            .await;
+        self.metrics.latency(started.elapsed());
+        match d {
+            Ok(d) => {
+                self.count(&d);
+                Ok(Some(d))
+            }
+            Err(e) => {
+                self.metrics.store_error();
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether a decision of this policy is enforced (not shadow).
+    pub fn enforced(&self, d: &Decision) -> bool {
+        self.policy(policy_name(d))
+            .is_none_or(|p| p.action != Action::Shadow)
+    }
+
+    fn count(&self, decisions: &Decisions) {
+        for d in decisions {
+            let shadow = !self.enforced(d);
             let outcome = match (d.allowed, shadow) {
                 (true, _) => Outcome::Allowed,
                 (false, true) => Outcome::Shadow,
                 (false, false) => Outcome::Denied,
             };
-            if !d.allowed {
-                tracing::debug!(policy = %d.policy, shadow, retry_after = ?d.retry_after, "denied");
-            }
-            self.metrics.decision(&d.policy, outcome);
+            self.metrics.decision(policy_name(d), outcome);
         }
-        Ok((decisions, fail_open))
-    }
-}
-
-/// The decision for a cost the policy can never admit.
-fn never(policy: &Policy) -> Decision {
-    Decision {
-        policy: policy.shared_name().clone(),
-        allowed: false,
-        limit: u64::from(policy.quota().limit()),
-        remaining: 0,
-        reset: policy.quota().window(),
-        retry_after: None,
-        delay: None,
-    }
-}
-
-/// The decision `on_error = "deny"` gives while the store is down: retry in a second.
-fn unavailable(policy: &Policy) -> Decision {
-    Decision {
-        policy: policy.shared_name().clone(),
-        allowed: false,
-        limit: u64::from(policy.quota().limit()),
-        remaining: 0,
-        reset: Duration::from_secs(1),
-        retry_after: Some(Duration::from_secs(1)),
-        delay: None,
     }
 }

@@ -16,7 +16,6 @@ mod admin;
 mod api;
 pub mod config;
 mod engine;
-pub mod matcher;
 pub mod metrics;
 mod proxy;
 mod response;
@@ -31,13 +30,12 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tollgate::{Clock, MemoryStore, SystemClock};
+use tollgate::{Clock, SystemClock};
 
 pub use config::{Config, ConfigError, Diagnostic, Diagnostics};
 pub use engine::Engine;
 pub use serve::Limits;
 
-use crate::config::OnError;
 use crate::metrics::Metrics;
 use crate::store::{AnyStore, StoreSetupError};
 
@@ -55,9 +53,9 @@ pub enum ServerError {
     /// The store could not be set up.
     #[error(transparent)]
     Store(#[from] StoreSetupError),
-    /// The policies could not be loaded into a limiter.
-    #[error("cannot build the limiter: {0}")]
-    Limiter(#[from] tollgate::Error),
+    /// The policies could not be loaded into the engine.
+    #[error("cannot build the policy engine: {0}")]
+    Engine(#[from] tollgate_http::ConfigError),
 }
 
 /// The bound listeners the server runs on.
@@ -104,7 +102,6 @@ impl Listeners {
 pub(crate) struct Shared {
     engine: RwLock<Arc<Engine>>,
     store: AnyStore,
-    local: MemoryStore,
     metrics: Arc<Metrics>,
     client: proxy::UpstreamClient,
 }
@@ -118,7 +115,7 @@ impl Shared {
     }
 
     /// Re-reads the configuration file; keeps the running one when the new one is bad.
-    fn reload(&self, path: &Path) -> Result<bool, String> {
+    fn reload(&self, path: &Path) -> Result<(), String> {
         let current = self.engine();
         let config = match Config::load(path) {
             Ok(c) => c,
@@ -127,9 +124,6 @@ impl Shared {
                 return Err(e.to_string());
             }
         };
-        if *current.config().as_ref() == config {
-            return Ok(false);
-        }
         let old = current.config();
         if old.store != config.store {
             tracing::warn!(
@@ -145,7 +139,6 @@ impl Shared {
         let engine = Engine::new(
             Arc::new(config),
             self.store.clone(),
-            Some(self.local.clone()),
             Arc::clone(&self.metrics),
         )
         .map_err(|e| {
@@ -157,7 +150,7 @@ impl Shared {
             Err(poisoned) => *poisoned.into_inner() = Arc::new(engine),
         }
         self.metrics.reload(true);
-        Ok(true)
+        Ok(())
     }
 }
 
@@ -180,30 +173,18 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()>,
     limits: Limits,
 ) -> Result<(), ServerError> {
-    let store = AnyStore::from_config(&config.store)?;
-    let local = MemoryStore::default();
+    let store = AnyStore::from_config(&config.store).await?;
     let metrics = Arc::new(Metrics::default());
     if config.grpc_listen.is_some() {
         tracing::warn!(
             "[server] grpc_listen is set, but this build does not serve Envoy RLS gRPC yet"
         );
     }
-    if config.store.on_error == OnError::Local {
-        tracing::info!(
-            "on_error = \"local\": an in-memory limiter decides while the store is down"
-        );
-    }
     let source = config.source.clone();
-    let engine = Engine::new(
-        Arc::new(config),
-        store.clone(),
-        Some(local.clone()),
-        Arc::clone(&metrics),
-    )?;
+    let engine = Engine::new(Arc::new(config), store.clone(), Arc::clone(&metrics))?;
     let shared = Arc::new(Shared {
         engine: RwLock::new(Arc::new(engine)),
         store: store.clone(),
-        local,
         metrics,
         client: proxy::client(),
     });
@@ -251,7 +232,6 @@ pub async fn run_with(
                 tokio::select! {
                     _ = tick.tick() => {
                         s.store.purge(clock.now());
-                        s.local.purge_expired(clock.now());
                     }
                     _ = crate::serve::stopped(&mut stop) => break,
                 }
@@ -303,8 +283,7 @@ async fn watch_config(
         }
         last = now;
         match shared.reload(&path) {
-            Ok(true) => tracing::info!(file = %path.display(), "configuration reloaded"),
-            Ok(false) => tracing::info!(file = %path.display(), "configuration unchanged"),
+            Ok(()) => tracing::info!(file = %path.display(), "configuration reloaded"),
             Err(e) => tracing::error!(
                 file = %path.display(),
                 "configuration rejected; the running one stays:\n{e}"

@@ -118,7 +118,11 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition; `keys_tracked` is read from the store by the caller.
-    pub fn render(&self, keys_tracked: Option<usize>) -> String {
+    pub fn render(
+        &self,
+        keys_tracked: Option<usize>,
+        redis: Option<tollgate_redis::RedisStoreStats>,
+    ) -> String {
         let mut out = String::with_capacity(4096);
         out.push_str("# HELP tollgate_decisions_total Decisions by policy and outcome.\n");
         out.push_str("# TYPE tollgate_decisions_total counter\n");
@@ -161,8 +165,28 @@ impl Metrics {
             &mut out,
             "tollgate_store_errors_total",
             "Store calls that failed or timed out.",
-            self.store_errors.load(Relaxed),
+            self.store_errors.load(Relaxed) + redis.map_or(0, |r| r.errors),
         );
+        if let Some(r) = redis {
+            counter(
+                &mut out,
+                "tollgate_store_fallbacks_total",
+                "Requests decided by on_error instead of Redis.",
+                r.fallbacks,
+            );
+            counter(
+                &mut out,
+                "tollgate_store_calls_total",
+                "Script calls sent to Redis.",
+                r.script_calls,
+            );
+            counter(
+                &mut out,
+                "tollgate_deny_cache_hits_total",
+                "Denials answered from the deny cache without calling Redis.",
+                r.deny_cache_hits,
+            );
+        }
         counter(
             &mut out,
             "tollgate_requests_delayed_total",

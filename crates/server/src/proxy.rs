@@ -14,9 +14,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use tollgate_http::RequestInfo;
+
 use crate::Shared;
-use crate::matcher::{RequestView, client_ip};
-use crate::response::{Body, missing_key, problem, rate_limit_headers, too_many_requests};
+use crate::engine::Verdict;
+use crate::response::{Body, full, problem};
 
 /// The pooled HTTP/1.1 client to upstreams.
 pub(crate) type UpstreamClient = Client<HttpConnector, Incoming>;
@@ -74,41 +76,16 @@ pub(crate) async fn handle(
             Some("the running configuration has no [proxy] section"),
         );
     };
-    let ip = client_ip(peer.ip(), req.headers(), &proxy.trusted_proxies);
-    let eval = {
-        let host = req
-            .headers()
-            .get(HOST)
-            .and_then(|v| v.to_str().ok())
-            .or_else(|| req.uri().host());
-        let view = RequestView {
-            method: req.method().as_str(),
-            path: req.uri().path(),
-            query: req.uri().query(),
-            host,
-            headers: req.headers(),
-            ip: Some(ip),
-        };
-        match engine.evaluate(&view).await {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::error!(error = %e, "decision failed");
-                return problem(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "Decision failed",
-                    Some("the limiter could not decide; see the server log"),
-                );
-            }
-        }
+    let (eval_headers, verdict) = {
+        let info = RequestInfo::from_request(&req, Some(peer.ip()));
+        let eval = engine.evaluate(&info).await;
+        (eval.headers, eval.verdict)
     };
-    if let Some(policy) = &eval.missing_key {
-        return missing_key(policy);
-    }
-    if !eval.allowed() {
-        return too_many_requests(&eval, &config);
-    }
-    if let Some(d) = eval.delay() {
-        tokio::time::sleep(d).await;
+    match verdict {
+        Verdict::Respond(r) => return r.map(full),
+        // If the client goes away while held, the hold is dropped and its slot given back.
+        Verdict::Hold(hold) => hold.wait().await,
+        Verdict::Pass => {}
     }
 
     let pq = req
@@ -161,7 +138,9 @@ pub(crate) async fn handle(
         Ok(Ok(res)) => {
             let mut res = res.map(|b| b.boxed());
             strip_hop_by_hop(res.headers_mut());
-            rate_limit_headers(res.headers_mut(), &eval.enforced, &config, &config.headers);
+            for (name, value) in &eval_headers {
+                res.headers_mut().insert(name.clone(), value.clone());
+            }
             res
         }
     }

@@ -1,6 +1,7 @@
 //! What the server writes back: rate-limit headers (SPEC §5: `X-RateLimit-*`, IETF
 //! `RateLimit-Policy`/`RateLimit`, `Retry-After`), problem+json bodies and decision JSON.
 
+use std::borrow::Borrow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -12,7 +13,6 @@ use serde_json::{Value, json};
 use tollgate::{Decision, Decisions};
 
 use crate::config::{Config, HeadersConfig, ResetFormat};
-use crate::engine::Evaluation;
 
 /// The body type of every response the server writes.
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
@@ -20,6 +20,13 @@ pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 /// A body of bytes.
 pub(crate) fn full(b: impl Into<Bytes>) -> Body {
     Full::new(b.into()).map_err(|never| match never {}).boxed()
+}
+
+/// The name of the policy that made `d` (whether the core shares names as `Arc<str>` or as
+/// `&'static str`).
+#[allow(noop_method_call)]
+pub(crate) fn policy_name(d: &Decision) -> &str {
+    d.policy.borrow()
 }
 
 /// Whole seconds, rounded up.
@@ -93,15 +100,20 @@ pub(crate) fn rate_limit_headers(
             .iter()
             .map(|d| {
                 let w = config
-                    .policy(&d.policy)
+                    .policy(policy_name(d))
                     .map_or(0, |p| ceil_secs(p.policy.quota().window()).max(1));
-                format!("{};q={};w={}", sf_string(&d.policy), d.limit, w)
+                format!("{};q={};w={}", sf_string(policy_name(d)), d.limit, w)
             })
             .collect();
         put("ratelimit-policy", policies.join(", "));
         put(
             "ratelimit",
-            format!("{};r={};t={}", sf_string(&top.policy), top.remaining, t),
+            format!(
+                "{};r={};t={}",
+                sf_string(policy_name(top)),
+                top.remaining,
+                t
+            ),
         );
     }
     if denied && let Some(r) = retry {
@@ -132,43 +144,11 @@ fn problem_response(status: StatusCode, body: &Value) -> Response<Body> {
     res
 }
 
-/// The 429 of SPEC §5 for a denied evaluation, with its headers.
-pub(crate) fn too_many_requests(eval: &Evaluation, config: &Config) -> Response<Body> {
-    let violated: Vec<&str> = eval
-        .enforced
-        .as_slice()
-        .iter()
-        .filter(|d| !d.allowed)
-        .map(|d| &*d.policy)
-        .collect();
-    let body = json!({
-        "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
-        "title": "Request cannot be satisfied as assigned quota has been exceeded",
-        "status": 429,
-        "violated-policies": violated,
-        "retry_after": retry_after_secs(&eval.enforced),
-    });
-    let mut res = problem_response(StatusCode::TOO_MANY_REQUESTS, &body);
-    rate_limit_headers(res.headers_mut(), &eval.enforced, config, &config.headers);
-    res
-}
-
-/// The 401 for a request without a key under a `require_key` policy.
-pub(crate) fn missing_key(policy: &str) -> Response<Body> {
-    problem(
-        StatusCode::UNAUTHORIZED,
-        "A key is required",
-        Some(&format!(
-            "policy \"{policy}\" requires a key (e.g. an API key header) and none was found"
-        )),
-    )
-}
-
 /// One decision as SPEC §8's JSON: seconds, rounded up; `delay` in (fractional) seconds.
 pub(crate) fn decision_json(d: &Decision) -> Value {
     json!({
         "allowed": d.allowed,
-        "policy": &*d.policy,
+        "policy": policy_name(d),
         "limit": d.limit,
         "remaining": d.remaining,
         "reset": ceil_secs(d.reset),

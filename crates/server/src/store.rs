@@ -3,29 +3,65 @@
 
 use tollgate::store::Check;
 use tollgate::{Decisions, MemoryStore, Store, StoreError, Timestamp};
+use tollgate_redis::{ClockSource, RedisConfig, RedisStore, RedisStoreStats};
 
-use crate::config::{StoreConfig, StoreKind};
+use crate::config::{OnError, StoreClock, StoreConfig, StoreKind};
 
 /// A store of any kind the configuration can name.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub enum AnyStore {
     /// In this process.
     Memory(MemoryStore),
+    /// Redis or Redis Cluster, shared by every instance.
+    Redis(RedisStore),
+}
+
+impl std::fmt::Debug for AnyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AnyStore::Memory(m) => f.debug_tuple("Memory").field(m).finish(),
+            AnyStore::Redis(r) => f.debug_tuple("Redis").field(r.config()).finish(),
+        }
+    }
 }
 
 /// Why the store could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreSetupError {
-    /// This build has no Redis support.
-    #[error(
-        "[store] kind = \"redis\" is not available in this build (tollgate-redis is not linked yet); use kind = \"memory\""
-    )]
-    RedisUnavailable,
+    /// The Redis settings were refused.
+    #[error("[store]: {0}")]
+    Redis(String),
+}
+
+/// The Redis client settings `[store]` describes.
+pub fn redis_config(config: &StoreConfig) -> RedisConfig {
+    let mut rc = if !config.nodes.is_empty() {
+        RedisConfig::cluster(&config.nodes)
+    } else {
+        let url = config.url.as_deref().unwrap_or("redis://127.0.0.1:6379");
+        if config.cluster {
+            RedisConfig::cluster(&[url])
+        } else {
+            RedisConfig::standalone(url)
+        }
+    };
+    rc.timeout = config.timeout;
+    rc.on_error = match config.on_error {
+        OnError::Allow => tollgate_redis::OnError::Allow,
+        OnError::Deny => tollgate_redis::OnError::Deny,
+        OnError::Local => tollgate_redis::OnError::Local,
+    };
+    rc.clock = match config.clock {
+        StoreClock::Redis => ClockSource::Redis,
+        StoreClock::Local => ClockSource::Local,
+    };
+    rc
 }
 
 impl AnyStore {
-    /// The store `[store]` describes.
-    pub fn from_config(config: &StoreConfig) -> Result<AnyStore, StoreSetupError> {
+    /// The store `[store]` describes. Redis being down is no error: it starts in its
+    /// `on_error` mode and connects when Redis answers.
+    pub async fn from_config(config: &StoreConfig) -> Result<AnyStore, StoreSetupError> {
         match config.kind {
             StoreKind::Memory => {
                 let mut b = MemoryStore::builder();
@@ -34,7 +70,10 @@ impl AnyStore {
                 }
                 Ok(AnyStore::Memory(b.build()))
             }
-            StoreKind::Redis => Err(StoreSetupError::RedisUnavailable),
+            StoreKind::Redis => RedisStore::new(redis_config(config))
+                .await
+                .map(AnyStore::Redis)
+                .map_err(|e| StoreSetupError::Redis(e.to_string())),
         }
     }
 
@@ -42,6 +81,7 @@ impl AnyStore {
     pub async fn ready(&self) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(r) => r.ping().await,
         }
     }
 
@@ -49,15 +89,25 @@ impl AnyStore {
     pub fn keys_tracked(&self) -> Option<usize> {
         match self {
             AnyStore::Memory(m) => Some(m.len()),
+            AnyStore::Redis(_) => None,
         }
     }
 
-    /// Drops state whose quota has fully reset (memory); a no-op for stores with TTLs.
+    /// The Redis store's counters (calls, fallbacks, deny-cache hits, errors).
+    pub fn redis_stats(&self) -> Option<RedisStoreStats> {
+        match self {
+            AnyStore::Memory(_) => None,
+            AnyStore::Redis(r) => Some(r.stats()),
+        }
+    }
+
+    /// Drops state whose quota has fully reset (memory); Redis keys expire by TTL.
     pub fn purge(&self, now: Timestamp) {
         match self {
             AnyStore::Memory(m) => {
                 m.purge_expired(now);
             }
+            AnyStore::Redis(_) => {}
         }
     }
 }
@@ -66,12 +116,14 @@ impl Store for AnyStore {
     async fn apply(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
         match self {
             AnyStore::Memory(m) => m.apply(now, checks).await,
+            AnyStore::Redis(r) => r.apply(now, checks).await,
         }
     }
 
     async fn refund(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(m) => m.refund(now, checks).await,
+            AnyStore::Redis(r) => r.refund(now, checks).await,
         }
     }
 }

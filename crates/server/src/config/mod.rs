@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tollgate::{AlgorithmKind, Policy, Quota, Rate};
 
-use crate::matcher::{Cidr, KeySelector, RouteMatch};
+use tollgate_http::{JwtVerifier, KeyChain, RouteMatch, TrustedProxies};
 
 pub use raw::DEFAULT_CONFIG;
 
@@ -130,7 +130,7 @@ pub struct ProxyConfig {
     /// `upstream`, an `http://host:port` base.
     pub upstream: hyper::Uri,
     /// `trusted_proxies`: CIDRs whose `X-Forwarded-For` is believed.
-    pub trusted_proxies: Vec<Cidr>,
+    pub trusted_proxies: TrustedProxies,
     /// `timeout`: how long the upstream may take to answer (default 30s).
     pub timeout: Duration,
 }
@@ -187,15 +187,14 @@ impl Action {
     }
 }
 
-/// `[jwt]`: how Bearer tokens are verified for `jwt:<claim>` key selectors.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum JwtConfig {
-    /// HS256 with the secret in this environment variable.
-    Hs256SecretEnv(String),
-    /// RS256 with this PEM public key.
-    Rs256PublicKeyFile(PathBuf),
-    /// ES256 with this PEM public key.
-    Es256PublicKeyFile(PathBuf),
+/// `[jwt]`: how Bearer tokens are verified for `jwt:<claim>` key selectors, with the key
+/// already loaded (from the environment variable or the PEM file).
+#[derive(Clone, Debug)]
+pub struct Jwt {
+    /// The setting it came from, e.g. `hs256_secret_env = "TOLLGATE_JWT_SECRET"`.
+    pub source: String,
+    /// The verifier.
+    pub verifier: JwtVerifier,
 }
 
 /// One `[[policy]]`, validated.
@@ -204,7 +203,7 @@ pub struct PolicyConfig {
     /// The named quota the limiter enforces.
     pub policy: Policy,
     /// `key`: selectors tried in order; the first present wins.
-    pub keys: Vec<KeySelector>,
+    pub keys: KeyChain,
     /// `match`: which requests the policy applies to.
     pub route: RouteMatch,
     /// `cost` per request (default 1).
@@ -214,6 +213,10 @@ pub struct PolicyConfig {
     /// `require_key`: a request with no key is refused with 401 rather than counted as
     /// `anonymous`.
     pub require_key: bool,
+    /// `max_delay` (leaky bucket): the longest a `delay` request is held.
+    pub max_delay: Option<Duration>,
+    /// Where a `jwt:` selector was written, for the error when `[jwt]` is missing.
+    jwt_key_at: Option<usize>,
 }
 
 impl PolicyConfig {
@@ -221,21 +224,52 @@ impl PolicyConfig {
     pub fn name(&self) -> &str {
         self.policy.name()
     }
+
+    /// The policy as the HTTP engine runs it.
+    pub fn to_http(&self) -> tollgate_http::HttpPolicy {
+        let action = match self.action {
+            Action::Reject => tollgate_http::Action::Reject,
+            Action::Shadow => tollgate_http::Action::Shadow,
+            Action::Delay => tollgate_http::Action::Delay {
+                max_delay: self.max_delay.unwrap_or(tollgate_http::DEFAULT_MAX_DELAY),
+            },
+        };
+        tollgate_http::HttpPolicy::new(self.policy.clone())
+            .keys(self.keys.clone())
+            .route(self.route.clone())
+            .cost(self.cost)
+            .action(action)
+            .require_key(self.require_key)
+    }
+}
+
+/// `GET,POST api.example.com/v1/**`: a route as `validate` prints it.
+pub fn route_text(route: &RouteMatch) -> String {
+    let mut out = String::new();
+    let methods: Vec<&str> = route.method_list().iter().map(|m| m.as_str()).collect();
+    if !methods.is_empty() {
+        out.push_str(&methods.join(","));
+        out.push(' ');
+    }
+    if let Some(h) = route.host_pattern() {
+        out.push_str(&h.to_string());
+    }
+    match route.path_pattern() {
+        Some(p) => out.push_str(&p.to_string()),
+        None => out.push_str("/**"),
+    }
+    out
 }
 
 impl fmt::Display for PolicyConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {} key=[", self.policy.name(), self.policy.quota())?;
-        for (i, k) in self.keys.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{k}")?;
-        }
         write!(
             f,
-            "] match={} cost={} action={}",
-            self.route,
+            "{}: {} key=[{}] match={} cost={} action={}",
+            self.policy.name(),
+            self.policy.quota(),
+            self.keys,
+            route_text(&self.route),
             self.cost,
             self.action.as_str()
         )?;
@@ -247,7 +281,7 @@ impl fmt::Display for PolicyConfig {
 }
 
 /// A validated configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Config {
     /// Where it was read from (`None` for the built-in default); reloads re-read it.
     pub source: Option<PathBuf>,
@@ -268,7 +302,7 @@ pub struct Config {
     /// `[[policy]]`, in file order.
     pub policies: Arc<[PolicyConfig]>,
     /// `[jwt]`.
-    pub jwt: Option<JwtConfig>,
+    pub jwt: Option<Jwt>,
 }
 
 impl Config {
@@ -337,6 +371,7 @@ impl Config {
 /// Collects diagnostics, turning byte offsets into line and column.
 pub(crate) struct Errors<'a> {
     file: &'a str,
+    dir: Option<PathBuf>,
     text: &'a str,
     list: Vec<Diagnostic>,
     suppressed: Vec<String>,
@@ -346,9 +381,18 @@ impl<'a> Errors<'a> {
     fn new(file: &'a str, text: &'a str) -> Self {
         Errors {
             file,
+            dir: Path::new(file).parent().map(Path::to_path_buf),
             text,
             list: Vec::new(),
             suppressed: Vec::new(),
+        }
+    }
+
+    /// `path` relative to the configuration file's folder.
+    pub(crate) fn relative(&self, path: &str) -> PathBuf {
+        match &self.dir {
+            Some(d) if Path::new(path).is_relative() => d.join(path),
+            _ => PathBuf::from(path),
         }
     }
 

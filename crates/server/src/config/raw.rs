@@ -2,7 +2,6 @@
 //! into the domain types of [`super`].
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,11 +9,13 @@ use serde::Deserialize;
 use tollgate::{AlgorithmKind, Quota, parse_duration};
 use toml::Spanned;
 
+use tollgate_http::JwtVerifier;
+
 use super::{
-    Action, Config, Errors, HeadersConfig, JwtConfig, OnError, PolicyConfig, ProxyConfig,
-    ResetFormat, StoreClock, StoreConfig, StoreKind, make_policy, parse_algorithm, parse_rate,
+    Action, Config, Errors, HeadersConfig, Jwt, OnError, PolicyConfig, ProxyConfig, ResetFormat,
+    StoreClock, StoreConfig, StoreKind, make_policy, parse_algorithm, parse_rate,
 };
-use crate::matcher::{Cidr, KeySelector, RouteMatch};
+use tollgate_http::{Cidr, KeyChain, KeySelector, RouteMatch, parse_method};
 
 /// The built-in configuration of `tollgate serve` with no arguments.
 pub const DEFAULT_CONFIG: &str = r#"# Tollgate's built-in default: a read-heavy API.
@@ -304,33 +305,19 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
         }
     }
 
-    let jwt = raw.jwt.map(|j| {
-        let at = j.span().start;
-        let j = j.into_inner();
-        let mut set: Vec<JwtConfig> = Vec::new();
-        if let Some(v) = j.hs256_secret_env {
-            if v.get_ref().is_empty() {
-                errs.at(v.span().start, "[jwt] field \"hs256_secret_env\" names an environment variable; write e.g. hs256_secret_env = \"TOLLGATE_JWT_SECRET\"".to_owned());
-            }
-            set.push(JwtConfig::Hs256SecretEnv(v.into_inner()));
-        }
-        if let Some(v) = j.rs256_public_key_file {
-            set.push(JwtConfig::Rs256PublicKeyFile(PathBuf::from(v.into_inner())));
-        }
-        if let Some(v) = j.es256_public_key_file {
-            set.push(JwtConfig::Es256PublicKeyFile(PathBuf::from(v.into_inner())));
-        }
-        if set.len() != 1 {
-            errs.at(at, "[jwt] needs exactly one of hs256_secret_env, rs256_public_key_file, es256_public_key_file".to_owned());
-            return None;
-        }
-        set.pop()
-    });
-    let jwt = match jwt {
+    let jwt = match raw.jwt {
         None => Some(None),
-        Some(None) => None,
-        Some(Some(j)) => Some(Some(j)),
+        Some(j) => validate_jwt(j, errs).map(Some),
     };
+    if let (Some(None), Some((at, name))) = (
+        &jwt,
+        policies
+            .iter()
+            .find_map(|p: &PolicyConfig| p.jwt_key_at.map(|a| (a, p.name().to_owned()))),
+    ) {
+        errs.at(at, format!("policy \"{name}\": a \"jwt:<claim>\" key needs a verification key; add [jwt] with hs256_secret_env, rs256_public_key_file or es256_public_key_file"));
+        ok = false;
+    }
 
     let grpc_listen = match grpc_listen {
         None => Some(None),
@@ -444,6 +431,21 @@ fn validate_store(raw: Option<RawStore>, errs: &mut Errors<'_>) -> Option<StoreC
             None => ok = false,
         }
     }
+    if ok && out.kind == StoreKind::Redis && (out.url.is_some() || !out.nodes.is_empty()) {
+        if let Err(e) = crate::store::redis_config(&out).validate() {
+            let at = s
+                .url
+                .as_ref()
+                .map(|v| v.span().start)
+                .or_else(|| s.kind.as_ref().map(|k| k.span().start))
+                .unwrap_or(0);
+            errs.at(
+                at,
+                format!("[store]: {e}; write e.g. url = \"redis://127.0.0.1:6379\""),
+            );
+            ok = false;
+        }
+    }
     if out.kind == StoreKind::Redis && out.url.is_none() && out.nodes.is_empty() {
         let at = s.kind.as_ref().map_or(0, |k| k.span().start);
         errs.at(at, "[store] kind = \"redis\" needs a server: write url = \"redis://127.0.0.1:6379\" (or nodes = [...] for a cluster)".to_owned());
@@ -499,7 +501,7 @@ fn validate_proxy(p: S<RawProxy>, errs: &mut Errors<'_>) -> Option<ProxyConfig> 
             Err(e) => {
                 errs.at(
                     t.span().start,
-                    format!("[proxy] field \"trusted_proxies\": {e}; write e.g. trusted_proxies = [\"10.0.0.0/8\"]"),
+                    format!("[proxy] field \"trusted_proxies\": {:?}: {}; write e.g. trusted_proxies = [\"10.0.0.0/8\"]", e.input(), e.reason()),
                 );
                 ok = false;
             }
@@ -515,7 +517,7 @@ fn validate_proxy(p: S<RawProxy>, errs: &mut Errors<'_>) -> Option<ProxyConfig> 
     Some(ProxyConfig {
         listen: listen?,
         upstream: upstream?,
-        trusted_proxies: trusted,
+        trusted_proxies: tollgate_http::TrustedProxies::new(trusted),
         timeout: timeout?,
     })
 }
@@ -713,6 +715,7 @@ fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<Pol
     }
 
     let mut keys = Vec::new();
+    let mut jwt_key_at = None;
     match &p.key {
         Some(list) => {
             if list.get_ref().is_empty() {
@@ -721,9 +724,17 @@ fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<Pol
             }
             for k in list.get_ref() {
                 match k.get_ref().parse::<KeySelector>() {
-                    Ok(sel) => keys.push(sel),
-                    Err(reason) => {
-                        errs.at(k.span().start, format!("{ctx}field \"key\": {reason}"));
+                    Ok(sel) => {
+                        if matches!(sel, KeySelector::Jwt(_)) {
+                            jwt_key_at = Some(k.span().start);
+                        }
+                        keys.push(sel);
+                    }
+                    Err(e) => {
+                        errs.at(
+                            k.span().start,
+                            format!("{ctx}field \"key\": {:?}: {}", e.input(), e.reason()),
+                        );
                         ok = false;
                     }
                 }
@@ -736,29 +747,61 @@ fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<Pol
         None => Some(RouteMatch::any()),
         Some(m) => {
             let m = m.into_inner();
-            let mut route = RouteMatch::any();
+            let mut route = Some(RouteMatch::any());
             if let Some(path) = &m.path {
-                match route.set_path(path.get_ref()) {
-                    Ok(()) => {}
-                    Err(reason) => {
-                        errs.at(path.span().start, format!("{ctx}match.path: {reason}"));
-                        ok = false;
+                route = match route.map(|r| r.path(path.get_ref())) {
+                    Some(Ok(r)) => Some(r),
+                    Some(Err(e)) => {
+                        errs.at(
+                            path.span().start,
+                            format!(
+                                "{ctx}match.path {:?}: {}; write e.g. path = \"/v1/**\"",
+                                path.get_ref(),
+                                e.reason()
+                            ),
+                        );
+                        None
+                    }
+                    None => None,
+                };
+            }
+            let mut methods = Vec::new();
+            for method in m.methods.unwrap_or_default() {
+                match parse_method(method.get_ref()) {
+                    Ok(_) => methods.push(method.into_inner()),
+                    Err(e) => {
+                        errs.at(
+                            method.span().start,
+                            format!("{ctx}match.methods: {:?}: {}; write e.g. methods = [\"GET\", \"POST\"]", e.input(), e.reason()),
+                        );
+                        route = None;
                     }
                 }
             }
-            for method in m.methods.unwrap_or_default() {
-                if let Err(reason) = route.add_method(method.get_ref()) {
-                    errs.at(method.span().start, format!("{ctx}match.methods: {reason}"));
-                    ok = false;
-                }
+            if !methods.is_empty() {
+                route = route.and_then(|r| r.methods(&methods).ok());
             }
             if let Some(host) = m.host {
-                if let Err(reason) = route.set_host(host.get_ref()) {
-                    errs.at(host.span().start, format!("{ctx}match.host: {reason}"));
-                    ok = false;
-                }
+                route = match route.map(|r| r.host(host.get_ref())) {
+                    Some(Ok(r)) => Some(r),
+                    Some(Err(e)) => {
+                        errs.at(
+                            host.span().start,
+                            format!(
+                                "{ctx}match.host {:?}: {}; write e.g. host = \"api.example.com\"",
+                                host.get_ref(),
+                                e.reason()
+                            ),
+                        );
+                        None
+                    }
+                    None => None,
+                };
             }
-            Some(route)
+            if route.is_none() {
+                ok = false;
+            }
+            route
         }
     };
 
@@ -786,10 +829,72 @@ fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<Pol
     }
     Some(PolicyConfig {
         policy: policy?,
-        keys,
+        keys: KeyChain::new(keys),
         route: route?,
+        max_delay: p
+            .max_delay
+            .as_ref()
+            .and_then(|v| parse_duration(v.get_ref()).ok()),
+        jwt_key_at,
         cost: cost?,
         action: action?,
         require_key: p.require_key.unwrap_or(false),
     })
+}
+
+fn validate_jwt(j: S<RawJwt>, errs: &mut Errors<'_>) -> Option<Jwt> {
+    let at = j.span().start;
+    let j = j.into_inner();
+    let mut set: Vec<(S<String>, &str)> = Vec::new();
+    if let Some(v) = j.hs256_secret_env {
+        set.push((v, "hs256_secret_env"));
+    }
+    if let Some(v) = j.rs256_public_key_file {
+        set.push((v, "rs256_public_key_file"));
+    }
+    if let Some(v) = j.es256_public_key_file {
+        set.push((v, "es256_public_key_file"));
+    }
+    if set.len() != 1 {
+        errs.at(at, "[jwt] needs exactly one of hs256_secret_env, rs256_public_key_file, es256_public_key_file".to_owned());
+        return None;
+    }
+    let (v, field) = set.pop()?;
+    let pos = v.span().start;
+    let value = v.into_inner();
+    let built = match field {
+        "hs256_secret_env" => match std::env::var(&value) {
+            Ok(secret) if !secret.is_empty() => {
+                JwtVerifier::hs256(secret.as_bytes()).map_err(|e| e.reason().to_owned())
+            }
+            _ => Err(format!(
+                "the environment variable {value:?} is not set (or empty); export it before starting tollgate, e.g. export {value}=..."
+            )),
+        },
+        _ => {
+            let path = errs.relative(&value);
+            match std::fs::read(&path) {
+                Ok(pem) => if field == "rs256_public_key_file" {
+                    JwtVerifier::rs256_pem(&pem)
+                } else {
+                    JwtVerifier::es256_pem(&pem)
+                }
+                .map_err(|e| format!("{}: {}", path.display(), e.reason())),
+                Err(e) => Err(format!(
+                    "cannot read {}: {e}; write the path of a PEM public key (relative to the configuration file)",
+                    path.display()
+                )),
+            }
+        }
+    };
+    match built {
+        Ok(verifier) => Some(Jwt {
+            source: format!("{field} = {value:?}"),
+            verifier,
+        }),
+        Err(reason) => {
+            errs.at(pos, format!("[jwt] field \"{field}\": {reason}"));
+            None
+        }
+    }
 }
