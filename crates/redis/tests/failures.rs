@@ -123,23 +123,31 @@ async fn slow_redis_follows_on_error_within_the_timeout() {
         assert!(store.is_ready());
         assert!(decide(&store, &policy, b"k").await.allowed);
         proxy.set_delay(Duration::from_millis(300));
-        let bound = timeout + Duration::from_millis(10);
-        let (mut worst, mut over) = (Duration::ZERO, 0);
-        for _ in 0..30 {
+        // Each decision within timeout + 10 ms of a plain timer of `timeout` started beside
+        // it: on a loaded machine the runtime's own wake-up lag is not the store's.
+        let mut probes = 0;
+        for _ in 0..20 {
             let started = Instant::now();
-            let d = decide(&store, &policy, b"k").await;
-            let took = started.elapsed();
-            worst = worst.max(took);
-            over += usize::from(took > bound);
+            let (d, (decided, timer)) = {
+                let decision = async {
+                    let d = decide(&store, &policy, b"k").await;
+                    (d, started.elapsed())
+                };
+                let timer = async {
+                    tokio::time::sleep(timeout).await;
+                    started.elapsed()
+                };
+                let ((d, decided), timer) = tokio::join!(decision, timer);
+                (d, (decided, timer))
+            };
             assert!(follows_mode(mode, &d), "{mode:?}: {d:?}");
-            tokio::time::sleep(Duration::from_millis(10)).await; // spread over probes
+            assert!(
+                decided <= timer + Duration::from_millis(10),
+                "{mode:?}: a decision took {decided:?} (a {timeout:?} timer: {timer:?})"
+            );
+            probes += usize::from(decided >= timeout);
         }
-        // Every decision within timeout + 10 ms; on a loaded 2-core machine one scheduling
-        // hiccup of a few ms is tolerated, never a second full timeout.
-        assert!(
-            over <= 1 && worst <= timeout + Duration::from_millis(30),
-            "{mode:?}: {over} decisions over {bound:?}, worst {worst:?}"
-        );
+        assert!(probes > 0, "{mode:?}: no call tried Redis");
         assert!(!store.is_ready());
         proxy.set_delay(Duration::ZERO);
         let back = common::eventually(Duration::from_secs(2), || async {
