@@ -150,14 +150,14 @@ pub(super) fn default_store() -> StoreConfig {
     }
 }
 
-fn addr(v: &S<String>, field: &str, errs: &mut Errors<'_>) -> Option<SocketAddr> {
+fn addr(v: &S<String>, ctx: &str, field: &str, errs: &mut Errors<'_>) -> Option<SocketAddr> {
     match v.get_ref().parse::<SocketAddr>() {
         Ok(a) => Some(a),
         Err(_) => {
             errs.at(
                 v.span().start,
                 format!(
-                    "field \"{field}\": {:?} is not an address; write IP:PORT, e.g. {field} = \"127.0.0.1:8080\" (or \"[::1]:8080\")",
+                    "{ctx} field \"{field}\": {:?} is not an address; write IP:PORT, e.g. {field} = \"127.0.0.1:8080\" (or \"[::1]:8080\")",
                     v.get_ref()
                 ),
             );
@@ -231,19 +231,19 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
         grpc_listen: None,
     });
     let listen = match &server.listen {
-        Some(v) => addr(v, "listen", errs),
+        Some(v) => addr(v, "[server]", "listen", errs),
         None => Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
     };
     let grpc_listen = server
         .grpc_listen
         .as_ref()
-        .map(|v| addr(v, "grpc_listen", errs));
+        .map(|v| addr(v, "[server]", "grpc_listen", errs));
     let admin = raw.admin.unwrap_or(RawAdmin {
         listen: None,
         token: None,
     });
     let admin_listen = match &admin.listen {
-        Some(v) => addr(v, "listen", errs),
+        Some(v) => addr(v, "[admin]", "listen", errs),
         None => Some(SocketAddr::from(([127, 0, 0, 1], 9090))),
     };
     let admin_token = match admin.token {
@@ -459,7 +459,7 @@ fn validate_proxy(p: S<RawProxy>, errs: &mut Errors<'_>) -> Option<ProxyConfig> 
     let p = p.into_inner();
     let mut ok = true;
     let listen = match &p.listen {
-        Some(v) => addr(v, "listen", errs),
+        Some(v) => addr(v, "[proxy]", "listen", errs),
         None => {
             errs.at(
                 at,

@@ -1,0 +1,296 @@
+//! End-to-end runs of the real `tollgate` binary: validate, serve with reload on SIGHUP and exit
+//! on SIGTERM, and a Python urllib3 client that honours Retry-After.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/examples/tollgate.toml")
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tollgate-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn validate_prints_the_effective_policies() {
+    let out = Command::new(BIN)
+        .args(["validate"])
+        .arg(example())
+        .env("TOLLGATE_JWT_SECRET", "test-secret")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "api: sliding_window_counter limit=100 window=1m key=[header:x-api-key, jwt:sub, ip] match=/v1/** cost=1 action=reject",
+            "export: token_bucket capacity=20 refill=1/1s key=[header:x-api-key, ip] match=POST /v1/export/* cost=5 action=reject",
+            "webhooks-out: leaky_bucket rate=5/1s queue=50 max_delay=10s key=[header:x-tenant] match=/hooks/** cost=1 action=delay",
+        ]
+    );
+}
+
+#[test]
+fn validate_reports_every_error_with_file_line_column() {
+    let dir = temp_dir("bad");
+    let file = dir.join("tollgate.toml");
+    std::fs::write(
+        &file,
+        concat!(
+            "[server]\n",
+            "listen = \"localhost\"\n",
+            "\n",
+            "[[policy]]\n",
+            "name = \"api\"\n",
+            "algorithm = \"sliding_window_counter\"\n",
+            "window = \"1m\"\n",
+            "key = [\"header:x-api-key\", \"cookie:session\"]\n",
+            "burst = 3\n",
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("validate")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let f = file.display().to_string();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 5, "{stderr}");
+    assert!(
+        lines[0].starts_with(&format!("{f}:2:10: [server] field \"listen\"")),
+        "{stderr}"
+    );
+    assert!(
+        lines[1].starts_with(&format!(
+            "{f}:4:1: policy \"api\": field \"limit\" is required for algorithm \"sliding_window_counter\"; write e.g. limit = 100"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        lines[2].starts_with(&format!("{f}:8:28: policy \"api\": field \"key\"")),
+        "{stderr}"
+    );
+    assert!(
+        lines[3].starts_with(&format!("{f}:9:1: unknown field \"burst\"")),
+        "{stderr}"
+    );
+    assert!(lines[4].ends_with("4 errors"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A running `tollgate serve`, killed if the test fails.
+struct Server {
+    child: Child,
+    api: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(config: &Path) -> Server {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("TOLLGATE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let (mut api, mut admin) = (None, None);
+    while api.is_none() || admin.is_none() {
+        let line = lines.next().expect("server output").unwrap();
+        let addr = |l: &str| -> SocketAddr {
+            let url = l
+                .split_whitespace()
+                .find(|w| w.starts_with("http://"))
+                .unwrap();
+            url.trim_start_matches("http://").parse().unwrap()
+        };
+        if line.trim_start().starts_with("decision API") {
+            api = Some(addr(&line));
+        } else if line.trim_start().starts_with("admin") {
+            admin = Some(addr(&line));
+        }
+    }
+    // Keep draining stdout so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Server {
+        child,
+        api: api.unwrap(),
+        admin: admin.unwrap(),
+    }
+}
+
+/// One HTTP/1.1 request over a fresh connection: (status, body).
+fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (status, body)
+}
+
+fn config_text(limit: u32) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = {limit}\nwindow = \"1h\"\n"
+    )
+}
+
+#[cfg(unix)]
+#[test]
+fn serve_reloads_on_sighup_and_exits_on_sigterm() {
+    let dir = temp_dir("serve");
+    let file = dir.join("tollgate.toml");
+    std::fs::write(&file, config_text(5)).unwrap();
+    let mut server = serve(&file);
+    let check = r#"{"policy":"api","key":"k"}"#;
+    let (status, body) = http(server.api, "POST", "/v1/check", check);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"remaining\":4"), "{body}");
+
+    // Add a policy, signal, and see it served; api keeps its count.
+    std::fs::write(
+        &file,
+        config_text(5) + "\n[[policy]]\nname = \"more\"\nlimit = 1\nwindow = \"1m\"\n",
+    )
+    .unwrap();
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = http(server.admin, "GET", "/v1/policies", "");
+        if body.contains("\"more\"") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "reload not seen: {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, body) = http(server.api, "POST", "/v1/check", check);
+    assert!(body.contains("\"remaining\":3"), "{body}");
+
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const PYTHON_CLIENT: &str = r#"
+import json, sys, time
+import urllib3
+from urllib3.util.retry import Retry
+
+url = sys.argv[1]
+body = json.dumps({"policy": "api", "key": "py"}).encode()
+headers = {"content-type": "application/json"}
+http = urllib3.PoolManager()
+first = http.request("POST", url, body=body, headers=headers, retries=False)
+assert first.status == 200, first.status
+denied = http.request("POST", url, body=body, headers=headers, retries=False)
+assert denied.status == 429, denied.status
+wait = int(denied.headers["Retry-After"])
+assert wait >= 1, wait
+retry = Retry(total=5, status_forcelist=[429], allowed_methods=frozenset({"POST"}),
+              respect_retry_after_header=True, backoff_factor=0, raise_on_status=True)
+started = time.monotonic()
+ok = http.request("POST", url, body=body, headers=headers, retries=retry)
+elapsed = time.monotonic() - started
+assert ok.status == 200, ok.status
+assert elapsed >= 0.9, elapsed
+print(f"ok after {elapsed:.2f}s (told to wait {wait}s)")
+"#;
+
+#[test]
+fn python_urllib3_retry_honours_retry_after() {
+    let python = Command::new("python3")
+        .args(["-c", "import urllib3"])
+        .output();
+    match python {
+        Err(_) => {
+            eprintln!("SKIPPED: python3 is not installed (scripts/test.sh installs it)");
+            return;
+        }
+        Ok(out) if !out.status.success() => {
+            eprintln!("SKIPPED: python3 has no urllib3 (apt-get install python3-urllib3)");
+            return;
+        }
+        Ok(_) => {}
+    }
+    let dir = temp_dir("python");
+    let file = dir.join("tollgate.toml");
+    std::fs::write(
+        &file,
+        "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"2s\"\n",
+    )
+    .unwrap();
+    let server = serve(&file);
+    let out = Command::new("python3")
+        .args(["-c", PYTHON_CLIENT])
+        .arg(format!("http://{}/v1/check", server.api))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python client failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, metrics) = http(server.admin, "GET", "/metrics", "");
+    assert!(
+        metrics.contains("tollgate_decisions_total{policy=\"api\",outcome=\"denied\"}"),
+        "{metrics}"
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
