@@ -33,4 +33,4 @@ pub use config::{
     ClockSource, ConfigError, DEFAULT_KEY_PREFIX, DEFAULT_KEY_SECRET, DEFAULT_TIMEOUT, OnError,
     RedisConfig,
 };
-pub use store::{BuildError, MAX_COUNTER_PRODUCT, RedisStore, RedisStoreStats, SCRIPT};
+pub use store::{BuildError, MAX_DEPTH, RedisStore, RedisStoreStats, SCRIPT};

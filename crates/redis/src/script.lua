@@ -20,8 +20,9 @@
 -- none: the cost can never pass), delay_us.
 --
 -- Arithmetic: Lua numbers are doubles, exact for integers below 2^53. Timestamps (~2^51) plus the
--- quota horizons the core allows stay below that; the client refuses sliding window counter
--- policies with limit x window_us >= 2^51 (their products would not be exact).
+-- quota horizons the core allows stay below that. The sliding window counter's products
+-- (count x window, up to 2^77) go through mul_div, exact at any size; the client refuses only
+-- leaky buckets deeper than 2^51 us (71 years).
 
 local floor = math.floor
 
@@ -202,33 +203,86 @@ local function sc_reset(we, current, previous, now, w)
   return 0
 end
 
+-- floor(a * b / d) for non-negative integers a, b < 2^53 and 0 < d < 2^45, exactly, and
+-- whether the division left a remainder. The product may exceed 2^53 (a sliding window counter
+-- with limit x window beyond it): then it is computed in base-256 limbs, where every partial
+-- product and every step of the long division stays below 2^53. Quotients above 2^52 are
+-- returned as 2^52: callers only compare them with durations below 2^46.
+local TWO53 = 9007199254740992
+local TWO52 = 4503599627370496
+local function limbs(n)
+  local t = {}
+  while n > 0 do
+    local q = floor(n / 256)
+    t[#t + 1] = n - q * 256
+    n = q
+  end
+  return t
+end
+local function mul_div(a, b, d)
+  local p = a * b
+  if p < TWO53 then
+    local q = idiv(p, d)
+    return q, q * d < p
+  end
+  local x, y, r = limbs(a), limbs(b), {}
+  for k = 1, #x + #y do r[k] = 0 end
+  for i = 1, #x do
+    for j = 1, #y do r[i + j - 1] = r[i + j - 1] + x[i] * y[j] end
+  end
+  for k = 1, #r - 1 do
+    local c = floor(r[k] / 256)
+    r[k] = r[k] - c * 256
+    r[k + 1] = r[k + 1] + c
+  end
+  -- Long division, most significant limb first: the running remainder stays below d < 2^45,
+  -- so remainder x 256 + limb stays below 2^53.
+  local rem, q = 0, 0
+  for k = #r, 1, -1 do
+    local cur = rem * 256 + r[k]
+    local digit = idiv(cur, d)
+    rem = cur - digit * d
+    if q < TWO52 then q = q * 256 + digit end
+  end
+  if q > TWO52 then q = TWO52 end
+  return q, rem > 0
+end
+
 local function sc_evaluate(s, now, cost, limit, w)
   sc_normalize(s, now, w)
   local start = s.a - w
   local overlap = w - math.min(sat_sub(now, start), w)
   local previous, current = s.c, s.b
-  -- used x window, exactly (within the documented bound).
-  local used = previous * overlap + current * w
-  local lw = limit * w
-  local function available(u) return idiv(sat_sub(lw, u), w) end
-  if cost > limit then
-    return never(limit, available(used), sc_reset(s.a, current, previous, now, w))
+  -- The pure algorithm compares previous x overlap + (current + cost) x window with
+  -- limit x window. With c = ceil(previous x overlap / window), exactly:
+  --   admitted  <=>  current + cost + c <= limit
+  --   remaining  =   max(0, limit - counted - c)
+  local q, partial = mul_div(previous, overlap, w)
+  local c = q
+  if partial then c = q + 1 end
+  local function available(counted)
+    local left = limit - counted - c
+    if left > 0 then return left end
+    return 0
   end
-  if used + cost * w <= lw then
-    return {1, limit, available(used + cost * w), sc_reset(s.a, current + cost, previous, now, w), -1, 0}
+  if cost > limit then
+    return never(limit, available(current), sc_reset(s.a, current, previous, now, w))
+  end
+  if current + cost + c <= limit then
+    return {1, limit, available(current + cost), sc_reset(s.a, current + cost, previous, now, w), -1, 0}
   end
   local until_end = sat_sub(s.a, now)
   local retry
   if current + cost <= limit then
     -- Still in this window, once the previous window's weight has shrunk enough.
-    local fits = idiv((limit - current - cost) * w, math.max(previous, 1))
+    local fits = mul_div(limit - current - cost, w, math.max(previous, 1))
     retry = sat_sub(overlap, fits)
   else
     -- In the next window, where this window's count becomes the weighted one.
-    local fits = idiv((limit - cost) * w, math.max(current, 1))
+    local fits = mul_div(limit - cost, w, math.max(current, 1))
     retry = until_end + sat_sub(w, fits)
   end
-  return {0, limit, available(used), sc_reset(s.a, current, previous, now, w), retry, 0}
+  return {0, limit, available(current), sc_reset(s.a, current, previous, now, w), retry, 0}
 end
 
 ---------------------------------------------------------------- token bucket (GCRA)

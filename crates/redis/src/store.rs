@@ -23,9 +23,9 @@ use crate::keys::{KeyHasher, hex, key_name, slot};
 /// The Lua source of the one script: the five algorithms, applied all-or-nothing.
 pub const SCRIPT: &str = include_str!("script.lua");
 
-/// A Lua double is exact below 2^53. The sliding window counter multiplies counts by the window
-/// (up to 3 × limit × window), so its policies must keep limit × window_µs below this.
-pub const MAX_COUNTER_PRODUCT: u64 = 1 << 51;
+/// A Lua double is exact below 2^53, and the script adds a leaky bucket's depth to timestamps
+/// (about 2^51 µs today): buckets deeper than this (71 years) are refused, not rounded.
+pub const MAX_DEPTH: u64 = 1 << 51;
 
 /// How long a failed Redis is left alone before one call tries it again.
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
@@ -654,21 +654,11 @@ fn encode(check: &Check<'_>) -> Result<[i64; 5], StoreError> {
     Ok(match check.policy.quota() {
         Quota::FixedWindow(a) => [1, i64::from(a.limit()), n(a.window_micros()), 0, cost],
         Quota::SlidingWindowLog(a) => [2, i64::from(a.limit()), n(a.window_micros()), 0, cost],
-        Quota::SlidingWindowCounter(a) => {
-            if u64::from(a.limit()).saturating_mul(a.window_micros()) >= MAX_COUNTER_PRODUCT {
-                return Err(protocol(&format!(
-                    "policy {:?}: a sliding window counter with limit × window_µs ≥ 2^51 is \
-                     beyond the Redis store's exact arithmetic; use a shorter window or a \
-                     token bucket",
-                    check.policy.name()
-                )));
-            }
-            [3, i64::from(a.limit()), n(a.window_micros()), 0, cost]
-        }
+        Quota::SlidingWindowCounter(a) => [3, i64::from(a.limit()), n(a.window_micros()), 0, cost],
         Quota::TokenBucket(a) => [4, i64::from(a.capacity()), n(a.interval_micros()), 0, cost],
         Quota::LeakyBucket(a) => {
             let depth = u64::from(a.burst()).saturating_mul(a.interval_micros());
-            if depth >= MAX_COUNTER_PRODUCT {
+            if depth >= MAX_DEPTH {
                 return Err(protocol(&format!(
                     "policy {:?}: a leaky bucket deeper than 2^51 µs is beyond the Redis \
                      store's exact arithmetic",
@@ -679,7 +669,7 @@ fn encode(check: &Check<'_>) -> Result<[i64; 5], StoreError> {
             let max_delay = a.max_delay().map_or(-1, |d| {
                 n(u64::try_from(d.as_micros())
                     .unwrap_or(u64::MAX)
-                    .min(MAX_COUNTER_PRODUCT * 2))
+                    .min(MAX_DEPTH * 2))
             });
             [
                 5,
@@ -818,16 +808,19 @@ mod tests {
     }
 
     #[test]
-    fn huge_counter_products_are_refused_not_rounded() -> Result<(), Box<dyn std::error::Error>> {
-        let q = Quota::sliding_window_counter(u32::MAX, Duration::from_secs(86_400))?;
-        let p = Policy::new("huge", q)?;
+    fn deep_leaky_buckets_are_refused_not_rounded() -> Result<(), Box<dyn std::error::Error>> {
+        let q = Quota::leaky_bucket("1/400d".parse()?, 100_000)?;
+        let p = Policy::new("deep", q)?;
         assert!(matches!(
             encode(&Check::new(&p, b"k", 1)),
             Err(StoreError::Protocol { .. })
         ));
-        let q = Quota::sliding_window_counter(1000, Duration::from_secs(86_400))?;
-        let p = Policy::new("fine", q)?;
-        assert!(encode(&Check::new(&p, b"k", 1)).is_ok());
+        let q = Quota::sliding_window_counter(u32::MAX, Duration::from_secs(400 * 86_400))?;
+        let p = Policy::new("huge counter", q)?;
+        assert!(
+            encode(&Check::new(&p, b"k", 1)).is_ok(),
+            "exact in the script"
+        );
         Ok(())
     }
 }

@@ -106,3 +106,56 @@ proptest! {
         }
     }
 }
+
+/// Sliding window counters whose products (count × window_µs) exceed 2^53, up to the largest
+/// quota the core accepts, decide exactly like the pure algorithm (the script switches to
+/// exact limb arithmetic there).
+#[test]
+fn huge_sliding_window_counters_are_exact() {
+    let rt = runtime();
+    let redis = rt.block_on(common::local_store(&server().url()));
+    let memory = MemoryStore::new();
+    let prefix = unique("huge");
+    let day = Duration::from_secs(86_400);
+    let quotas = [
+        (u32::MAX, day * 400),
+        (1_000_000_000, day),
+        (100_000, day),
+        (3, day * 400),
+    ];
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n.max(1)
+    };
+    for (i, (limit, window)) in quotas.into_iter().enumerate() {
+        let policy = Policy::new(
+            &format!("{prefix}-{i}"),
+            Quota::sliding_window_counter(limit, window).unwrap(),
+        )
+        .unwrap();
+        let window_us = window.as_micros() as u64;
+        let mut now = T0;
+        for step in 0..300 {
+            now = now.saturating_add(Duration::from_micros(match next(4) {
+                0 => 0,
+                1 => next(window_us / 50),
+                2 => next(window_us / 3),
+                _ => next(window_us + window_us / 2),
+            }));
+            let cost = match next(4) {
+                0 => next(u64::from(limit) / 2 + 1),
+                1 => next(u64::from(limit) / 10 + 1),
+                2 => next(u64::from(limit) + 1),
+                _ => next(5),
+            } as u32;
+            let key = format!("{prefix}-k{}", next(2));
+            let checks = [Check::new(&policy, key.as_bytes(), cost)];
+            let want = memory.apply_now(now, &checks);
+            let got = rt.block_on(redis.apply_redis(now, &checks)).unwrap();
+            assert_eq!(got, want, "limit {limit} step {step} at {now} cost {cost}");
+        }
+    }
+}
