@@ -60,7 +60,12 @@ pub struct RedisConfig {
     /// The prefix of every key (default `tg`).
     pub key_prefix: String,
     /// How many denials the deny cache remembers (0 turns it off; default 65,536). While a
-    /// (policy, key) is denied, further single checks of it are answered from memory.
+    /// (policy, key) is denied, further single checks of it with at least the denied cost are
+    /// answered from memory until the denial's `retry_after` ends, without calling Redis. Such
+    /// answers are exact in `allowed` and `retry_after`; `remaining` is reported as it was when
+    /// denied and `reset` shortened by the time elapsed. A refund through this store clears the
+    /// entry; a refund by another instance does not (the denial then lasts until its
+    /// `retry_after`, never less).
     pub deny_cache_size: usize,
 }
 

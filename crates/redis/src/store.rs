@@ -55,6 +55,12 @@ const DENY_RETRY: Duration = Duration::from_secs(1);
 /// request may see those earlier quotas briefly consumed, so it can be denied where a
 /// single-slot store would have admitted it. It never over-admits.
 ///
+/// # Cost per algorithm
+///
+/// The counters and buckets keep one short string per key and cost O(1) per request. The
+/// sliding window log keeps a list of up to `limit` entries and reads and rewrites it whole on
+/// each request, O(limit): fine for small limits, otherwise prefer the sliding window counter.
+///
 /// # Failures
 ///
 /// Each call is bounded by `timeout`. When Redis is unreachable or too slow, decisions follow
@@ -63,6 +69,10 @@ const DENY_RETRY: Duration = Duration::from_secs(1);
 /// to Redis by itself. A script error or a reply of the wrong shape is a
 /// [`StoreError::Protocol`]; it also follows `on_error` (never a silent allow unless that is
 /// `allow`) and is reported by [`RedisStore::apply_redis`] and [`RedisStore::stats`].
+/// `Decision` has no field saying that `on_error` decided; [`RedisStore::stats`] counts such
+/// decisions (`fallbacks`) and [`RedisStore::is_ready`] turns false meanwhile. A failed
+/// [`Store::refund`] is returned as an error (refunds are best effort: the quota comes back
+/// when its window passes anyway).
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
