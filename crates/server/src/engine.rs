@@ -109,7 +109,10 @@ impl Engine {
         if matched {
             self.metrics.latency(started.elapsed());
         }
-        let (decisions, headers, verdict) = outcome.into_parts();
+        let decisions = outcome.decisions().clone();
+        let mut headers = HeaderMap::new();
+        outcome.apply_headers(&mut headers);
+        let (_, _, verdict) = outcome.into_parts();
         let fail_open = matched && decisions.is_empty() && matches!(verdict, Verdict::Pass);
         if fail_open {
             self.metrics.store_error();
