@@ -111,9 +111,14 @@ impl Drop for Server {
 }
 
 fn serve(config: &Path) -> Server {
+    serve_env(config, &[])
+}
+
+fn serve_env(config: &Path, env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(BIN)
         .args(["serve", "--config"])
         .arg(config)
+        .envs(env.iter().copied())
         .env("TOLLGATE_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -291,6 +296,48 @@ fn python_urllib3_retry_honours_retry_after() {
         metrics.contains("tollgate_decisions_total{policy=\"api\",outcome=\"denied\"}"),
         "{metrics}"
     );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// HS256, secret "test-secret", {"sub": "alice", "exp": 4102444800}.
+const ALICE: &str = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJhbGljZSIsImV4cCI6NDEwMjQ0NDgwMH0.93jbePocwURshwfZuCpoUe2xfj8CW6Qapmb6YNjUYwI";
+
+#[test]
+fn jwt_claims_key_requests_and_forged_tokens_are_ignored() {
+    let dir = temp_dir("jwt");
+    let file = dir.join("tollgate.toml");
+    std::fs::write(
+        &file,
+        "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nkey = [\"jwt:sub\", \"ip\"]\n\n[jwt]\nhs256_secret_env = \"TG_TEST_JWT\"\n",
+    )
+    .unwrap();
+    // Without the secret in the environment, the file is refused with the variable named.
+    let out = Command::new(BIN)
+        .arg("validate")
+        .arg(&file)
+        .env_remove("TG_TEST_JWT")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(":14:20: [jwt] field \"hs256_secret_env\": the environment variable \"TG_TEST_JWT\" is not set"), "{stderr}");
+
+    let server = serve_env(&file, &[("TG_TEST_JWT", "test-secret")]);
+    let req = |token: &str, ip: &str| {
+        format!(r#"{{"path":"/x","headers":{{"authorization":"Bearer {token}"}},"ip":"{ip}"}}"#)
+    };
+    let (status, body) = http(server.api, "POST", "/v1/check", &req(ALICE, "192.0.2.1"));
+    assert_eq!(status, 200, "{body}");
+    // Same subject from another address: the same key, now over its limit.
+    let (status, _) = http(server.api, "POST", "/v1/check", &req(ALICE, "192.0.2.2"));
+    assert_eq!(status, 429);
+    // A forged token is treated as absent: the request falls back to its IP.
+    let forged = format!("{}x", &ALICE[..ALICE.len() - 1]);
+    let (status, _) = http(server.api, "POST", "/v1/check", &req(&forged, "192.0.2.3"));
+    assert_eq!(status, 200);
+    let (status, _) = http(server.api, "POST", "/v1/check", &req(&forged, "192.0.2.3"));
+    assert_eq!(status, 429);
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,109 @@
+//! The server over a real Redis: two instances share one count, `/readyz` follows Redis, and
+//! `on_error = "allow"` keeps serving when Redis goes away. Skipped when `redis-server` is absent.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use hyper::StatusCode;
+
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn redis() -> Option<Redis> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(Redis { child, port })
+}
+
+#[tokio::test]
+async fn two_instances_share_one_redis_count() {
+    let Some(mut redis) = redis() else {
+        eprintln!("SKIPPED: redis-server is not installed (scripts/test.sh installs it)");
+        return;
+    };
+    let text = format!(
+        "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout = \"100ms\"\non_error = \"allow\"\n\n[[policy]]\nname = \"api\"\nalgorithm = \"sliding_window_counter\"\nlimit = 3\nwindow = \"1m\"\nkey = [\"header:x-api-key\"]\n",
+        redis.port
+    );
+    let a = start_text(&text).await;
+    let b = start_text(&text).await;
+    assert_eq!(
+        get(&a.admin_url("/readyz"), &[]).await.status,
+        StatusCode::OK
+    );
+    let req = r#"{"path":"/v1/x","headers":{"x-api-key":"shared"}}"#;
+    let mut statuses = Vec::new();
+    for s in [&a, &b, &a, &b] {
+        statuses.push(post_json(&s.url("/v1/check"), req).await.status);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    // By policy and key, too.
+    let r = post_json(&b.url("/v1/check"), r#"{"policy":"api","key":"k"}"#).await;
+    assert_eq!(r.json()["remaining"], 2);
+    let r = post_json(&a.url("/v1/check"), r#"{"policy":"api","key":"k"}"#).await;
+    assert_eq!(r.json()["remaining"], 1);
+
+    // Redis goes away: not ready, and on_error = "allow" keeps admitting.
+    let _ = redis.child.kill();
+    let _ = redis.child.wait();
+    let r = get(&a.admin_url("/readyz"), &[]).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    let r = post_json(
+        &a.url("/v1/check"),
+        r#"{"path":"/v1/x","headers":{"x-api-key":"other"}}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let m = get(&a.admin_url("/metrics"), &[]).await;
+    let text = String::from_utf8_lossy(&m.body).into_owned();
+    assert!(text.contains("tollgate_store_fallbacks_total"), "{text}");
+    assert!(!text.contains("tollgate_store_errors_total 0"), "{text}");
+    a.stop().await;
+    b.stop().await;
+}
