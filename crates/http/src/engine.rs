@@ -500,20 +500,31 @@ impl<S: Store, C: Clock> Outcome<S, C> {
     }
 
     /// The decisions, the headers and what to do, by value.
-    pub fn into_parts(self) -> (Decisions, HeaderMap, Verdict<S, C>) {
-        let mut headers = HeaderMap::with_capacity(self.headers.len());
-        for (name, value) in self.headers {
+    pub fn into_parts(self) -> (Decisions, RateLimitHeaders, Verdict<S, C>) {
+        (self.decisions, RateLimitHeaders(self.headers), self.verdict)
+    }
+}
+
+/// The rate-limit headers of an outcome, to add to the response once there is one.
+#[derive(Clone, Debug, Default)]
+pub struct RateLimitHeaders(HeaderList);
+
+impl RateLimitHeaders {
+    /// Moves the headers into `headers`, replacing any of the same name.
+    pub fn apply(self, headers: &mut HeaderMap) {
+        for (name, value) in self.0 {
             headers.insert(name, value);
         }
-        (self.decisions, headers, self.verdict)
     }
 
-    /// Moves the headers into `headers` and returns what to do.
-    pub fn into_verdict(self, headers: &mut HeaderMap) -> Verdict<S, C> {
-        for (name, value) in self.headers {
-            headers.insert(name, value);
-        }
-        self.verdict
+    /// Whether there are none (no policy matched, or the store failed open).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The headers.
+    pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        self.0.iter().map(|(n, v)| (n, v))
     }
 }
 
@@ -605,7 +616,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 .any(|(d, e)| !d.allowed && !self.is_shadow(e));
             for (d, e) in decisions.as_slice().iter().zip(entries.iter()) {
                 if !d.allowed && self.is_shadow(e) {
-                    tracing::debug!(policy = &*d.policy, "shadow policy would deny this request");
+                    tracing::debug!(policy = d.policy, "shadow policy would deny this request");
                 }
             }
             if !enforced_denial {
@@ -749,7 +760,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             .iter()
             .zip(entries.iter())
             .filter(|(d, e)| !d.allowed && !self.is_shadow(e))
-            .map(|(d, _)| &*d.policy);
+            .map(|(d, _)| d.policy);
         tracing::debug!(policies = ?violated.clone().collect::<SmallVec<[&str; 4]>>(), "rate limited");
         let body = problem::quota_exceeded(violated, retry.as_ref().map(|(s, _)| *s));
         let mut response = problem::response(StatusCode::TOO_MANY_REQUESTS, body);

@@ -173,16 +173,29 @@ pub(crate) fn render(
     let Some(&(worst, worst_text)) = most_restrictive(items) else {
         return;
     };
+    // All numbers go into one buffer, each header value a slice of it: one allocation rather
+    // than one per value.
+    let mut buf = BytesMut::with_capacity(96 + worst_text.quoted_name.len());
+    let number = |buf: &mut BytesMut, n: u64| {
+        buf.put_slice(itoa::Buffer::new().format(n).as_bytes());
+        value(buf.split())
+    };
     if config.legacy {
-        out.push((X_RATELIMIT_LIMIT, HeaderValue::from(worst.limit)));
-        out.push((X_RATELIMIT_REMAINING, HeaderValue::from(worst.remaining)));
         let reset = match config.reset_format {
             ResetFormat::Delta => ceil_secs(worst.reset),
             ResetFormat::Epoch => {
                 ceil_secs(Duration::from_micros(now.as_micros()).saturating_add(worst.reset))
             }
         };
-        out.push((X_RATELIMIT_RESET, HeaderValue::from(reset)));
+        for (name, n) in [
+            (X_RATELIMIT_LIMIT, worst.limit),
+            (X_RATELIMIT_REMAINING, worst.remaining),
+            (X_RATELIMIT_RESET, reset),
+        ] {
+            if let Some(v) = number(&mut buf, n) {
+                out.push((name, v));
+            }
+        }
     }
     if config.ietf {
         let policy = if let [(_, only)] = items {
@@ -201,16 +214,19 @@ pub(crate) fn render(
             }
         };
         out.push((RATELIMIT_POLICY, policy));
-        let mut now_value = BytesMut::with_capacity(worst_text.quoted_name.len() + 32);
-        now_value.put_slice(&worst_text.quoted_name);
-        now_value.put_slice(b";r=");
-        now_value.put_slice(itoa::Buffer::new().format(worst.remaining).as_bytes());
-        now_value.put_slice(b";t=");
-        now_value.put_slice(itoa::Buffer::new().format(t_secs(worst)).as_bytes());
-        if let Ok(v) = HeaderValue::from_maybe_shared(now_value.freeze()) {
+        buf.put_slice(&worst_text.quoted_name);
+        buf.put_slice(b";r=");
+        buf.put_slice(itoa::Buffer::new().format(worst.remaining).as_bytes());
+        buf.put_slice(b";t=");
+        buf.put_slice(itoa::Buffer::new().format(t_secs(worst)).as_bytes());
+        if let Some(v) = value(buf.split()) {
             out.push((RATELIMIT, v));
         }
     }
+}
+
+fn value(bytes: BytesMut) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(bytes.freeze()).ok()
 }
 
 /// The SPEC §5 choice: a denying decision first, then the lowest remaining, ties broken by the

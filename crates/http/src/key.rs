@@ -317,20 +317,29 @@ impl KeyContext<'_> {
 
 /// `ip:203.0.113.9`, or `ip:2001:db8:1:2::/64` for the IPv6 network the address is in.
 fn write_ip(ip: IpAddr, ipv6_prefix: u8, out: &mut KeyBuf) {
-    use std::io::Write;
     out.extend_from_slice(b"ip:");
-    let mut text = [0u8; 64];
-    let mut cursor = std::io::Cursor::new(&mut text[..]);
-    let written = match ip.to_canonical() {
-        IpAddr::V4(v4) => write!(cursor, "{v4}"),
-        v6 @ IpAddr::V6(_) => {
-            let net = crate::cidr::mask(v6, ipv6_prefix);
-            write!(cursor, "{net}/{ipv6_prefix}")
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            // By hand: `Display` for addresses goes through the formatting machinery, and this
+            // runs on every request keyed by IP.
+            let mut digits = itoa::Buffer::new();
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                out.extend_from_slice(digits.format(octet).as_bytes());
+            }
         }
-    };
-    let len = usize::try_from(cursor.position()).unwrap_or(0);
-    if written.is_ok() {
-        out.extend_from_slice(&text[..len]);
+        v6 @ IpAddr::V6(_) => {
+            use std::io::Write;
+            let net = crate::cidr::mask(v6, ipv6_prefix);
+            let mut text = [0u8; 64];
+            let mut cursor = std::io::Cursor::new(&mut text[..]);
+            if write!(cursor, "{net}/{ipv6_prefix}").is_ok() {
+                let len = usize::try_from(cursor.position()).unwrap_or(0);
+                out.extend_from_slice(&text[..len]);
+            }
+        }
     }
 }
 

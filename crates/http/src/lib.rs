@@ -44,7 +44,7 @@ pub use cidr::{Cidr, TrustedProxies};
 pub use client_ip::ForwardedHeader;
 pub use engine::{
     ANONYMOUS_KEY, Action, DEFAULT_MAX_DELAY, Engine, EngineBuilder, FailMode, Hold, HttpPolicy,
-    Outcome, Prepared, Verdict,
+    Outcome, Prepared, RateLimitHeaders, Verdict,
 };
 pub use error::ConfigError;
 pub use headers::{HeaderConfig, ResetFormat, RetryAfterFormat};

@@ -234,7 +234,7 @@ async fn engine_outcome_matches_the_headers() {
     let ds = outcome.decisions();
     assert_eq!(ds.len(), 2);
     let worst = ds.most_restrictive().unwrap();
-    assert_eq!(&*worst.policy, "b");
+    assert_eq!(worst.policy, "b");
     let mut map = http::HeaderMap::new();
     outcome.apply_headers(&mut map);
     assert_eq!(

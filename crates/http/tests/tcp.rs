@@ -36,6 +36,8 @@ async fn get_many(
             .header("host", addr.to_string())
             .body(Empty::<Bytes>::new())
             .unwrap();
+        // A keep-alive connection is ready again only once the previous exchange is done.
+        sender.ready().await.unwrap();
         let response = sender.send_request(request).await.unwrap();
         let (parts, body) = response.into_parts();
         out.push((

@@ -92,12 +92,7 @@ where
                 Verdict::Pass => {}
             }
             let mut response = inner.call(request).await?;
-            let target = response.headers_mut();
-            for (name, value) in headers {
-                if let Some(name) = name {
-                    target.insert(name, value);
-                }
-            }
+            headers.apply(response.headers_mut());
             Ok(response.map(Either::Left))
         }))
     }
