@@ -59,7 +59,9 @@ local function load(key, alg)
       cs[i] = tonumber(string.sub(raw[i], sp + 1))
       total = total + cs[i]
     end
-    return {ts = ts, cs = cs, head = 1, n = #raw, total = total}
+    -- orig: entries as stored; touched: the lowest index changed since (writes keep what
+    -- lies below it and rewrite only the tail).
+    return {ts = ts, cs = cs, head = 1, n = #raw, total = total, orig = #raw, touched = #raw + 1}
   end
   local raw = redis.call('GET', key)
   local a, b, c = 0, 0, 0
@@ -82,9 +84,18 @@ local function store(key, alg, s, expires_at, now)
   local ttl = math.ceil((expires_at - now) / 1000)
   if ttl < 1 then ttl = 1 end
   if alg == 2 then
-    redis.call('DEL', key)
+    -- Stored entries 1..keep are unchanged: trim the pruned head and the changed tail off the
+    -- list and push the new tail, so a commit costs O(pruned + 1) writes, not O(limit).
+    local keep = math.min(s.touched - 1, s.orig, s.n)
+    local from = keep + 1
+    if keep < s.head then
+      redis.call('DEL', key)
+      from = s.head
+    elseif s.head > 1 or keep < s.orig then
+      redis.call('LTRIM', key, s.head - 1, keep - 1)
+    end
     local batch = {}
-    for i = s.head, s.n do
+    for i = from, s.n do
       batch[#batch + 1] = fmt(s.ts[i]) .. ' ' .. fmt(s.cs[i])
       if #batch == 500 then
         redis.call('RPUSH', key, unpack(batch))
@@ -170,6 +181,7 @@ local function sl_commit(s, now, cost, w)
     s.ts[s.n] = now
     s.cs[s.n] = cost
   end
+  s.touched = math.min(s.touched, s.n)
   s.total = s.total + cost
 end
 
@@ -177,6 +189,7 @@ local function sl_refund(s, now, cost, w)
   sl_prune(s, now, w)
   local left = cost
   while left > 0 and s.n >= s.head do
+    s.touched = math.min(s.touched, s.n)
     local take = math.min(left, s.cs[s.n])
     s.cs[s.n] = s.cs[s.n] - take
     left = left - take

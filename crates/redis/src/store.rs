@@ -58,8 +58,9 @@ const DENY_RETRY: Duration = Duration::from_secs(1);
 /// # Cost per algorithm
 ///
 /// The counters and buckets keep one short string per key and cost O(1) per request. The
-/// sliding window log keeps a list of up to `limit` entries and reads and rewrites it whole on
-/// each request, O(limit): fine for small limits, otherwise prefer the sliding window counter.
+/// sliding window log keeps a list of up to `limit` entries, reads it whole on each request
+/// (O(limit)) and writes only what changed (the expired head, the new tail): fine for small
+/// limits, otherwise prefer the sliding window counter.
 ///
 /// # Failures
 ///
