@@ -1,0 +1,47 @@
+//! Envoy's rate limit service (`envoy.service.ratelimit.v3.RateLimitService`, gRPC) on
+//! Tollgate's limiter: Envoy's `envoy.filters.http.ratelimit` filter (and the network and
+//! Thrift ones) call [`serve`]'s `ShouldRateLimit` with a domain and descriptors; Tollgate
+//! matches them against descriptor trees configured the way envoyproxy/ratelimit configures
+//! them (its YAML files load unchanged with [`load_envoy_config_dir`]) and answers OK or
+//! OVER_LIMIT, with the SPEC §5 rate limit headers for Envoy to add to the response.
+//!
+//! ```no_run
+//! use tollgate::Limiter;
+//! use tollgate_envoy::{Config, Descriptor, Domain, RateLimit, RlsService, Unit, serve};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = Config::new().domain(
+//!     Domain::new("edge")
+//!         .descriptor(Descriptor::new("remote_address").rate_limit(RateLimit::per(10, Unit::Second)))
+//!         .descriptor(
+//!             Descriptor::new("api_key")
+//!                 .value("gold")
+//!                 .rate_limit(RateLimit::per(1000, Unit::Minute)),
+//!         ),
+//! );
+//! let service = RlsService::new(Limiter::builder().build()?, &config)?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8081").await?;
+//! serve(listener, service, std::future::pending()).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Not supported: the per-descriptor `limit` override of a request (ignored: the configured
+//! limit applies), `quota` answers, `raw_body` and `dynamic_metadata`, `Health/Watch`.
+
+#[cfg(feature = "client")]
+mod client;
+mod config;
+pub mod proto;
+mod server;
+mod service;
+mod yaml;
+
+#[cfg(feature = "client")]
+pub use client::RlsClient;
+pub use config::{
+    Config, ConfigError, Descriptor, Domain, FailureMode, RateLimit, ResetFormat, Unit,
+};
+pub use server::{MAX_REQUEST_BYTES, RLS_SERVICE_NAME, serve};
+pub use service::{MAX_DESCRIPTORS, RlsService};
+pub use yaml::{load_envoy_config_dir, parse_envoy_config};

@@ -1,0 +1,344 @@
+//! [`RlsService`]: answers `ShouldRateLimit` from the compiled configuration and a Tollgate
+//! [`Limiter`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use tollgate::{Check, Clock, Decision, Decisions, Limiter, Store};
+use tonic::Status;
+
+use crate::config::{Compiled, Config, ConfigError, FailureMode, Leaf, ResetFormat, ceil_secs};
+use crate::proto::envoy::config_core_v3::HeaderValue;
+use crate::proto::envoy::service_ratelimit_v3::rate_limit_response::{Code, DescriptorStatus};
+use crate::proto::envoy::service_ratelimit_v3::{RateLimitRequest, RateLimitResponse};
+
+/// The most descriptors one request may carry.
+pub const MAX_DESCRIPTORS: usize = 10_000;
+
+/// Store keys longer than this are replaced by a hash (SPEC §4).
+const MAX_KEY: usize = 256;
+
+/// Envoy's rate limit service over a Tollgate [`Limiter`]: cheap to clone; clones share the
+/// limiter and the configuration.
+///
+/// Each matched descriptor becomes a check of its descriptor node's policy (named after the
+/// domain and the descriptor path, e.g. `edge.remote_address` or `edge.api_key_gold`) for a key
+/// made of the descriptor's entries, so each distinct value of a key-only node counts on its
+/// own. All descriptors of one request are decided in one all-or-nothing
+/// [`Limiter::check_all`].
+#[derive(Debug)]
+pub struct RlsService<S: Store, C: Clock> {
+    limiter: Limiter<S, C>,
+    config: Arc<Compiled>,
+}
+
+impl<S: Store, C: Clock> Clone for RlsService<S, C> {
+    fn clone(&self) -> Self {
+        RlsService {
+            limiter: self.limiter.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+/// One matched, counted descriptor of a request.
+struct Entry<'a> {
+    index: usize,
+    leaf: &'a Leaf,
+    key: Vec<u8>,
+    cost: u32,
+    /// The cost exceeds what the quota can ever admit.
+    too_big: bool,
+}
+
+impl<S: Store, C: Clock> RlsService<S, C> {
+    /// A service answering from `config` with `limiter` (its registered policies are not used:
+    /// the configuration carries its own). Errors name the domain and descriptor at fault.
+    pub fn new(limiter: Limiter<S, C>, config: &Config) -> Result<Self, ConfigError> {
+        Ok(RlsService {
+            limiter,
+            config: Arc::new(config.compile()?),
+        })
+    }
+
+    /// The limiter.
+    pub fn limiter(&self) -> &Limiter<S, C> {
+        &self.limiter
+    }
+
+    /// Answers one `ShouldRateLimit` call.
+    ///
+    /// Errors (as gRPC statuses): `INVALID_ARGUMENT` for an empty domain, no descriptors or
+    /// more than [`MAX_DESCRIPTORS`]; `UNAVAILABLE` when the store fails and the failure mode
+    /// says so.
+    pub async fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
+        if request.domain.is_empty() {
+            return Err(Status::invalid_argument(
+                "rate limit domain must not be empty",
+            ));
+        }
+        if request.descriptors.is_empty() {
+            return Err(Status::invalid_argument(
+                "rate limit descriptor list must not be empty",
+            ));
+        }
+        if request.descriptors.len() > MAX_DESCRIPTORS {
+            return Err(Status::invalid_argument(format!(
+                "too many rate limit descriptors: {} (at most {MAX_DESCRIPTORS})",
+                request.descriptors.len()
+            )));
+        }
+        let mut statuses: Vec<DescriptorStatus> = request
+            .descriptors
+            .iter()
+            .map(|_| DescriptorStatus {
+                code: Code::Ok as i32,
+                ..DescriptorStatus::default()
+            })
+            .collect();
+        let Some(tree) = self.config.domains.get(&request.domain) else {
+            return Ok(ok_response(statuses));
+        };
+        let hits = request.hits_addend.max(1);
+        let mut entries: Vec<Entry<'_>> = Vec::new();
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            let found = tree.find(
+                descriptor
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str())),
+            );
+            let Some(leaf) = found else { continue };
+            let Some(policy) = &leaf.policy else {
+                // Unlimited: OK, never counted, as envoyproxy/ratelimit answers.
+                statuses[index].limit_remaining = u32::MAX;
+                continue;
+            };
+            let cost = match descriptor.hits_addend {
+                Some(h) => u32::try_from(h.value).unwrap_or(u32::MAX),
+                None => hits,
+            };
+            entries.push(Entry {
+                index,
+                leaf,
+                key: store_key(descriptor.entries.iter().map(|e| (&e.key, &e.value))),
+                cost,
+                too_big: cost > policy.quota().max_cost(),
+            });
+        }
+        if entries.is_empty() {
+            return Ok(ok_response(statuses));
+        }
+        let decisions = match self.decide(&entries).await {
+            Ok(d) => d,
+            Err(error) => {
+                return match self.config.failure_mode {
+                    FailureMode::Allow => Ok(ok_response(statuses)),
+                    FailureMode::Unavailable => Err(Status::unavailable(format!(
+                        "the rate limit store failed: {error}"
+                    ))),
+                };
+            }
+        };
+        let mut over = false;
+        for (entry, d) in entries.iter().zip(decisions.iter()) {
+            let denied = !d.allowed && !entry.leaf.shadow;
+            over |= denied;
+            let status = &mut statuses[entry.index];
+            status.code = if denied { Code::OverLimit } else { Code::Ok } as i32;
+            status.current_limit.clone_from(&entry.leaf.current_limit);
+            status.limit_remaining = u32::try_from(d.remaining).unwrap_or(u32::MAX);
+            status.duration_until_reset = Some(d.reset.into());
+        }
+        let headers = self.headers(&entries, &decisions, over);
+        Ok(RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            response_headers_to_add: headers,
+            request_headers_to_add: Vec::new(),
+        })
+    }
+
+    /// Decides every entry in one all-or-nothing call. A cost no quota can admit denies its
+    /// descriptor without counting; if only shadow descriptors deny, the enforced ones are
+    /// counted in a second all-or-nothing call, since the request goes on.
+    async fn decide(&self, entries: &[Entry<'_>]) -> Result<Vec<Decision>, tollgate::Error> {
+        let forced = entries.iter().any(|e| e.too_big && !e.leaf.shadow);
+        let checks: SmallVec<[Check<'_>; 4]> = entries
+            .iter()
+            .filter_map(|e| {
+                let policy = e.leaf.policy.as_ref()?;
+                // Peek (cost 0) where nothing may be consumed.
+                let cost = if forced || e.too_big { 0 } else { e.cost };
+                Some(Check::new(policy, &e.key, cost))
+            })
+            .collect();
+        let first = self.limiter.check_all(&checks).await?;
+        let mut decisions: Vec<Decision> = first.into_iter().collect();
+        for (e, d) in entries.iter().zip(decisions.iter_mut()) {
+            if e.too_big {
+                d.allowed = false;
+                d.retry_after = None;
+            }
+        }
+        if forced {
+            return Ok(decisions);
+        }
+        let admitted = decisions.iter().all(|d| d.allowed);
+        let enforced_denial = entries
+            .iter()
+            .zip(decisions.iter())
+            .any(|(e, d)| !d.allowed && !e.leaf.shadow);
+        if admitted || enforced_denial {
+            return Ok(decisions);
+        }
+        // Only shadow descriptors deny: count the enforced ones.
+        let enforced: SmallVec<[Check<'_>; 4]> = entries
+            .iter()
+            .filter(|e| !e.leaf.shadow)
+            .filter_map(|e| Some(Check::new(e.leaf.policy.as_ref()?, &e.key, e.cost)))
+            .collect();
+        if enforced.is_empty() {
+            return Ok(decisions);
+        }
+        let again: Decisions = self.limiter.check_all(&enforced).await?;
+        let mut again = again.into_iter();
+        for (e, d) in entries.iter().zip(decisions.iter_mut()) {
+            if !e.leaf.shadow {
+                if let Some(next) = again.next() {
+                    *d = next;
+                }
+            }
+        }
+        Ok(decisions)
+    }
+
+    /// The SPEC §5 headers over the enforced (non-shadow) descriptors.
+    fn headers(
+        &self,
+        entries: &[Entry<'_>],
+        decisions: &[Decision],
+        over: bool,
+    ) -> Vec<HeaderValue> {
+        let config = &self.config;
+        let items: SmallVec<[(&Entry<'_>, &Decision); 4]> = entries
+            .iter()
+            .zip(decisions)
+            .filter(|(e, _)| !e.leaf.shadow)
+            .collect();
+        let Some(&(worst_entry, worst)) = items.iter().min_by(|(_, a), (_, b)| {
+            a.allowed
+                .cmp(&b.allowed)
+                .then(a.remaining.cmp(&b.remaining))
+                .then(b.reset.cmp(&a.reset))
+        }) else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(6);
+        if config.x_ratelimit_headers {
+            out.push(header("X-RateLimit-Limit", worst.limit.to_string()));
+            out.push(header("X-RateLimit-Remaining", worst.remaining.to_string()));
+            let reset = match config.reset_format {
+                ResetFormat::Delta => ceil_secs(worst.reset),
+                ResetFormat::Epoch => {
+                    let now = Duration::from_micros(self.limiter.clock().now().as_micros());
+                    ceil_secs(now.saturating_add(worst.reset))
+                }
+            };
+            out.push(header("X-RateLimit-Reset", reset.to_string()));
+        }
+        let t = t_secs(worst);
+        if config.ietf_headers {
+            // Each policy once, even when several descriptors matched it.
+            let mut listed: SmallVec<[&str; 4]> = SmallVec::new();
+            let mut policy = String::new();
+            for (e, _) in &items {
+                if listed.contains(&e.leaf.policy_item.as_str()) {
+                    continue;
+                }
+                listed.push(&e.leaf.policy_item);
+                if !policy.is_empty() {
+                    policy.push_str(", ");
+                }
+                policy.push_str(&e.leaf.policy_item);
+            }
+            out.push(header("RateLimit-Policy", policy));
+            out.push(header(
+                "RateLimit",
+                format!(
+                    "{};r={};t={t}",
+                    worst_entry.leaf.quoted_name, worst.remaining
+                ),
+            ));
+        }
+        if over {
+            let wait = retry_after(&items).unwrap_or(worst.reset);
+            let secs = ceil_secs(wait).max(1).max(t);
+            out.push(header("Retry-After", secs.to_string()));
+        }
+        out
+    }
+}
+
+/// The latest `retry_after` among the denying enforced decisions; `None` if any can never be
+/// admitted or none says.
+fn retry_after(items: &[(&Entry<'_>, &Decision)]) -> Option<Duration> {
+    let mut latest: Option<Duration> = None;
+    for (_, d) in items.iter().filter(|(_, d)| !d.allowed) {
+        let r = d.retry_after?;
+        latest = Some(latest.map_or(r, |l| l.max(r)));
+    }
+    latest
+}
+
+/// `RateLimit`'s `t`: seconds until the quota is available again for this request when it was
+/// denied, until it is fully reset otherwise.
+fn t_secs(d: &Decision) -> u64 {
+    match (d.allowed, d.retry_after) {
+        (false, Some(retry)) => ceil_secs(retry).max(1),
+        _ => ceil_secs(d.reset),
+    }
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_owned(),
+        value,
+        raw_value: Vec::new(),
+    }
+}
+
+fn ok_response(statuses: Vec<DescriptorStatus>) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: Code::Ok as i32,
+        statuses,
+        response_headers_to_add: Vec::new(),
+        request_headers_to_add: Vec::new(),
+    }
+}
+
+/// The store key of a descriptor: its entries, each key and value length-prefixed so that no
+/// two descriptors share a key; longer than 256 bytes, a 128-bit hash of it.
+fn store_key<'a>(entries: impl Iterator<Item = (&'a String, &'a String)>) -> Vec<u8> {
+    let mut key = Vec::with_capacity(64);
+    for (k, v) in entries {
+        for part in [k, v] {
+            key.extend_from_slice(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_le_bytes());
+            key.extend_from_slice(part.as_bytes());
+        }
+    }
+    if key.len() <= MAX_KEY {
+        return key;
+    }
+    let a = crate::config::fnv1a_with(0xcbf2_9ce4_8422_2325, &key);
+    let b = crate::config::fnv1a_with(0x6c62_272e_07bb_0142, &key);
+    let mut hashed = Vec::with_capacity(18);
+    hashed.extend_from_slice(b"#h");
+    hashed.extend_from_slice(&a.to_le_bytes());
+    hashed.extend_from_slice(&b.to_le_bytes());
+    hashed
+}
