@@ -468,6 +468,7 @@ pub struct Outcome<S: Store, C: Clock> {
     decisions: Decisions,
     headers: HeaderList,
     verdict: Verdict<S, C>,
+    store_failed: bool,
 }
 
 impl<S: Store, C: Clock> Outcome<S, C> {
@@ -475,6 +476,12 @@ impl<S: Store, C: Clock> Outcome<S, C> {
     /// missing or the store failed.
     pub fn decisions(&self) -> &Decisions {
         &self.decisions
+    }
+
+    /// Whether the store failed, so the request was let through ([`FailMode::Allow`]) or
+    /// answered 503 ([`FailMode::Deny`]) undecided.
+    pub fn store_failed(&self) -> bool {
+        self.store_failed
     }
 
     /// Whether the request goes on (now or after a hold).
@@ -512,6 +519,8 @@ pub struct RateLimitHeaders(HeaderList);
 impl RateLimitHeaders {
     /// Moves the headers into `headers`, replacing any of the same name.
     pub fn apply(self, headers: &mut HeaderMap) {
+        // One growth of the map up front rather than a rehash midway.
+        headers.reserve(self.0.len());
         for (name, value) in self.0 {
             headers.insert(name, value);
         }
@@ -693,6 +702,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             decisions,
             headers,
             verdict,
+            store_failed: false,
         }
     }
 
@@ -792,7 +802,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
                     .map(|e| self.inner.policies[e.index].http.policy.name())
                     .collect();
                 tracing::warn!(%error, policies = ?names, fail_mode = ?self.inner.fail_mode, "rate limit store failed");
-                match self.inner.fail_mode {
+                let mut outcome = match self.inner.fail_mode {
                     FailMode::Allow => {
                         self.outcome(Decisions::new(), HeaderList::new(), Verdict::Pass)
                     }
@@ -810,7 +820,9 @@ impl<S: Store, C: Clock> Engine<S, C> {
                             Verdict::Respond(response),
                         )
                     }
-                }
+                };
+                outcome.store_failed = true;
+                outcome
             }
         }
     }

@@ -34,8 +34,17 @@ impl<S: Store, C: Clock> RateLimitLayer<S, C> {
     /// How to find the peer address in a request's extensions (default: [`default_peer`]). With
     /// axum's `into_make_service_with_connect_info::<SocketAddr>()`:
     ///
-    /// ```ignore
-    /// layer.peer_addr(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()))
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::net::SocketAddr;
+    /// use axum::extract::ConnectInfo;
+    /// use tollgate_http::{Engine, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new(Engine::builder().build()?)
+    ///     .peer_addr(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
+    /// # let _ = layer;
+    /// # Ok(())
+    /// # }
     /// ```
     ///
     /// [`default_peer`]: super::default_peer
