@@ -98,11 +98,15 @@ impl RedisServer {
         .map(|s| (*s).to_owned())
         .collect();
         args.extend(self.extra.iter().cloned());
-        let script = r#"redis-server "$@" & R=$!; echo $R; read _; kill -9 $R 2>/dev/null; wait $R 2>/dev/null"#;
+        std::fs::create_dir_all(&self.dir).unwrap();
+        // The wrapper also removes the server's directory, which a `static` server never
+        // gets to do in `Drop`.
+        let script = r#"redis-server "$@" & R=$!; echo $R; read _; kill -9 $R 2>/dev/null; wait $R 2>/dev/null; rm -rf "$TG_REDIS_DIR""#;
         let mut child = Command::new("bash")
             .arg("-c")
             .arg(script)
             .arg("redis-wrapper")
+            .env("TG_REDIS_DIR", &self.dir)
             .args(&args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
