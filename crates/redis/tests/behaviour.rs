@@ -308,3 +308,29 @@ async fn local_clock_ttls_are_relative() {
         .unwrap();
     assert!((9_000..=10_000).contains(&ttl), "PTTL {ttl}");
 }
+
+/// The store behind the core's `Limiter`, as the server uses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn works_behind_the_limiter() {
+    let store = common::store_with(&server().url(), OnError::Deny, Duration::from_secs(1)).await;
+    let name = unique("limiter");
+    let limiter = tollgate::Limiter::builder()
+        .store(store)
+        .policy(
+            Policy::new(
+                &name,
+                Quota::sliding_window_counter(3, Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let key = unique("limiter-key");
+    for remaining in (0..3).rev() {
+        let d = limiter.check(&name, key.as_str(), 1).await.unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.remaining, remaining);
+    }
+    let d = limiter.check(&name, key.as_str(), 1).await.unwrap();
+    assert!(!d.allowed && d.retry_after.is_some());
+}
