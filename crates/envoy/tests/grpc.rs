@@ -1,0 +1,635 @@
+//! `ShouldRateLimit` over real gRPC on 127.0.0.1 with tonic's client: descriptor matching,
+//! hits_addend, shadow mode, unlimited, unknown domains, headers, all-or-nothing, the
+//! envoyproxy/ratelimit-style YAML fixtures, bad input and store failures.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::future::Future;
+use std::time::Duration;
+
+use common::{START, descriptor, header, request, sf_items, start, start_with};
+use tollgate::{AlgorithmKind, Check, Decisions, Quota, Store, StoreError, Timestamp};
+use tollgate_envoy::proto::envoy::service_ratelimit_v3::RateLimitRequest;
+use tollgate_envoy::proto::envoy::service_ratelimit_v3::rate_limit_response::Code;
+use tollgate_envoy::proto::envoy::service_ratelimit_v3::rate_limit_response::rate_limit::Unit as PUnit;
+use tollgate_envoy::proto::google::protobuf::UInt64Value;
+use tollgate_envoy::{
+    Config, Descriptor, Domain, FailureMode, RateLimit, ResetFormat, Unit, load_envoy_config_dir,
+};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+fn edge() -> Config {
+    Config::new().domain(
+        Domain::new("edge")
+            .descriptor(Descriptor::new("api_key").rate_limit(RateLimit::per(5, Unit::Minute)))
+            .descriptor(
+                Descriptor::new("api_key")
+                    .value("gold")
+                    .rate_limit(RateLimit::per(2, Unit::Minute)),
+            )
+            .descriptor(Descriptor::new("generic_key").value("foo").descriptor(
+                Descriptor::new("remote_address").rate_limit(RateLimit::per(1, Unit::Second)),
+            ))
+            .descriptor(Descriptor::new("path").rate_limit(RateLimit::per(10, Unit::Hour)))
+            .descriptor(
+                Descriptor::new("client")
+                    .value("beta")
+                    .shadow_mode(true)
+                    .rate_limit(RateLimit::per(1, Unit::Minute)),
+            )
+            .descriptor(
+                Descriptor::new("remote_address")
+                    .value("10.0.0.1")
+                    .rate_limit(RateLimit::unlimited()),
+            )
+            .descriptor(
+                Descriptor::new("tb").rate_limit(
+                    RateLimit::per(3, Unit::Second).algorithm(AlgorithmKind::TokenBucket),
+                ),
+            )
+            .descriptor(Descriptor::new("custom").rate_limit(RateLimit::quota(
+                Quota::sliding_window_counter(7, Duration::from_secs(90)).unwrap(),
+            ))),
+    )
+}
+
+#[tokio::test]
+async fn exact_value_wins_over_key_only_and_values_count_apart() {
+    let server = start(edge()).await;
+    let mut c = server.client().await;
+    for i in 0..3 {
+        let r = c
+            .should_rate_limit(request("edge", &[&[("api_key", "gold")]]))
+            .await
+            .unwrap();
+        let s = &r.statuses[0];
+        let limit = s.current_limit.as_ref().unwrap();
+        assert_eq!(limit.requests_per_unit, 2);
+        assert_eq!(limit.unit, PUnit::Minute as i32);
+        assert_eq!(limit.name, "edge.api_key_gold");
+        let expect = if i < 2 { OK } else { OVER };
+        assert_eq!((r.overall_code, s.code), (expect, expect), "call {i}");
+    }
+    // Key-only: 5 per minute for each distinct value.
+    for i in 0..6 {
+        let r = c
+            .should_rate_limit(request("edge", &[&[("api_key", "silver")]]))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .unwrap()
+                .requests_per_unit,
+            5
+        );
+        assert_eq!(
+            r.statuses[0].current_limit.as_ref().unwrap().name,
+            "edge.api_key"
+        );
+        assert_eq!(r.overall_code, if i < 5 { OK } else { OVER }, "call {i}");
+        assert_eq!(r.statuses[0].limit_remaining, 4u32.saturating_sub(i));
+    }
+    let r = c
+        .should_rate_limit(request("edge", &[&[("api_key", "bronze")]]))
+        .await
+        .unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 4));
+    // A minute later, the windows have passed.
+    server.clock.advance(Duration::from_secs(61));
+    let r = c
+        .should_rate_limit(request("edge", &[&[("api_key", "gold")]]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+}
+
+#[tokio::test]
+async fn nested_descriptors_apply_only_at_the_last_entry() {
+    let server = start(edge()).await;
+    let mut c = server.client().await;
+    // The parent alone has no limit.
+    let r = c
+        .should_rate_limit(request("edge", &[&[("generic_key", "foo")]]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    assert!(r.statuses[0].current_limit.is_none());
+    assert!(r.response_headers_to_add.is_empty());
+    let nested: &[(&str, &str)] = &[("generic_key", "foo"), ("remote_address", "1.2.3.4")];
+    let r = c
+        .should_rate_limit(request("edge", &[nested]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().name,
+        "edge.generic_key_foo.remote_address"
+    );
+    let r = c
+        .should_rate_limit(request("edge", &[nested]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OVER);
+    // Another address has its own count; a value that matches no node has no limit.
+    let other: &[(&str, &str)] = &[("generic_key", "foo"), ("remote_address", "5.6.7.8")];
+    let r = c
+        .should_rate_limit(request("edge", &[other]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    let unmatched: &[(&str, &str)] = &[("generic_key", "bar"), ("remote_address", "1.2.3.4")];
+    let r = c
+        .should_rate_limit(request("edge", &[unmatched]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    assert!(r.statuses[0].current_limit.is_none());
+    // Deeper than the tree: no limit.
+    let deeper: &[(&str, &str)] = &[
+        ("generic_key", "foo"),
+        ("remote_address", "1.2.3.4"),
+        ("x", "y"),
+    ];
+    let r = c
+        .should_rate_limit(request("edge", &[deeper]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    assert!(r.statuses[0].current_limit.is_none());
+    // One second later the nested limit admits again.
+    server.clock.advance(Duration::from_secs(1));
+    let r = c
+        .should_rate_limit(request("edge", &[nested]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+}
+
+#[tokio::test]
+async fn hits_addend_counts_that_many_and_zero_means_one() {
+    let server = start(edge()).await;
+    let mut c = server.client().await;
+    let mut req = request("edge", &[&[("path", "/a")]]);
+    req.hits_addend = 4;
+    let r = c.should_rate_limit(req.clone()).await.unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 6));
+    let r = c.should_rate_limit(req.clone()).await.unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 2));
+    let r = c.should_rate_limit(req.clone()).await.unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 2));
+    req.hits_addend = 0;
+    let r = c.should_rate_limit(req.clone()).await.unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 1));
+    // A per-descriptor hits_addend overrides the request's.
+    let mut per = request("edge", &[&[("path", "/b")]]);
+    per.hits_addend = 1;
+    per.descriptors[0].hits_addend = Some(UInt64Value { value: 9 });
+    let r = c.should_rate_limit(per).await.unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 1));
+    // More than the limit can ever admit: over limit, nothing counted.
+    let mut huge = request("edge", &[&[("path", "/c")]]);
+    huge.hits_addend = u32::MAX;
+    let r = c.should_rate_limit(huge).await.unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 10));
+    assert!(header(&r, "Retry-After").is_some());
+}
+
+#[tokio::test]
+async fn shadow_mode_counts_but_answers_ok() {
+    let server = start(edge()).await;
+    let mut c = server.client().await;
+    let both: &[&[(&str, &str)]] = &[&[("client", "beta")], &[("path", "/s")]];
+    for i in 0..3 {
+        let r = c.should_rate_limit(request("edge", both)).await.unwrap();
+        assert_eq!(r.overall_code, OK, "call {i}");
+        assert_eq!(r.statuses[0].code, OK);
+        assert_eq!(r.statuses[0].limit_remaining, 0);
+        // The enforced descriptor is counted even while the shadow one would deny.
+        assert_eq!(r.statuses[1].limit_remaining, 9 - i);
+        // Headers report the enforced descriptor only.
+        assert_eq!(header(&r, "X-RateLimit-Limit"), Some("10"));
+    }
+}
+
+#[tokio::test]
+async fn unlimited_and_unknown_answer_ok() {
+    let server = start(edge()).await;
+    let mut c = server.client().await;
+    for _ in 0..5 {
+        let r = c
+            .should_rate_limit(request("edge", &[&[("remote_address", "10.0.0.1")]]))
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+        assert!(r.statuses[0].current_limit.is_none());
+    }
+    // Unknown domain: OK, one OK status per descriptor, no headers.
+    let r = c
+        .should_rate_limit(request("nope", &[&[("api_key", "gold")], &[("a", "b")]]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(r.statuses.len(), 2);
+    assert!(
+        r.statuses
+            .iter()
+            .all(|s| s.code == OK && s.current_limit.is_none())
+    );
+    assert!(r.response_headers_to_add.is_empty());
+    // Unknown keys in a known domain.
+    let r = c
+        .should_rate_limit(request("edge", &[&[("unknown", "x")], &[]]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(r.statuses.len(), 2);
+}
+
+#[tokio::test]
+async fn headers_follow_spec_section_5() {
+    let server = start(edge()).await;
+    let mut c = server.client().await;
+    let both: &[&[(&str, &str)]] = &[&[("api_key", "gold")], &[("path", "/h")]];
+    let r = c.should_rate_limit(request("edge", both)).await.unwrap();
+    assert_eq!(r.overall_code, OK);
+    // Most restrictive: api_key_gold (remaining 1 of 2, versus 9 of 10).
+    assert_eq!(header(&r, "X-RateLimit-Limit"), Some("2"));
+    assert_eq!(header(&r, "X-RateLimit-Remaining"), Some("1"));
+    let reset: u64 = header(&r, "X-RateLimit-Reset").unwrap().parse().unwrap();
+    assert!((START + 1..=START + 60).contains(&reset), "{reset}");
+    let policies = sf_items(header(&r, "RateLimit-Policy").unwrap());
+    assert_eq!(policies.len(), 2);
+    assert_eq!(policies[0].name, "edge.api_key_gold");
+    assert_eq!((policies[0].param("q"), policies[0].param("w")), (2, 60));
+    assert_eq!(policies[1].name, "edge.path");
+    assert_eq!((policies[1].param("q"), policies[1].param("w")), (10, 3600));
+    let now = sf_items(header(&r, "RateLimit").unwrap());
+    assert_eq!(now.len(), 1);
+    assert_eq!(now[0].name, "edge.api_key_gold");
+    assert_eq!(now[0].param("r"), 1);
+    assert!((1..=60).contains(&now[0].param("t")));
+    assert!(header(&r, "Retry-After").is_none());
+    // The duration until reset is reported per descriptor.
+    let d = r.statuses[0].duration_until_reset.unwrap();
+    assert!(d.seconds > 0 && d.seconds <= 60, "{d:?}");
+
+    c.should_rate_limit(request("edge", both)).await.unwrap();
+    let r = c.should_rate_limit(request("edge", both)).await.unwrap();
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(header(&r, "X-RateLimit-Remaining"), Some("0"));
+    let retry: i64 = header(&r, "Retry-After").unwrap().parse().unwrap();
+    let t = sf_items(header(&r, "RateLimit").unwrap())[0].param("t");
+    assert!(retry >= 1 && retry >= t, "Retry-After {retry} t {t}");
+
+    // Switches: delta reset, no IETF fields.
+    let server = start(edge().reset_format(ResetFormat::Delta).ietf_headers(false)).await;
+    let mut c = server.client().await;
+    let r = c
+        .should_rate_limit(request("edge", &[&[("api_key", "gold")]]))
+        .await
+        .unwrap();
+    let reset: u64 = header(&r, "X-RateLimit-Reset").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&reset));
+    assert!(header(&r, "RateLimit").is_none());
+    assert!(header(&r, "RateLimit-Policy").is_none());
+    let server = start(edge().x_ratelimit_headers(false)).await;
+    let mut c = server.client().await;
+    let r = c
+        .should_rate_limit(request("edge", &[&[("api_key", "gold")]]))
+        .await
+        .unwrap();
+    assert!(header(&r, "X-RateLimit-Limit").is_none());
+    assert!(header(&r, "RateLimit").is_some());
+}
+
+#[tokio::test]
+async fn descriptors_of_one_request_are_all_or_nothing() {
+    let server = start(edge()).await;
+    let mut c = server.client().await;
+    let nested: &[(&str, &str)] = &[("generic_key", "foo"), ("remote_address", "9.9.9.9")];
+    let both: &[&[(&str, &str)]] = &[nested, &[("path", "/x")]];
+    let r = c.should_rate_limit(request("edge", both)).await.unwrap();
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(r.statuses[1].limit_remaining, 9);
+    // The nested limit (1/s) denies: the path limit must not be consumed.
+    for _ in 0..3 {
+        let r = c.should_rate_limit(request("edge", both)).await.unwrap();
+        assert_eq!(r.overall_code, OVER);
+        assert_eq!((r.statuses[0].code, r.statuses[1].code), (OVER, OK));
+        assert_eq!(r.statuses[1].limit_remaining, 9);
+    }
+    let r = c
+        .should_rate_limit(request("edge", &[&[("path", "/x")]]))
+        .await
+        .unwrap();
+    assert_eq!(r.statuses[0].limit_remaining, 8);
+}
+
+#[tokio::test]
+async fn other_algorithms_and_quotas() {
+    let server = start(edge()).await;
+    let mut c = server.client().await;
+    for i in 0..4 {
+        let r = c
+            .should_rate_limit(request("edge", &[&[("tb", "k")]]))
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, if i < 3 { OK } else { OVER }, "call {i}");
+        assert_eq!(
+            r.statuses[0].current_limit.as_ref().unwrap().unit,
+            PUnit::Second as i32
+        );
+    }
+    let r = c
+        .should_rate_limit(request("edge", &[&[("custom", "k")]]))
+        .await
+        .unwrap();
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    // 7 per 90 s is no unit: reported per second, rounded down.
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (0, PUnit::Second as i32)
+    );
+    assert_eq!(r.statuses[0].limit_remaining, 6);
+    let policy = sf_items(header(&r, "RateLimit-Policy").unwrap());
+    assert_eq!((policy[0].param("q"), policy[0].param("w")), (7, 90));
+}
+
+fn fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+#[tokio::test]
+async fn envoy_ratelimit_yaml_configs_load_unchanged() {
+    let domains = load_envoy_config_dir(fixtures().join("config")).unwrap();
+    let names: Vec<&str> = domains.iter().map(|d| d.name()).collect();
+    assert_eq!(names, ["mongo_cps", "rl"]);
+    let server = start(Config::new().domains(domains)).await;
+    let mut c = server.client().await;
+
+    let r = c
+        .should_rate_limit(request("mongo_cps", &[&[("database", "users")]]))
+        .await
+        .unwrap();
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (500, PUnit::Second as i32)
+    );
+    let r = c
+        .should_rate_limit(request("mongo_cps", &[&[("database", "other")]]))
+        .await
+        .unwrap();
+    assert!(r.statuses[0].current_limit.is_none());
+
+    // Nested marketing limit (5/day) wins over the top-level to_number (100/day).
+    let marketing: &[(&str, &str)] = &[("message_type", "marketing"), ("to_number", "2061234567")];
+    for i in 0..6 {
+        let r = c
+            .should_rate_limit(request("rl", &[marketing]))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .unwrap()
+                .requests_per_unit,
+            5
+        );
+        assert_eq!(r.overall_code, if i < 5 { OK } else { OVER });
+    }
+    let r = c
+        .should_rate_limit(request("rl", &[&[("to_number", "2061234567")]]))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        100
+    );
+    assert_eq!(r.statuses[0].limit_remaining, 99);
+
+    // remote_address: 10/s, except the unlimited 50.0.0.5.
+    for i in 0..11 {
+        let r = c
+            .should_rate_limit(request("rl", &[&[("remote_address", "1.1.1.1")]]))
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, if i < 10 { OK } else { OVER });
+        let r = c
+            .should_rate_limit(request("rl", &[&[("remote_address", "50.0.0.5")]]))
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.overall_code, r.statuses[0].limit_remaining),
+            (OK, u32::MAX)
+        );
+    }
+
+    let bad: &[(&str, &str)] = &[
+        ("source_cluster", "proxy"),
+        ("destination_cluster", "bad_service"),
+    ];
+    for i in 0..4 {
+        let r = c.should_rate_limit(request("rl", &[bad])).await.unwrap();
+        assert_eq!(r.overall_code, if i < 3 { OK } else { OVER });
+    }
+    for _ in 0..3 {
+        let r = c
+            .should_rate_limit(request("rl", &[&[("client_id", "beta")]]))
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, OK);
+    }
+    let r = c
+        .should_rate_limit(request("rl", &[&[("api_key", "k1")]]))
+        .await
+        .unwrap();
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.name.as_str(), limit.requests_per_unit),
+        ("per-api-key", 4)
+    );
+}
+
+#[test]
+fn yaml_errors_name_the_file_and_the_reason() {
+    let err = load_envoy_config_dir(fixtures().join("bad")).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("broken.yaml"), "{text}");
+    assert!(text.contains("fortnight"), "{text}");
+    assert!(text.contains("remote_address"), "{text}");
+    let err = tollgate_envoy::parse_envoy_config(
+        "x.yaml",
+        "domain: d\ndescriptors:\n  - key: k\n    colour: red\n",
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("x.yaml") && err.to_string().contains("colour"),
+        "{err}"
+    );
+    let err = tollgate_envoy::parse_envoy_config("y.yaml", "descriptors: []\n").unwrap_err();
+    assert!(err.to_string().contains("domain"), "{err}");
+    let err = load_envoy_config_dir(fixtures().join("missing")).unwrap_err();
+    assert!(err.to_string().contains("missing"), "{err}");
+    // Two files with one domain.
+    let a = tollgate_envoy::parse_envoy_config("a.yaml", "domain: d\n").unwrap();
+    let b = tollgate_envoy::parse_envoy_config("b.yaml", "domain: d\n").unwrap();
+    let limiter = tollgate::Limiter::builder().build().unwrap();
+    let err =
+        tollgate_envoy::RlsService::new(limiter, &Config::new().domain(a).domain(b)).unwrap_err();
+    assert!(
+        err.to_string().contains("b.yaml") && err.to_string().contains("twice"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_answer_never_a_panic() {
+    let server = start(edge()).await;
+    let mut c = server.client().await;
+    let err = c
+        .should_rate_limit(request("", &[&[("a", "b")]]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("domain"), "{}", err.message());
+    let err = c.should_rate_limit(request("edge", &[])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("descriptor"), "{}", err.message());
+
+    // 1,000 descriptors, all matching one key-only node with distinct values.
+    let values: Vec<String> = (0..1000).map(|i| format!("v{i}")).collect();
+    let many = RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: values
+            .iter()
+            .map(|v| descriptor(&[("api_key", v)]))
+            .collect(),
+        hits_addend: 1,
+    };
+    let r = c.should_rate_limit(many).await.unwrap();
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(r.statuses.len(), 1000);
+    assert!(r.statuses.iter().all(|s| s.limit_remaining == 4));
+
+    // Huge values (1 MiB): hashed into a short store key, counted like any other.
+    let big = "x".repeat(1 << 20);
+    for i in 0..6 {
+        let r = c
+            .should_rate_limit(request("edge", &[&[("api_key", &big)]]))
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, if i < 5 { OK } else { OVER });
+    }
+    let big_key = request("edge", &[&[(&big, "v")]]);
+    let r = c.should_rate_limit(big_key).await.unwrap();
+    assert_eq!(r.overall_code, OK);
+    let big_domain = request(&big, &[&[("a", "b")]]);
+    assert_eq!(
+        c.should_rate_limit(big_domain).await.unwrap().overall_code,
+        OK
+    );
+    // Over the 4 MiB message limit: a gRPC error, and the server carries on.
+    let bigger = "y".repeat(5 << 20);
+    let err = c
+        .should_rate_limit(request("edge", &[&[("api_key", &bigger)]]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
+    // Control characters, empty keys and values, non-UTF-8 never reach the wire as such
+    // (protobuf strings are UTF-8) but odd characters do.
+    let r = c
+        .should_rate_limit(request(
+            "edge",
+            &[&[("api_key", "\u{0}\n\"é")], &[("", "")]],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    let r = c.health_check("").await.unwrap();
+    assert_eq!(r.status, 1);
+    let r = c
+        .health_check(tollgate_envoy::RLS_SERVICE_NAME)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 1);
+    let err = c.health_check("other").await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+}
+
+/// A store that always fails (written the way the trait declares it).
+struct Down;
+
+#[allow(clippy::manual_async_fn)]
+impl Store for Down {
+    fn apply(
+        &self,
+        _now: Timestamp,
+        _checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Decisions, StoreError>> + Send {
+        async {
+            Err(StoreError::Unavailable {
+                reason: "connection refused".into(),
+            })
+        }
+    }
+
+    fn refund(
+        &self,
+        _now: Timestamp,
+        _checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+}
+
+#[tokio::test]
+async fn store_failures_fail_open_or_unavailable() {
+    let server = start_with(Down, edge()).await;
+    let mut c = server.client().await;
+    let r = c
+        .should_rate_limit(request("edge", &[&[("api_key", "gold")]]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    let server = start_with(Down, edge().failure_mode(FailureMode::Unavailable)).await;
+    let mut c = server.client().await;
+    let err = c
+        .should_rate_limit(request("edge", &[&[("api_key", "gold")]]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(
+        err.message().contains("connection refused"),
+        "{}",
+        err.message()
+    );
+    // Unmatched descriptors never touch the store.
+    let r = c
+        .should_rate_limit(request("edge", &[&[("nothing", "here")]]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+}
+
+#[tokio::test]
+async fn shutdown_stops_the_server() {
+    let server = start(edge()).await;
+    let addr = server.addr;
+    let mut c = server.client().await;
+    assert!(c.health_check("").await.is_ok());
+    drop(server);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
