@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Benchmarks Tollgate's reverse proxy and decision API against nginx, on loopback only:
+#   (a) admit-all: tollgate proxy vs nginx proxy_pass + limit_req, same tiny upstream
+#       (nginx `return 200`), plus the upstream alone as the ceiling;
+#   (b) 90% refused: 9 in 10 requests carry an exhausted API key, 1 in 10 a fresh one;
+#   (c) POST /v1/check decisions per second with the memory store.
+# Needs wrk and nginx (Debian: apt-get install -y wrk nginx-light); installs them when missing
+# and running as root. Usage: scripts/bench-proxy.sh [SECONDS per run, default 10]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION="${1:-10}"
+THREADS="${BENCH_THREADS:-2}"
+CONNS="${BENCH_CONNECTIONS:-64}"
+# Ports: override with BENCH_PORT_BASE if these are taken.
+BASE="${BENCH_PORT_BASE:-18080}"
+UP=$((BASE + 1)); NGX=$((BASE + 2)); TGP=$((BASE + 3)); TGA=$((BASE + 4)); TGM=$((BASE + 5))
+TGP90=$((BASE + 6)); TGA90=$((BASE + 7)); TGM90=$((BASE + 8))
+
+if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then
+  if [ "$(id -u)" -eq 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null
+  else
+    echo "bench-proxy: needs wrk and nginx (apt-get install -y wrk nginx-light)" >&2
+    exit 1
+  fi
+fi
+NGINX="$(command -v nginx)"
+
+WORK="$(mktemp -d /tmp/tollgate-bench.XXXXXX)"
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
+  sleep 0.3
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+echo "building tollgate (release)..."
+cargo build --release -q -p tollgate-cli
+BIN="${CARGO_TARGET_DIR:-target}/release/tollgate"
+
+# nginx: the upstream (return 200) and the comparison proxy with limit_req.
+mkdir -p "$WORK/nginx/logs"
+cat >"$WORK/nginx.conf" <<EOF
+worker_processes auto;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  limit_req_zone \$binary_remote_addr zone=all:10m rate=1000000r/s;
+  limit_req_zone \$http_x_api_key zone=perkey:10m rate=1r/m;
+  upstream backend { server 127.0.0.1:$UP; keepalive 256; }
+  server {
+    listen 127.0.0.1:$UP;
+    location / { return 200 "ok\n"; }
+  }
+  server {
+    listen 127.0.0.1:$NGX;
+    limit_req_status 429;
+    location /refuse {
+      limit_req zone=perkey;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_pass http://backend;
+    }
+    location / {
+      limit_req zone=all burst=1000000 nodelay;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_pass http://backend;
+    }
+  }
+}
+EOF
+"$NGINX" -c "$WORK/nginx.conf" -p "$WORK/nginx" -e "$WORK/nginx/logs/error.log"
+
+# Tollgate, admit-all: a policy on every request whose quota is never reached.
+cat >"$WORK/admit-all.toml" <<EOF
+[server]
+listen = "127.0.0.1:$TGA"
+[admin]
+listen = "127.0.0.1:$TGM"
+[proxy]
+listen = "127.0.0.1:$TGP"
+upstream = "http://127.0.0.1:$UP"
+[[policy]]
+name = "api"
+algorithm = "sliding_window_counter"
+limit = 4000000000
+window = "1s"
+key = ["header:x-api-key", "ip"]
+EOF
+# Tollgate, refusing: one request per key per hour.
+cat >"$WORK/refuse.toml" <<EOF
+[server]
+listen = "127.0.0.1:$TGA90"
+[admin]
+listen = "127.0.0.1:$TGM90"
+[proxy]
+listen = "127.0.0.1:$TGP90"
+upstream = "http://127.0.0.1:$UP"
+[[policy]]
+name = "per-key"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+key = ["header:x-api-key", "ip"]
+EOF
+TOLLGATE_LOG=warn "$BIN" serve --config "$WORK/admit-all.toml" >/dev/null &
+PIDS+=($!)
+TOLLGATE_LOG=warn "$BIN" serve --config "$WORK/refuse.toml" >/dev/null &
+PIDS+=($!)
+for port in $UP $NGX $TGP $TGA $TGP90; do
+  for _ in $(seq 1 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    sleep 0.05
+  done
+done
+
+cat >"$WORK/refuse90.lua" <<'EOF'
+-- 9 in 10 requests reuse an exhausted key; 1 in 10 brings a fresh key (admitted).
+local n = 0
+local prefix = tostring(math.random(1, 1e9))
+request = function()
+  n = n + 1
+  local key = "hot"
+  if n % 10 == 0 then key = prefix .. "-" .. n end
+  return wrk.format("GET", wrk.path, { ["x-api-key"] = key })
+end
+EOF
+cat >"$WORK/check.lua" <<'EOF'
+-- POST /v1/check by policy and key, over 10,000 keys.
+local n = 0
+request = function()
+  n = n + 1
+  local body = '{"policy":"api","key":"customer-' .. (n % 10000) .. '","cost":1}'
+  return wrk.format("POST", "/v1/check", { ["content-type"] = "application/json" }, body)
+end
+EOF
+
+printf '%-44s %12s %10s %10s %10s\n' "run" "req/s" "p50" "p99" "non-2xx"
+run() {
+  local name="$1"; shift
+  local out
+  out="$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$@" 2>&1)"
+  local rps p50 p99 non2xx
+  rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
+  p50="$(awk '$1=="50%" {print $2}' <<<"$out")"
+  p99="$(awk '$1=="99%" {print $2}' <<<"$out")"
+  non2xx="$(awk '/Non-2xx/ {print $NF}' <<<"$out")"
+  printf '%-44s %12s %10s %10s %10s\n' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}"
+  echo "$out" >>"$WORK/wrk.log"
+}
+
+echo "# (a) admit-all, ${DURATION}s each, $THREADS threads, $CONNS connections"
+run "upstream alone (nginx return 200)" "http://127.0.0.1:$UP/"
+run "nginx proxy_pass + limit_req" "http://127.0.0.1:$NGX/"
+run "tollgate proxy (admit-all policy)" "http://127.0.0.1:$TGP/"
+echo "# (b) 90% refused (9 in 10 requests on an exhausted key)"
+run "nginx limit_req, 90% refused" -s "$WORK/refuse90.lua" "http://127.0.0.1:$NGX/refuse"
+run "tollgate proxy, 90% refused" -s "$WORK/refuse90.lua" "http://127.0.0.1:$TGP90/"
+echo "# (c) decision API"
+run "tollgate POST /v1/check (memory store)" -s "$WORK/check.lua" "http://127.0.0.1:$TGA"
+echo "(machine: $(nproc) cores; wrk shares them with the servers)"
