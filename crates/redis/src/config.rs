@@ -67,6 +67,9 @@ pub struct RedisConfig {
     /// entry; a refund by another instance does not (the denial then lasts until its
     /// `retry_after`, never less).
     pub deny_cache_size: usize,
+    /// For `rediss://` (feature `tls`): the CA certificate (PEM) that signed the server's
+    /// certificate, when it is not in the system's trust store.
+    pub tls_root_cert_pem: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -84,6 +87,7 @@ impl fmt::Debug for RedisConfig {
             .field("key_secret", &"<redacted>")
             .field("key_prefix", &self.key_prefix)
             .field("deny_cache_size", &self.deny_cache_size)
+            .field("tls_root_cert_pem", &self.tls_root_cert_pem.is_some())
             .finish()
     }
 }
@@ -100,6 +104,7 @@ impl RedisConfig {
             key_secret: DEFAULT_KEY_SECRET.to_vec(),
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             deny_cache_size: 65_536,
+            tls_root_cert_pem: None,
         }
     }
 
@@ -133,6 +138,12 @@ impl RedisConfig {
             return Err(ConfigError::new(
                 &self.key_prefix,
                 "key_prefix must be non-empty, without braces or spaces",
+            ));
+        }
+        if self.tls_root_cert_pem.is_some() && !cfg!(feature = "tls") {
+            return Err(ConfigError::new(
+                "tls_root_cert_pem",
+                "needs tollgate-redis built with the `tls` feature",
             ));
         }
         if self.key_secret.is_empty() {

@@ -172,9 +172,21 @@ impl RedisStore {
                 .join(","),
             reason: e.to_string(),
         };
+        #[cfg(feature = "tls")]
+        {
+            // rustls needs a process-wide crypto provider; ring is the one this crate enables.
+            // If the application installed one already, that one stays.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let connect_timeout = config.timeout.max(Duration::from_millis(250));
         let connection = if config.cluster {
-            let client = ClusterClientBuilder::new(config.nodes.clone())
+            #[allow(unused_mut)]
+            let mut builder = ClusterClientBuilder::new(config.nodes.clone());
+            #[cfg(feature = "tls")]
+            if let Some(pem) = &config.tls_root_cert_pem {
+                builder = builder.certs(tls_certificates(pem));
+            }
+            let client = builder
                 .connection_timeout(connect_timeout)
                 .response_timeout(config.timeout.max(Duration::from_millis(10)))
                 .retries(2)
@@ -188,7 +200,13 @@ impl RedisStore {
                 connecting: Arc::new(AtomicBool::new(false)),
             }))
         } else {
-            let client = redis::Client::open(config.nodes[0].as_str()).map_err(client_error)?;
+            let url = config.nodes[0].as_str();
+            let client = match &config.tls_root_cert_pem {
+                #[cfg(feature = "tls")]
+                Some(pem) => redis::Client::build_with_tls(url, tls_certificates(pem)),
+                _ => redis::Client::open(url),
+            }
+            .map_err(client_error)?;
             let manager_config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(connect_timeout))
                 .set_response_timeout(Some(config.timeout))
@@ -549,6 +567,14 @@ impl RedisStore {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(feature = "tls")]
+fn tls_certificates(root_pem: &[u8]) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_pem.to_vec()),
     }
 }
 

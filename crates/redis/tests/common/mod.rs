@@ -51,6 +51,8 @@ pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
     extra: Vec<String>,
+    /// Extra `redis-cli` arguments (TLS servers: `--tls --cacert ...`).
+    cli: Vec<String>,
     wrapper: Option<Child>,
     pid: Option<u32>,
 }
@@ -70,6 +72,7 @@ impl RedisServer {
             port,
             dir,
             extra,
+            cli: Vec::new(),
             wrapper: None,
             pid: None,
         };
@@ -133,6 +136,38 @@ impl RedisServer {
         }
     }
 
+    /// A server that speaks only TLS on its port, with `cert`/`key` signed by `ca` (PEM files).
+    pub fn start_tls(ca: &std::path::Path, cert: &std::path::Path, key: &std::path::Path) -> Self {
+        require_redis();
+        let port = free_port(false);
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-redis-test-{}-{port}", std::process::id()));
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+        let mut server = RedisServer {
+            port,
+            dir,
+            extra: vec![
+                "--port".into(),
+                "0".into(),
+                "--tls-port".into(),
+                port.to_string(),
+                "--tls-cert-file".into(),
+                path(cert),
+                "--tls-key-file".into(),
+                path(key),
+                "--tls-ca-cert-file".into(),
+                path(ca),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ],
+            cli: vec!["--tls".into(), "--cacert".into(), path(ca)],
+            wrapper: None,
+            pid: None,
+        };
+        server.spawn();
+        server
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -146,6 +181,7 @@ impl RedisServer {
     pub fn command(&self, args: &[&str]) -> Option<String> {
         let out = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.cli)
             .args(args)
             .stderr(Stdio::null())
             .output()
