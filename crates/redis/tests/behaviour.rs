@@ -334,3 +334,30 @@ async fn works_behind_the_limiter() {
     let d = limiter.check(&name, key.as_str(), 1).await.unwrap();
     assert!(!d.allowed && d.retry_after.is_some());
 }
+
+/// A Cluster whose seeds are all down at start: construction succeeds, decisions follow
+/// `on_error` within the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_unreachable_at_start_follows_on_error() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut config = RedisConfig::cluster(&[format!("redis://127.0.0.1:{closed}")]);
+    config.on_error = OnError::Deny;
+    let store = RedisStore::new(config).await.unwrap();
+    assert!(!store.is_ready());
+    let p = policy(
+        "cluster-down",
+        Quota::fixed_window(3, Duration::from_secs(60)),
+    );
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let d = store
+            .apply(wall(), &[Check::new(&p, b"k", 1)])
+            .await
+            .unwrap();
+        assert!(!d.allowed());
+        assert!(started.elapsed() < Duration::from_millis(500));
+    }
+}
