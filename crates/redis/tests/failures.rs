@@ -7,7 +7,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::{RedisServer, SlowProxy};
@@ -54,17 +54,21 @@ async fn redis_killed_under_load() {
         let policy = big_policy();
         let down = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
+        let (made, made_down) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let mut tasks = tokio::task::JoinSet::new();
         for t in 0..8 {
             let (store, policy, down, stop) =
                 (store.clone(), policy.clone(), down.clone(), stop.clone());
+            let (made, made_down) = (made.clone(), made_down.clone());
             tasks.spawn(async move {
                 let key = format!("k{t}");
                 let (mut during, mut wrong) = (0u32, 0u32);
                 while !stop.load(Ordering::Relaxed) {
                     let before = down.load(Ordering::Acquire);
                     let d = decide(&store, &policy, key.as_bytes()).await;
+                    made.fetch_add(1, Ordering::Relaxed);
                     if before && down.load(Ordering::Acquire) {
+                        made_down.fetch_add(1, Ordering::Relaxed);
                         during += 1;
                         wrong += u32::from(!follows_mode(mode, &d));
                     }
@@ -73,10 +77,17 @@ async fn redis_killed_under_load() {
                 (during, wrong)
             });
         }
-        tokio::time::sleep(Duration::from_millis(100)).await; // load before the crash
+        // Under load before the crash, and for a while during the outage (counted, not timed).
+        let busy = common::eventually(Duration::from_secs(5), || async {
+            made.load(Ordering::Relaxed) >= 200
+        });
+        assert!(busy.await, "{mode:?}: no load before the crash");
         tokio::task::block_in_place(|| server.kill());
         down.store(true, Ordering::Release);
-        tokio::time::sleep(Duration::from_millis(300)).await; // load during the outage
+        let busy = common::eventually(Duration::from_secs(5), || async {
+            made_down.load(Ordering::Relaxed) >= 500
+        });
+        assert!(busy.await, "{mode:?}: no load during the outage");
         down.store(false, Ordering::Release);
         tokio::task::block_in_place(|| server.restart());
         let restarted = Instant::now();
