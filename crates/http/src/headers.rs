@@ -173,13 +173,6 @@ pub(crate) fn render(
     let Some(&(worst, worst_text)) = most_restrictive(items) else {
         return;
     };
-    // All numbers go into one buffer, each header value a slice of it: one allocation rather
-    // than one per value.
-    let mut buf = BytesMut::with_capacity(96 + worst_text.quoted_name.len());
-    let number = |buf: &mut BytesMut, n: u64| {
-        buf.put_slice(itoa::Buffer::new().format(n).as_bytes());
-        value(buf.split())
-    };
     if config.legacy {
         let reset = match config.reset_format {
             ResetFormat::Delta => ceil_secs(worst.reset),
@@ -187,15 +180,9 @@ pub(crate) fn render(
                 ceil_secs(Duration::from_micros(now.as_micros()).saturating_add(worst.reset))
             }
         };
-        for (name, n) in [
-            (X_RATELIMIT_LIMIT, worst.limit),
-            (X_RATELIMIT_REMAINING, worst.remaining),
-            (X_RATELIMIT_RESET, reset),
-        ] {
-            if let Some(v) = number(&mut buf, n) {
-                out.push((name, v));
-            }
-        }
+        out.push((X_RATELIMIT_LIMIT, number(worst.limit)));
+        out.push((X_RATELIMIT_REMAINING, number(worst.remaining)));
+        out.push((X_RATELIMIT_RESET, number(reset)));
     }
     if config.ietf {
         let policy = if let [(_, only)] = items {
@@ -214,19 +201,50 @@ pub(crate) fn render(
             }
         };
         out.push((RATELIMIT_POLICY, policy));
-        buf.put_slice(&worst_text.quoted_name);
-        buf.put_slice(b";r=");
-        buf.put_slice(itoa::Buffer::new().format(worst.remaining).as_bytes());
-        buf.put_slice(b";t=");
-        buf.put_slice(itoa::Buffer::new().format(t_secs(worst)).as_bytes());
-        if let Some(v) = value(buf.split()) {
+        let mut buf = Vec::with_capacity(worst_text.quoted_name.len() + 24);
+        buf.extend_from_slice(&worst_text.quoted_name);
+        buf.extend_from_slice(b";r=");
+        buf.extend_from_slice(itoa::Buffer::new().format(worst.remaining).as_bytes());
+        buf.extend_from_slice(b";t=");
+        buf.extend_from_slice(itoa::Buffer::new().format(t_secs(worst)).as_bytes());
+        if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(buf)) {
             out.push((RATELIMIT, v));
         }
     }
 }
 
-fn value(bytes: BytesMut) -> Option<HeaderValue> {
-    HeaderValue::from_maybe_shared(bytes.freeze()).ok()
+/// Numbers below this are rendered once per process and shared: limits, remaining counts and
+/// second counts are nearly always small, and a shared value costs no allocation.
+const CACHED_NUMBERS: u64 = 10_000;
+
+/// `n` as a header value.
+fn number(n: u64) -> HeaderValue {
+    // The digits live in one string leaked once per process (about 40 KB), so each value is
+    // `'static` and cloning one copies a pointer: no allocation, no shared reference count
+    // bouncing between cores.
+    static TABLE: std::sync::LazyLock<Vec<HeaderValue>> = std::sync::LazyLock::new(|| {
+        let mut text = String::new();
+        let mut ends = Vec::new();
+        for n in 0..CACHED_NUMBERS {
+            text.push_str(itoa::Buffer::new().format(n));
+            ends.push(text.len());
+        }
+        let text: &'static str = Box::leak(text.into_boxed_str());
+        let mut start = 0;
+        (0..CACHED_NUMBERS)
+            .zip(ends)
+            .map(|(n, end)| {
+                let digits = Bytes::from_static(&text.as_bytes()[start..end]);
+                start = end;
+                HeaderValue::from_maybe_shared(digits).unwrap_or_else(|_| HeaderValue::from(n))
+            })
+            .collect()
+    });
+    usize::try_from(n)
+        .ok()
+        .and_then(|i| TABLE.get(i))
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from(n))
 }
 
 /// The SPEC §5 choice: a denying decision first, then the lowest remaining, ties broken by the
@@ -277,6 +295,24 @@ impl fmt::Display for ResetFormat {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cached_and_uncached_numbers() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            4242,
+            9_999,
+            10_000,
+            1_700_000_000,
+            u64::MAX,
+        ] {
+            assert_eq!(number(n).to_str().ok(), Some(n.to_string().as_str()));
+        }
+    }
 
     #[test]
     fn rounding_up() {
