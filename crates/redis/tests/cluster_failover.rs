@@ -57,8 +57,16 @@ async fn master_killed_then_replica_promoted() {
     })
     .await;
     assert!(back, "no decision from Redis 20 s after the master died");
-    let new_master = cluster.master_of(slot).port;
-    assert_ne!(new_master, old_master);
+    // Every node learns of the promotion by gossip: poll until the one asked knows.
+    let promoted = common::eventually(Duration::from_secs(10), || {
+        let port = cluster.master_port(slot);
+        async move { port.is_some_and(|p| p != old_master) }
+    })
+    .await;
+    assert!(
+        promoted,
+        "the cluster never showed a new master for the slot"
+    );
     // The promoted replica had the replicated state: the count continued, it did not restart.
     let d = store
         .apply_redis(wall(), &[Check::new(&policy, key, 0)])

@@ -301,29 +301,33 @@ impl RedisCluster {
 
     /// The node currently master of `slot`.
     pub fn master_of(&mut self, slot: u16) -> &mut RedisServer {
-        let live = self.nodes.iter().find(|n| n.pid.is_some()).unwrap();
-        let text = live.command(&["CLUSTER", "NODES"]).unwrap();
-        let port = text
-            .lines()
-            .find_map(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                if !f.get(2)?.contains("master") || f.get(2)?.contains("fail") {
-                    return None;
-                }
-                let owns = f[8..].iter().any(|r| match r.split_once('-') {
-                    Some((a, b)) => {
-                        a.parse::<u16>().is_ok_and(|a| a <= slot)
-                            && b.parse::<u16>().is_ok_and(|b| slot <= b)
-                    }
-                    None => r.parse::<u16>().is_ok_and(|s| s == slot),
-                });
-                if !owns {
-                    return None;
-                }
-                f[1].split(['@', ':']).nth(1)?.parse::<u16>().ok()
-            })
-            .unwrap();
+        let port = self
+            .master_port(slot)
+            .expect("no live master owns the slot");
         self.nodes.iter_mut().find(|n| n.port == port).unwrap()
+    }
+
+    /// The port of the master of `slot` as the first live node sees it (gossip may lag).
+    pub fn master_port(&self, slot: u16) -> Option<u16> {
+        let live = self.nodes.iter().find(|n| n.pid.is_some())?;
+        let text = live.command(&["CLUSTER", "NODES"])?;
+        text.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if !f.get(2)?.contains("master") || f.get(2)?.contains("fail") {
+                return None;
+            }
+            let owns = f[8..].iter().any(|r| match r.split_once('-') {
+                Some((a, b)) => {
+                    a.parse::<u16>().is_ok_and(|a| a <= slot)
+                        && b.parse::<u16>().is_ok_and(|b| slot <= b)
+                }
+                None => r.parse::<u16>().is_ok_and(|s| s == slot),
+            });
+            if !owns {
+                return None;
+            }
+            f[1].split(['@', ':']).nth(1)?.parse::<u16>().ok()
+        })
     }
 }
 
