@@ -613,7 +613,8 @@ impl<S: Store, C: Clock> Engine<S, C> {
         let entries = &prepared.entries;
         let checks: SmallVec<[Check<'_>; 4]> = entries.iter().map(|e| self.check(e)).collect();
         let mut decisions = match self.check_all(&checks).await {
-            Ok(d) => d,
+            Ok(d) if d.len() == entries.len() => d,
+            Ok(_) => return self.failed(miscounted(), entries),
             Err(e) => return self.failed(e, entries),
         };
         let mut consumed = decisions.allowed();
@@ -658,10 +659,13 @@ impl<S: Store, C: Clock> Engine<S, C> {
                     })
                     .collect::<Option<Decisions>>()
                     .unwrap_or_default();
+                if decisions.len() != entries.len() {
+                    return self.failed(miscounted(), entries);
+                }
             }
         }
         let headers = self.render(&decisions, entries);
-        if !consumed || decisions.len() != entries.len() {
+        if !consumed {
             return self.deny(decisions, headers, entries);
         }
         // Admitted. Hold for the longest slot a `delay` policy asks for.
@@ -837,6 +841,14 @@ impl<S: Store, C: Clock> Engine<S, C> {
             }
         }
     }
+}
+
+/// A store that answered a different number of decisions than it was asked for is broken: its
+/// answer is treated as a failure, not trusted.
+fn miscounted() -> Error {
+    Error::Store(tollgate::StoreError::Protocol {
+        reason: "the store answered a different number of decisions than checks".to_owned(),
+    })
 }
 
 /// The `t` parameter of a `RateLimit` value we rendered.

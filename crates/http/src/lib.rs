@@ -9,6 +9,37 @@
 //!   `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit` and `Retry-After` headers.
 //! - [`RateLimitLayer`]: the tower layer over the engine, for axum, hyper and tonic.
 //!
+//! # Behaviour
+//!
+//! - **All-or-nothing.** Every policy whose route matches is checked in one `check_all` call:
+//!   a request denied by any enforcing policy consumes quota from none. Shadow policies are in
+//!   that call too, so they count exactly as they would if enforced; only when nothing but
+//!   shadow policies denies does a second call count the request against the enforcing ones
+//!   (a shadow policy must never change what the others do).
+//! - **Keys.** The first selector of a policy's chain that finds a value gives the key, stored
+//!   as `header:<name>:<hash>`, `query:<name>:<hash>`, `jwt:<claim>:<hash>`, `user:<id>` (or
+//!   `user#:<hash>` above 256 bytes) or `ip:<addr>` / `ip:<net>/<prefix>`. Hashes are
+//!   HMAC-SHA-256 under [`EngineBuilder::key_hash_secret`], cut to 128 bits. No key: the
+//!   policy's [`ANONYMOUS_KEY`], or 401 with `require_key`.
+//! - **Client IP.** The peer address, unless the peer is in `trusted_proxies`: then the one
+//!   configured [`ForwardedHeader`] is walked right to left past trusted hops; a malformed
+//!   entry stops at the last trusted hop. IPv6 clients are grouped by `ipv6_prefix` (/64).
+//! - **Paths** are matched normalised (percent-decoding except `%2F`, no empty or `.`
+//!   segments, `..` resolved), so `/v1/%2e%2e/admin` is `/admin`.
+//! - **Headers** (SPEC §5): `X-RateLimit-*` of the most restrictive decision (switchable,
+//!   epoch or delta reset), `RateLimit-Policy` listing every matching policy and `RateLimit`
+//!   for the most restrictive. On a 429, `t` and `Retry-After` both give the wait until the
+//!   request could pass (whole seconds, rounded up, at least 1; `Retry-After` never below
+//!   `t`), and the body is RFC 9457 problem+json. A request no policy matches gets none.
+//! - **Actions.** `reject` answers 429. `delay` (leaky bucket only) holds the request for its
+//!   slot on the limiter's clock, bounded by `max_delay` inside the algorithm, so a request
+//!   that would wait longer is refused before it consumes anything; a held request whose
+//!   client goes away gives its quota back. `shadow` never blocks, logs at debug level and
+//!   adds the headers of what would have happened.
+//! - **Store failure** follows [`FailMode`]: `Allow` (default) passes the request without
+//!   rate-limit headers and logs a warning; `Deny` answers 503 with a generic problem+json
+//!   body and `Retry-After: 1`. Neither leaks the store's error.
+//!
 //! ```
 //! use std::time::Duration;
 //! use tollgate::{Policy, Quota};
