@@ -392,6 +392,9 @@ end
 local op = ARGV[1]
 local now = tonumber(ARGV[2])
 if now < 0 then
+  -- Redis before 5 replicates scripts verbatim and refuses writes after TIME unless the
+  -- script switches to effects replication (from 5 on this is the default and a no-op).
+  if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
