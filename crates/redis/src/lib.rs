@@ -24,6 +24,18 @@
 //! # }
 //! ```
 
+//!
+//! # Operating it
+//!
+//! - Redis 3.2 or later (tested with 7.0), standalone or Cluster; no modules. Keys are
+//!   `<key_prefix>:{<128-bit HMAC-SHA256 of the client key, hex>}:<policy fingerprint, hex>`,
+//!   each with a TTL of one full reset, so memory follows the active keys.
+//! - Every instance sharing a Redis must use the same `key_secret` and `key_prefix`.
+//! - [`RedisStore::is_ready`] / [`RedisStore::ping`] serve a readiness probe;
+//!   [`RedisStore::stats`] counts script calls, fallbacks, deny-cache hits and errors.
+//! - The tests start their own `redis-server` processes on free loopback ports and fail (never
+//!   skip) when it is missing: `apt-get install -y redis-server redis-tools`.
+
 mod config;
 mod deny_cache;
 mod keys;
