@@ -633,3 +633,72 @@ async fn shutdown_stops_the_server() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+/// The descriptors `examples/envoy/envoy.yaml` makes Envoy send, against the example's
+/// Tollgate config.
+#[tokio::test]
+async fn the_envoy_example_config_answers_what_envoy_sends() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/envoy/ratelimit");
+    let server = start(Config::new().domains(load_envoy_config_dir(dir).unwrap())).await;
+    let mut c = server.client().await;
+    let envoy = |ip: &str, key: &str| {
+        let descriptors: Vec<Vec<(String, String)>> = vec![
+            vec![("remote_address".into(), ip.into())],
+            vec![("api_key".into(), key.into())],
+            vec![
+                ("generic_key".into(), "api".into()),
+                ("api_key".into(), key.into()),
+            ],
+        ];
+        RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: descriptors
+                .iter()
+                .map(|d| {
+                    let pairs: Vec<(&str, &str)> =
+                        d.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    descriptor(&pairs)
+                })
+                .collect(),
+            hits_addend: 0,
+        }
+    };
+    let r = c.should_rate_limit(envoy("192.0.2.1", "k1")).await.unwrap();
+    assert_eq!(r.overall_code, OK);
+    let limits: Vec<u32> = r
+        .statuses
+        .iter()
+        .map(|s| s.current_limit.as_ref().unwrap().requests_per_unit)
+        .collect();
+    assert_eq!(limits, [20, 100, 10_000]);
+    // The per-address limit: 20 a second, then OVER_LIMIT with Retry-After.
+    for _ in 1..20 {
+        let r = c.should_rate_limit(envoy("192.0.2.1", "k1")).await.unwrap();
+        assert_eq!(r.overall_code, OK);
+    }
+    let r = c.should_rate_limit(envoy("192.0.2.1", "k1")).await.unwrap();
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(r.statuses[0].code, OVER);
+    assert_eq!(header(&r, "Retry-After"), Some("1"));
+    // Denied requests consumed nothing from the API key.
+    let r = c.should_rate_limit(envoy("192.0.2.2", "k1")).await.unwrap();
+    assert_eq!(r.statuses[1].limit_remaining, 79);
+    // The CI key is unlimited; the partner key has its own limit.
+    let r = c
+        .should_rate_limit(envoy("192.0.2.3", "ci-smoke-test"))
+        .await
+        .unwrap();
+    assert_eq!(r.statuses[1].limit_remaining, u32::MAX);
+    let r = c
+        .should_rate_limit(envoy("192.0.2.4", "partner-7f3a"))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.statuses[1]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        1000
+    );
+}
