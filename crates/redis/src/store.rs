@@ -79,6 +79,16 @@ pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("config", &self.inner.config)
+            .field("ready", &self.is_ready())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
 struct Inner {
     config: RedisConfig,
     connection: Connection,
