@@ -1,0 +1,121 @@
+//! The service over `tollgate_redis::RedisStore`, against a `redis-server` this test starts on
+//! a free loopback port (and kills when done): matching, all-or-nothing across descriptors in
+//! one Lua call, and store failures following the store's own `on_error`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{header, request, start_with};
+use tollgate_envoy::proto::envoy::service_ratelimit_v3::rate_limit_response::Code;
+use tollgate_envoy::{Config, Descriptor, Domain, RateLimit, Unit};
+use tollgate_redis::{ClockSource, OnError, RedisConfig, RedisStore};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+struct Redis {
+    port: u16,
+    child: Child,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let ok = Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "`redis-server` not found: this test starts a real Redis server. Install it with \
+             `apt-get install -y redis-server` (no service needs to run)."
+        );
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Redis { port, child }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn store(url: &str, on_error: OnError) -> RedisStore {
+    let mut config = RedisConfig::standalone(url);
+    config.clock = ClockSource::Local;
+    config.on_error = on_error;
+    config.timeout = Duration::from_millis(500);
+    config.key_prefix = format!("envoy-test-{}", std::process::id());
+    RedisStore::new(config).await.unwrap()
+}
+
+fn config() -> Config {
+    Config::new().domain(
+        Domain::new("edge")
+            .descriptor(Descriptor::new("api_key").rate_limit(RateLimit::per(2, Unit::Minute)))
+            .descriptor(Descriptor::new("path").rate_limit(RateLimit::per(10, Unit::Hour))),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_limits_all_or_nothing_and_follows_its_on_error() {
+    let mut redis = Redis::start();
+    let server = start_with(store(&redis.url(), OnError::Deny).await, config()).await;
+    let mut c = server.client().await;
+    let both: &[&[(&str, &str)]] = &[&[("api_key", "k")], &[("path", "/p")]];
+    for i in 0..4 {
+        let r = c.should_rate_limit(request("edge", both)).await.unwrap();
+        assert_eq!(r.overall_code, if i < 2 { OK } else { OVER }, "call {i}");
+        // Denied requests consumed nothing from the path limit.
+        assert_eq!(r.statuses[1].limit_remaining, if i < 2 { 9 - i } else { 8 });
+    }
+    let r = c.should_rate_limit(request("edge", both)).await.unwrap();
+    assert!(header(&r, "Retry-After").is_some());
+
+    // Redis gone: the store's on_error decides (Deny: over limit; Allow: OK).
+    redis.stop();
+    let r = c
+        .should_rate_limit(request("edge", &[&[("api_key", "new")]]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OVER);
+    drop(server);
+    let redis = Redis::start();
+    let allow = start_with(store(&redis.url(), OnError::Allow).await, config()).await;
+    drop(redis);
+    let mut c = allow.client().await;
+    let r = c
+        .should_rate_limit(request("edge", &[&[("api_key", "new")]]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+}
