@@ -11,9 +11,9 @@ use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
-use hmac::{Hmac, Mac};
 use http::HeaderName;
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
+use siphasher::sip128::SipHasher24;
 use smallvec::SmallVec;
 
 use crate::ConfigError;
@@ -177,43 +177,39 @@ impl fmt::Display for KeyChain {
     }
 }
 
-/// Hashes credentials into fixed-length store keys: HMAC-SHA-256 under a secret, cut to 128
-/// bits, in hex. With a secret, a leaked store dump does not even let anyone test guesses.
+/// Hashes credentials into fixed-length store keys: SipHash-2-4 with 128-bit output, a keyed
+/// PRF, under a key derived from the configured secret, in hex. With a secret, a leaked store
+/// dump does not even let anyone test guesses. (SipHash rather than HMAC-SHA-256: the same
+/// guarantee for this use at a fraction of the cost on every request, and on CPUs without SHA
+/// instructions a large fraction of the whole layer's.)
 #[derive(Clone)]
 pub(crate) struct KeyHasher {
-    // HMAC takes keys of any length, so this is always `Some`; plain SHA-256 stands in rather
-    // than a panic should that ever change.
-    keyed: Option<Hmac<Sha256>>,
+    sip: SipHasher24,
 }
 
 impl fmt::Debug for KeyHasher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the key.
         f.write_str("KeyHasher")
     }
 }
 
 impl KeyHasher {
     pub(crate) fn new(secret: &[u8]) -> Self {
+        // Secrets of any length: the SipHash key is the first 128 bits of their SHA-256.
+        let digest = Sha256::digest(secret);
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&digest[..16]);
         KeyHasher {
-            keyed: <Hmac<Sha256> as Mac>::new_from_slice(secret).ok(),
+            sip: SipHasher24::new_with_key(&key),
         }
     }
 
-    /// Appends the hex hash of `value` to `out`.
+    /// Appends the hex hash of `value` (32 characters) to `out`.
     pub(crate) fn append(&self, value: &[u8], out: &mut KeyBuf) {
-        let digest: [u8; 32] = match &self.keyed {
-            Some(keyed) => {
-                let mut mac = keyed.clone();
-                mac.update(value);
-                mac.finalize().into_bytes().into()
-            }
-            None => {
-                use sha2::Digest;
-                Sha256::digest(value).into()
-            }
-        };
+        let hash: u128 = self.sip.hash(value).into();
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        for b in digest.iter().take(16) {
+        for b in hash.to_be_bytes() {
             out.push(HEX[usize::from(b >> 4)]);
             out.push(HEX[usize::from(b & 0x0f)]);
         }

@@ -19,7 +19,7 @@
 //! - **Keys.** The first selector of a policy's chain that finds a value gives the key, stored
 //!   as `header:<name>:<hash>`, `query:<name>:<hash>`, `jwt:<claim>:<hash>`, `user:<id>` (or
 //!   `user#:<hash>` above 256 bytes) or `ip:<addr>` / `ip:<net>/<prefix>`. Hashes are
-//!   HMAC-SHA-256 under [`EngineBuilder::key_hash_secret`], cut to 128 bits. No key: the
+//!   128-bit SipHash-2-4 under a key derived from [`EngineBuilder::key_hash_secret`]. No key: the
 //!   policy's [`ANONYMOUS_KEY`], or 401 with `require_key`.
 //! - **Client IP.** The peer address, unless the peer is in `trusted_proxies`: then the one
 //!   configured [`ForwardedHeader`] is walked right to left past trusted hops; a malformed
