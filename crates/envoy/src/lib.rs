@@ -29,6 +29,11 @@
 //! Not supported: the per-descriptor `limit` override of a request (ignored: the configured
 //! limit applies), `quota` answers, `raw_body` and `dynamic_metadata`, `Health/Watch`.
 
+// The README's Rust examples compile as doc tests of this crate.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 #[cfg(feature = "client")]
 mod client;
 mod config;

@@ -1,7 +1,7 @@
 //! [`RlsService`]: answers `ShouldRateLimit` from the compiled configuration and a Tollgate
 //! [`Limiter`].
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -30,7 +30,7 @@ const MAX_KEY: usize = 256;
 #[derive(Debug)]
 pub struct RlsService<S: Store, C: Clock> {
     limiter: Limiter<S, C>,
-    config: Arc<Compiled>,
+    config: Arc<RwLock<Arc<Compiled>>>,
 }
 
 impl<S: Store, C: Clock> Clone for RlsService<S, C> {
@@ -58,8 +58,21 @@ impl<S: Store, C: Clock> RlsService<S, C> {
     pub fn new(limiter: Limiter<S, C>, config: &Config) -> Result<Self, ConfigError> {
         Ok(RlsService {
             limiter,
-            config: Arc::new(config.compile()?),
+            config: Arc::new(RwLock::new(Arc::new(config.compile()?))),
         })
+    }
+
+    /// Replaces the configuration for every clone of this service; calls in flight finish with
+    /// the old one. A limit whose name (domain and descriptor path) and quota are unchanged
+    /// keeps its counters; a changed one starts afresh. On error the old configuration stays.
+    pub fn reload(&self, config: &Config) -> Result<(), ConfigError> {
+        let compiled = Arc::new(config.compile()?);
+        *self.config.write().unwrap_or_else(PoisonError::into_inner) = compiled;
+        Ok(())
+    }
+
+    fn current(&self) -> Arc<Compiled> {
+        Arc::clone(&self.config.read().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The limiter.
@@ -100,7 +113,8 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 ..DescriptorStatus::default()
             })
             .collect();
-        let Some(tree) = self.config.domains.get(&request.domain) else {
+        let config = self.current();
+        let Some(tree) = config.domains.get(&request.domain) else {
             return Ok(ok_response(statuses));
         };
         let hits = request.hits_addend.max(1);
@@ -136,7 +150,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         let decisions = match self.decide(&entries).await {
             Ok(d) => d,
             Err(error) => {
-                return match self.config.failure_mode {
+                return match config.failure_mode {
                     FailureMode::Allow => Ok(ok_response(statuses)),
                     FailureMode::Unavailable => Err(Status::unavailable(format!(
                         "the rate limit store failed: {error}"
@@ -154,7 +168,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
             status.limit_remaining = u32::try_from(d.remaining).unwrap_or(u32::MAX);
             status.duration_until_reset = Some(d.reset.into());
         }
-        let headers = self.headers(&entries, &decisions, over);
+        let headers = self.headers(&config, &entries, &decisions, over);
         Ok(RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             statuses,
@@ -220,11 +234,11 @@ impl<S: Store, C: Clock> RlsService<S, C> {
     /// The SPEC §5 headers over the enforced (non-shadow) descriptors.
     fn headers(
         &self,
+        config: &Compiled,
         entries: &[Entry<'_>],
         decisions: &[Decision],
         over: bool,
     ) -> Vec<HeaderValue> {
-        let config = &self.config;
         let items: SmallVec<[(&Entry<'_>, &Decision); 4]> = entries
             .iter()
             .zip(decisions)

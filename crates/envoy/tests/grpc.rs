@@ -702,3 +702,61 @@ async fn the_envoy_example_config_answers_what_envoy_sends() {
         1000
     );
 }
+
+#[tokio::test]
+async fn reload_swaps_the_config_and_keeps_unchanged_counters() {
+    let limiter = tollgate::Limiter::builder().build().unwrap();
+    let service = tollgate_envoy::RlsService::new(limiter, &edge()).unwrap();
+    let gold = request("edge", &[&[("api_key", "gold")]]);
+    let path = request("edge", &[&[("path", "/r")]]);
+    service.should_rate_limit(&gold).await.unwrap();
+    service.should_rate_limit(&path).await.unwrap();
+    // api_key=gold goes from 2/min to 3/min; path is unchanged; a new domain appears.
+    let next = Config::new().domain(
+        Domain::new("edge")
+            .descriptor(
+                Descriptor::new("api_key")
+                    .value("gold")
+                    .rate_limit(RateLimit::per(3, Unit::Minute)),
+            )
+            .descriptor(Descriptor::new("path").rate_limit(RateLimit::per(10, Unit::Hour))),
+    );
+    let next = next.domain(
+        Domain::new("new")
+            .descriptor(Descriptor::new("k").rate_limit(RateLimit::per(1, Unit::Day))),
+    );
+    let clone = service.clone();
+    clone.reload(&next).unwrap();
+    let r = service.should_rate_limit(&gold).await.unwrap();
+    assert_eq!(
+        r.statuses[0].limit_remaining, 2,
+        "a changed limit starts afresh"
+    );
+    let r = service.should_rate_limit(&path).await.unwrap();
+    assert_eq!(
+        r.statuses[0].limit_remaining, 8,
+        "an unchanged limit keeps its count"
+    );
+    let r = service
+        .should_rate_limit(&request("new", &[&[("k", "v")]]))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        1
+    );
+    // A bad config is refused and the old one stays.
+    let bad = Config::new()
+        .domain(Domain::new("edge"))
+        .domain(Domain::new("edge"));
+    assert!(service.reload(&bad).is_err());
+    let r = service
+        .should_rate_limit(&request("new", &[&[("k", "v")]]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OVER);
+}
