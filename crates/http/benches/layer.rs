@@ -20,17 +20,18 @@ fn hello() -> Router {
     Router::new()
         .route("/v1/hello", get(|| async { "Hello, World!" }))
         .route("/open", get(|| async { "Hello, World!" }))
+        // Turns the handlers into services once, as `axum::serve` does; without it a
+        // `oneshot` on the router would redo that on every call.
+        .with_state(())
 }
 
 fn limited() -> Router {
-    // A quota no benchmark run exhausts, so every call takes the full admitted path (match, key,
-    // store, headers) rather than the cheaper denial.
     let engine = Engine::builder()
         .policy(
             HttpPolicy::new(
                 Policy::new(
                     "api",
-                    Quota::sliding_window_counter(u32::MAX, Duration::from_secs(3600)).unwrap(),
+                    Quota::sliding_window_counter(LIMIT, Duration::from_secs(3600)).unwrap(),
                 )
                 .unwrap(),
             )
@@ -39,13 +40,28 @@ fn limited() -> Router {
         )
         .build()
         .unwrap();
-    hello().layer(RateLimitLayer::new(engine))
+    hello().layer(RateLimitLayer::new(engine)).with_state(())
 }
 
+/// Per key and hour. With [`KEYS`] clients taking turns no run comes near a denial, so every
+/// call takes the full admitted path (match, key, store, headers), with realistic numbers.
+const LIMIT: u32 = 10_000;
+/// How many API keys take turns.
+const KEYS: usize = 1_000;
+
 fn request(path: &str) -> Request<Body> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static KEY_VALUES: std::sync::LazyLock<Vec<http::HeaderValue>> =
+        std::sync::LazyLock::new(|| {
+            (0..KEYS)
+                .map(|i| http::HeaderValue::from_str(&format!("customer-{i}")).unwrap())
+                .collect()
+        });
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let key = KEY_VALUES[NEXT.fetch_add(1, Ordering::Relaxed) % KEYS].clone();
     Request::builder()
         .uri(path)
-        .header("x-api-key", "customer-42")
+        .header("x-api-key", key)
         .extension(PeerAddr(SocketAddr::from(([203, 0, 113, 9], 40000))))
         .body(Body::empty())
         .unwrap()
@@ -64,7 +80,9 @@ fn bench(c: &mut Criterion) {
         })
     });
     // The price of any layer in axum (it re-boxes every route), for comparison.
-    let noop = hello().layer(tower::util::MapRequestLayer::new(|r: Request<Body>| r));
+    let noop = hello()
+        .layer(tower::util::MapRequestLayer::new(|r: Request<Body>| r))
+        .with_state(());
     group.bench_function("with_noop_layer", |b| {
         b.to_async(&rt)
             .iter(|| async { black_box(noop.clone().oneshot(request("/v1/hello")).await.unwrap()) })
@@ -88,6 +106,7 @@ fn bench(c: &mut Criterion) {
                 HttpPolicy::new(
                     Policy::new(
                         "api",
+                        // One key, called millions of times: a quota it never exhausts.
                         Quota::sliding_window_counter(u32::MAX, Duration::from_secs(3600)).unwrap(),
                     )
                     .unwrap(),

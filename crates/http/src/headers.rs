@@ -213,38 +213,32 @@ pub(crate) fn render(
     }
 }
 
-/// Numbers below this are rendered once per process and shared: limits, remaining counts and
-/// second counts are nearly always small, and a shared value costs no allocation.
-const CACHED_NUMBERS: u64 = 10_000;
+/// Numbers up to this are rendered once per process: limits, remaining counts and second
+/// counts are nearly always small, and a `'static` value costs no allocation.
+const CACHED_NUMBERS: usize = 10_000;
 
 /// `n` as a header value.
 fn number(n: u64) -> HeaderValue {
-    // The digits live in one string leaked once per process (about 40 KB), so each value is
-    // `'static` and cloning one copies a pointer: no allocation, no shared reference count
-    // bouncing between cores.
-    static TABLE: std::sync::LazyLock<Vec<HeaderValue>> = std::sync::LazyLock::new(|| {
+    // The digits of 0..=CACHED_NUMBERS in one string leaked once per process (about 50 KB), and
+    // where each starts: a value is a slice of it, so taking one copies two words.
+    static DIGITS: std::sync::LazyLock<(&'static str, Vec<u32>)> = std::sync::LazyLock::new(|| {
         let mut text = String::new();
-        let mut ends = Vec::new();
-        for n in 0..CACHED_NUMBERS {
+        let mut starts = vec![0];
+        for n in 0..=CACHED_NUMBERS {
             text.push_str(itoa::Buffer::new().format(n));
-            ends.push(text.len());
+            starts.push(u32::try_from(text.len()).unwrap_or(u32::MAX));
         }
-        let text: &'static str = Box::leak(text.into_boxed_str());
-        let mut start = 0;
-        (0..CACHED_NUMBERS)
-            .zip(ends)
-            .map(|(n, end)| {
-                let digits = Bytes::from_static(&text.as_bytes()[start..end]);
-                start = end;
-                HeaderValue::from_maybe_shared(digits).unwrap_or_else(|_| HeaderValue::from(n))
-            })
-            .collect()
+        (Box::leak(text.into_boxed_str()), starts)
     });
-    usize::try_from(n)
-        .ok()
-        .and_then(|i| TABLE.get(i))
-        .cloned()
-        .unwrap_or_else(|| HeaderValue::from(n))
+    if let Some(i) = usize::try_from(n).ok().filter(|&i| i <= CACHED_NUMBERS) {
+        let (text, starts) = &*DIGITS;
+        if let (Some(&a), Some(&b)) = (starts.get(i), starts.get(i + 1)) {
+            if let Some(digits) = text.get(a as usize..b as usize) {
+                return HeaderValue::from_static(digits);
+            }
+        }
+    }
+    HeaderValue::from(n)
 }
 
 /// The SPEC §5 choice: a denying decision first, then the lowest remaining, ties broken by the
