@@ -3,7 +3,7 @@
 #   scripts/test.sh
 # Installs what the tests need when it is missing (redis-server and redis-cli: the Redis tests
 # start their own servers on free loopback ports; python3 with urllib3 for the Retry-After
-# client test), then runs every test, example and benchmark build of the workspace, and the
+# client test; openssl for the Redis TLS test), then runs every test, example and benchmark build of the workspace, and the
 # doc tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +13,7 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -c 'import urllib3' >/dev/null 2>&1 || missing+=(python3-urllib3)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   sudo=""
@@ -23,3 +24,5 @@ fi
 
 cargo test --workspace --all-targets --no-fail-fast
 cargo test --workspace --doc
+# rediss:// against a TLS redis-server with a private CA (openssl): the `tls` feature.
+cargo test -p tollgate-redis --features tls --test tls
