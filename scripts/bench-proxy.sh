@@ -125,12 +125,16 @@ done
 
 cat >"$WORK/refuse90.lua" <<'EOF'
 -- 9 in 10 requests reuse an exhausted key; 1 in 10 brings a fresh key (admitted).
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("id", threads)
+end
 local n = 0
-local prefix = tostring(math.random(1, 1e9))
 request = function()
   n = n + 1
   local key = "hot"
-  if n % 10 == 0 then key = prefix .. "-" .. n end
+  if n % 10 == 0 then key = "t" .. id .. "-" .. n end
   return wrk.format("GET", wrk.path, { ["x-api-key"] = key })
 end
 EOF

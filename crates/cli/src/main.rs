@@ -105,7 +105,8 @@ async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
     let listeners = Listeners::bind(&config)
         .await
         .context("cannot bind the listeners")?;
-    let (api, admin, proxy) = listeners.local_addrs();
+    let addrs = listeners.local_addrs();
+    let (api, admin, proxy) = (addrs.api, addrs.admin, addrs.proxy);
     let source = path.as_ref().map_or_else(
         || "the built-in default".to_owned(),
         |p| p.display().to_string(),
@@ -122,6 +123,9 @@ async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
     }
     if let Some(a) = proxy {
         println!("  proxy         http://{a}");
+    }
+    if let Some(a) = addrs.grpc {
+        println!("  envoy RLS     grpc://{a}  (envoy.service.ratelimit.v3.RateLimitService)");
     }
     if let Some(a) = api {
         println!(

@@ -53,6 +53,9 @@ pub enum ServerError {
     /// The store could not be set up.
     #[error(transparent)]
     Store(#[from] StoreSetupError),
+    /// The Envoy descriptors could not be compiled.
+    #[error("cannot start Envoy's rate limit service: {0}")]
+    Envoy(String),
     /// The policies could not be loaded into the engine.
     #[error("cannot build the policy engine: {0}")]
     Engine(#[from] tollgate_http::ConfigError),
@@ -67,6 +70,21 @@ pub struct Listeners {
     pub admin: TcpListener,
     /// The reverse proxy (`[proxy] listen`), when configured.
     pub proxy: Option<TcpListener>,
+    /// Envoy's rate limit service (`[server] grpc_listen`), when configured.
+    pub grpc: Option<TcpListener>,
+}
+
+/// The addresses the listeners are bound to (useful with port 0).
+#[derive(Clone, Copy, Debug)]
+pub struct Addrs {
+    /// The decision API.
+    pub api: Option<SocketAddr>,
+    /// The admin endpoints.
+    pub admin: Option<SocketAddr>,
+    /// The reverse proxy.
+    pub proxy: Option<SocketAddr>,
+    /// Envoy's rate limit service.
+    pub grpc: Option<SocketAddr>,
 }
 
 impl Listeners {
@@ -84,16 +102,21 @@ impl Listeners {
                 Some(p) => Some(one(p.listen).await?),
                 None => None,
             },
+            grpc: match config.grpc_listen {
+                Some(a) => Some(one(a).await?),
+                None => None,
+            },
         })
     }
 
-    /// The addresses actually bound (useful with port 0): api, admin, proxy.
-    pub fn local_addrs(&self) -> (Option<SocketAddr>, Option<SocketAddr>, Option<SocketAddr>) {
-        (
-            self.api.local_addr().ok(),
-            self.admin.local_addr().ok(),
-            self.proxy.as_ref().and_then(|p| p.local_addr().ok()),
-        )
+    /// The addresses actually bound.
+    pub fn local_addrs(&self) -> Addrs {
+        Addrs {
+            api: self.api.local_addr().ok(),
+            admin: self.admin.local_addr().ok(),
+            proxy: self.proxy.as_ref().and_then(|p| p.local_addr().ok()),
+            grpc: self.grpc.as_ref().and_then(|p| p.local_addr().ok()),
+        }
     }
 }
 
@@ -129,6 +152,9 @@ impl Shared {
             tracing::warn!(
                 "reload: [store] changes take effect on restart; the running store is kept"
             );
+        }
+        if old.envoy.as_ref().map(|e| &e.domains) != config.envoy.as_ref().map(|e| &e.domains) {
+            tracing::warn!("reload: [envoy] descriptor changes take effect on restart");
         }
         if old.listen != config.listen
             || old.admin_listen != config.admin_listen
@@ -175,12 +201,11 @@ pub async fn run_with(
 ) -> Result<(), ServerError> {
     let store = AnyStore::from_config(&config.store).await?;
     let metrics = Arc::new(Metrics::default());
-    if config.grpc_listen.is_some() {
-        tracing::warn!(
-            "[server] grpc_listen is set, but this build does not serve Envoy RLS gRPC yet"
-        );
-    }
     let source = config.source.clone();
+    let envoy = match (&config.envoy, listeners.grpc) {
+        (Some(e), Some(l)) => Some((envoy_service(&config, e, &store)?, l)),
+        _ => None,
+    };
     let engine = Engine::new(Arc::new(config), store.clone(), Arc::clone(&metrics))?;
     let shared = Arc::new(Shared {
         engine: RwLock::new(Arc::new(engine)),
@@ -189,6 +214,11 @@ pub async fn run_with(
         client: proxy::client(),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Registered before anything is served, so a SIGHUP never finds the default action (exit).
+    #[cfg(unix)]
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    #[cfg(not(unix))]
+    let hup: Option<()> = None;
 
     let mut tasks = tokio::task::JoinSet::new();
     {
@@ -221,6 +251,15 @@ pub async fn run_with(
             limits,
         ));
     }
+    if let Some((service, listener)) = envoy {
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            let shutdown = async move { serve::stopped(&mut stop).await };
+            if let Err(e) = tollgate_envoy::serve(listener, service, shutdown).await {
+                tracing::error!(error = %e, "Envoy rate limit service stopped");
+            }
+        });
+    }
     // Housekeeping: purge idle keys of the memory stores.
     {
         let s = Arc::clone(&shared);
@@ -238,9 +277,12 @@ pub async fn run_with(
             }
         });
     }
-    if let Some(path) = source {
-        tokio::spawn(watch_config(Arc::clone(&shared), path, stop_rx.clone()));
-    }
+    tokio::spawn(watch_config(
+        Arc::clone(&shared),
+        source,
+        hup,
+        stop_rx.clone(),
+    ));
 
     shutdown.await;
     tracing::info!("shutting down: draining in-flight requests");
@@ -249,15 +291,39 @@ pub async fn run_with(
     Ok(())
 }
 
+/// Envoy's rate limit service over the server's store.
+fn envoy_service(
+    config: &Config,
+    envoy: &config::Envoy,
+    store: &AnyStore,
+) -> Result<tollgate_envoy::RlsService<AnyStore, SystemClock>, ServerError> {
+    let h = &config.headers;
+    let rls = tollgate_envoy::Config::new()
+        .domains(envoy.domains.clone())
+        .failure_mode(envoy.failure_mode)
+        .x_ratelimit_headers(h.legacy)
+        .ietf_headers(h.ietf)
+        .reset_format(match h.reset_format {
+            config::ResetFormat::Epoch => tollgate_envoy::ResetFormat::Epoch,
+            config::ResetFormat::Delta => tollgate_envoy::ResetFormat::Delta,
+        });
+    let limiter = tollgate::Limiter::builder()
+        .store(store.clone())
+        .clock(SystemClock::new())
+        .build()
+        .map_err(|e| ServerError::Envoy(e.to_string()))?;
+    tollgate_envoy::RlsService::new(limiter, &rls).map_err(|e| ServerError::Envoy(e.to_string()))
+}
+
 /// Reloads on SIGHUP and whenever the file's contents change.
 async fn watch_config(
     shared: Arc<Shared>,
-    path: std::path::PathBuf,
+    path: Option<std::path::PathBuf>,
+    #[cfg(unix)] mut hup: Option<tokio::signal::unix::Signal>,
+    #[cfg(not(unix))] _hup: Option<()>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut last = std::fs::read(&path).ok();
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut last = path.as_ref().and_then(|p| std::fs::read(p).ok());
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -277,12 +343,18 @@ async fn watch_config(
             _ = hup_signal => true,
             _ = crate::serve::stopped(&mut stop) => return,
         };
-        let now = std::fs::read(&path).ok();
+        let Some(path) = &path else {
+            if forced {
+                tracing::info!("SIGHUP: running on the built-in default; nothing to reload");
+            }
+            continue;
+        };
+        let now = std::fs::read(path).ok();
         if !forced && now == last {
             continue;
         }
         last = now;
-        match shared.reload(&path) {
+        match shared.reload(path) {
             Ok(()) => tracing::info!(file = %path.display(), "configuration reloaded"),
             Err(e) => tracing::error!(
                 file = %path.display(),

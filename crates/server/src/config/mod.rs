@@ -197,6 +197,18 @@ pub struct Jwt {
     pub verifier: JwtVerifier,
 }
 
+/// `[envoy]`: the descriptors Envoy's rate limit service (`[server] grpc_listen`) answers from.
+#[derive(Clone, Debug)]
+pub struct Envoy {
+    /// `config_dir`: envoyproxy/ratelimit YAML files, one domain each.
+    pub config_dir: PathBuf,
+    /// The domains read from it (at load time; a reload re-reads them).
+    pub domains: Vec<tollgate_envoy::Domain>,
+    /// `failure_mode`: `allow` or `unavailable` when the store fails (default from
+    /// `[store] on_error`).
+    pub failure_mode: tollgate_envoy::FailureMode,
+}
+
 /// One `[[policy]]`, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyConfig {
@@ -287,7 +299,7 @@ pub struct Config {
     pub source: Option<PathBuf>,
     /// `[server] listen`: the decision API.
     pub listen: SocketAddr,
-    /// `[server] grpc_listen`: Envoy RLS (not served by this build; logged).
+    /// `[server] grpc_listen`: Envoy's rate limit service (gRPC), answering from `[envoy]`.
     pub grpc_listen: Option<SocketAddr>,
     /// `[admin] listen`.
     pub admin_listen: SocketAddr,
@@ -303,6 +315,8 @@ pub struct Config {
     pub policies: Arc<[PolicyConfig]>,
     /// `[jwt]`.
     pub jwt: Option<Jwt>,
+    /// `[envoy]`.
+    pub envoy: Option<Envoy>,
 }
 
 impl Config {
@@ -359,6 +373,7 @@ impl Config {
             headers: HeadersConfig::default(),
             policies: Arc::from(Vec::new()),
             jwt: None,
+            envoy: None,
         })
     }
 

@@ -12,8 +12,8 @@ use toml::Spanned;
 use tollgate_http::JwtVerifier;
 
 use super::{
-    Action, Config, Errors, HeadersConfig, Jwt, OnError, PolicyConfig, ProxyConfig, ResetFormat,
-    StoreClock, StoreConfig, StoreKind, make_policy, parse_algorithm, parse_rate,
+    Action, Config, Envoy, Errors, HeadersConfig, Jwt, OnError, PolicyConfig, ProxyConfig,
+    ResetFormat, StoreClock, StoreConfig, StoreKind, make_policy, parse_algorithm, parse_rate,
 };
 use tollgate_http::{Cidr, KeyChain, KeySelector, RouteMatch, parse_method};
 
@@ -55,6 +55,14 @@ pub(super) struct RawConfig {
     #[serde(default)]
     policy: Vec<S<RawPolicy>>,
     jwt: Option<S<RawJwt>>,
+    envoy: Option<S<RawEnvoy>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEnvoy {
+    config_dir: Option<S<String>>,
+    failure_mode: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -319,6 +327,27 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
         ok = false;
     }
 
+    let envoy = match raw.envoy {
+        None => {
+            if let Some(g) = &server.grpc_listen {
+                errs.at(g.span().start, "[server] grpc_listen serves Envoy's rate limit service, which needs its descriptors: add [envoy] config_dir = \"ratelimit\" (a folder of envoyproxy/ratelimit YAML files)".to_owned());
+                ok = false;
+            }
+            Some(None)
+        }
+        Some(e) => {
+            let at = e.span().start;
+            if server.grpc_listen.is_none() {
+                errs.at(
+                    at,
+                    "[envoy] needs [server] grpc_listen, e.g. grpc_listen = \"127.0.0.1:8081\""
+                        .to_owned(),
+                );
+                ok = false;
+            }
+            validate_envoy(at, e.into_inner(), store.as_ref(), errs).map(Some)
+        }
+    };
     let grpc_listen = match grpc_listen {
         None => Some(None),
         Some(None) => None,
@@ -343,6 +372,7 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
         headers: headers?,
         policies: Arc::from(policies),
         jwt: jwt?,
+        envoy: envoy?,
     })
 }
 
@@ -897,4 +927,59 @@ fn validate_jwt(j: S<RawJwt>, errs: &mut Errors<'_>) -> Option<Jwt> {
             None
         }
     }
+}
+
+fn validate_envoy(
+    at: usize,
+    e: RawEnvoy,
+    store: Option<&StoreConfig>,
+    errs: &mut Errors<'_>,
+) -> Option<Envoy> {
+    let Some(dir) = e.config_dir else {
+        errs.at(at, "[envoy] field \"config_dir\" is required; write e.g. config_dir = \"ratelimit\" (a folder of envoyproxy/ratelimit YAML files, relative to this file)".to_owned());
+        return None;
+    };
+    let path = errs.relative(dir.get_ref());
+    let domains = match tollgate_envoy::load_envoy_config_dir(&path) {
+        Ok(d) => d,
+        Err(err) => {
+            errs.at(
+                dir.span().start,
+                format!("[envoy] field \"config_dir\": {err}"),
+            );
+            return None;
+        }
+    };
+    let failure_mode = match &e.failure_mode {
+        Some(v) => match v.get_ref().parse::<tollgate_envoy::FailureMode>() {
+            Ok(m) => m,
+            Err(reason) => {
+                errs.at(
+                    v.span().start,
+                    format!("[envoy] field \"failure_mode\": {reason}"),
+                );
+                return None;
+            }
+        },
+        None => match store.map(|s| s.on_error) {
+            Some(OnError::Deny) => tollgate_envoy::FailureMode::Unavailable,
+            _ => tollgate_envoy::FailureMode::Allow,
+        },
+    };
+    // Compile once now, so descriptor errors surface in `validate`.
+    if let Err(err) = tollgate_envoy::RlsService::new(
+        tollgate::Limiter::builder().build().ok()?,
+        &tollgate_envoy::Config::new().domains(domains.clone()),
+    ) {
+        errs.at(
+            dir.span().start,
+            format!("[envoy] field \"config_dir\": {err}"),
+        );
+        return None;
+    }
+    Some(Envoy {
+        config_dir: path,
+        domains,
+        failure_mode,
+    })
 }

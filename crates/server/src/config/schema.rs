@@ -65,6 +65,7 @@ const JWT: &[(&str, Ty)] = &[
     ("rs256_public_key_file", Ty::Str),
     ("es256_public_key_file", Ty::Str),
 ];
+const ENVOY: &[(&str, Ty)] = &[("config_dir", Ty::Str), ("failure_mode", Ty::Str)];
 const ROOT: &[(&str, Ty)] = &[
     ("server", Ty::Table(SERVER)),
     ("admin", Ty::Table(ADMIN)),
@@ -73,6 +74,7 @@ const ROOT: &[(&str, Ty)] = &[
     ("headers", Ty::Table(HEADERS)),
     ("policy", Ty::TableArray(POLICY)),
     ("jwt", Ty::Table(JWT)),
+    ("envoy", Ty::Table(ENVOY)),
 ];
 
 /// Reports TOML syntax errors, unknown fields and mistyped values; returns the document with

@@ -22,7 +22,7 @@ fn builtin_default_is_valid() {
 fn spec_example_is_valid() {
     // PATH stands in for the JWT secret's variable: it is always set.
     let text = include_str!("../../examples/tollgate.toml").replace("TOLLGATE_JWT_SECRET", "PATH");
-    let c = Config::parse("tollgate.toml", &text);
+    let c = Config::parse("examples/tollgate.toml", &text);
     assert!(c.is_ok(), "{c:?}");
 }
 

@@ -20,6 +20,7 @@ pub struct Running {
     pub api: SocketAddr,
     pub admin: SocketAddr,
     pub proxy: Option<SocketAddr>,
+    pub grpc: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     pub task: tokio::task::JoinHandle<()>,
 }
@@ -58,7 +59,7 @@ pub fn with_ports(text: &str) -> String {
 
 pub async fn start(config: Config) -> Running {
     let listeners = Listeners::bind(&config).await.expect("bind");
-    let (api, admin, proxy) = listeners.local_addrs();
+    let addrs = listeners.local_addrs();
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         tollgate_server::run(config, listeners, async {
@@ -68,9 +69,10 @@ pub async fn start(config: Config) -> Running {
         .expect("run");
     });
     Running {
-        api: api.unwrap(),
-        admin: admin.unwrap(),
-        proxy,
+        api: addrs.api.unwrap(),
+        admin: addrs.admin.unwrap(),
+        proxy: addrs.proxy,
+        grpc: addrs.grpc,
         stop: Some(tx),
         task,
     }
