@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p tollgate-envoy --example bench -- --seconds 5 --connections 4 --concurrency 64
 //! cargo run --release -p tollgate-envoy --example bench -- --split   # server in a child process
+//! cargo run --release -p tollgate-envoy --example bench -- --redis redis://127.0.0.1:6379
 //! ```
 //!
 //! By default client and server share this process. With `--split` the server runs in a child
@@ -32,6 +33,7 @@ struct Args {
     descriptors: usize,
     split: bool,
     serve: bool,
+    redis: Option<String>,
 }
 
 fn args() -> Result<Args, String> {
@@ -43,6 +45,7 @@ fn args() -> Result<Args, String> {
         descriptors: 1,
         split: false,
         serve: false,
+        redis: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -58,6 +61,10 @@ fn args() -> Result<Args, String> {
             _ => {}
         }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        if flag == "--redis" {
+            a.redis = Some(value);
+            continue;
+        }
         let n: u64 = value.parse().map_err(|_| format!("{flag}: not a number"))?;
         let n_usize = usize::try_from(n).map_err(|_| format!("{flag}: too large"))?;
         match flag.as_str() {
@@ -104,7 +111,7 @@ fn request(key: &str, descriptors: usize) -> RateLimitRequest {
     }
 }
 
-fn service() -> Result<RlsService<tollgate::MemoryStore, tollgate::SystemClock>, BoxError> {
+fn service<S: tollgate::Store>(store: S) -> Result<RlsService<S, tollgate::SystemClock>, BoxError> {
     let config = Config::new().domain(
         Domain::new("bench")
             .descriptor(
@@ -117,18 +124,48 @@ fn service() -> Result<RlsService<tollgate::MemoryStore, tollgate::SystemClock>,
                 ),
             ),
     );
-    Ok(RlsService::new(Limiter::builder().build()?, &config)?)
+    Ok(RlsService::new(
+        Limiter::builder().store(store).build()?,
+        &config,
+    )?)
+}
+
+/// Serves with the memory store, or Redis at `redis` (Redis clock, default settings).
+async fn serve_with(
+    a: &Args,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), BoxError> {
+    match &a.redis {
+        None => {
+            serve(
+                listener,
+                service(tollgate::MemoryStore::default())?,
+                shutdown,
+            )
+            .await?
+        }
+        Some(url) => {
+            let store = tollgate_redis::RedisStore::new(tollgate_redis::RedisConfig::standalone(
+                url.as_str(),
+            ))
+            .await?;
+            serve(listener, service(store)?, shutdown).await?;
+        }
+    }
+    Ok(())
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let a = args()?;
     if a.serve {
-        return serve_until_stdin_closes().await;
+        return serve_until_stdin_closes(&a).await;
     }
     if a.split {
         let mut child = Command::new(std::env::current_exe()?)
             .arg("--serve")
+            .args(a.redis.iter().flat_map(|url| ["--redis", url.as_str()]))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()?;
@@ -154,17 +191,22 @@ async fn main() -> Result<(), BoxError> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, service()?, async {
+    let server = serve_with(&a, listener, async {
         let _ = stop_rx.await;
-    }));
-    drive(&a, &addr).await?;
-    let _ = stop_tx.send(());
-    let _ = server.await;
+    });
+    let client = async {
+        let result = drive(&a, &addr).await;
+        let _ = stop_tx.send(());
+        result
+    };
+    let (served, driven) = tokio::join!(server, client);
+    served?;
+    driven?;
     Ok(())
 }
 
 /// `--serve`: prints the address, serves until stdin closes, then prints its CPU seconds.
-async fn serve_until_stdin_closes() -> Result<(), BoxError> {
+async fn serve_until_stdin_closes(a: &Args) -> Result<(), BoxError> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("{}", listener.local_addr()?);
     std::io::stdout().flush()?;
@@ -172,7 +214,7 @@ async fn serve_until_stdin_closes() -> Result<(), BoxError> {
         let mut sink = Vec::new();
         let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
     });
-    serve(listener, service()?, async {
+    serve_with(a, listener, async {
         let _ = stdin_closed.await;
     })
     .await?;
@@ -244,8 +286,9 @@ async fn drive(a: &Args, addr: &str) -> Result<(u64, u64), BoxError> {
     #[allow(clippy::cast_precision_loss)]
     let rate = n as f64 / elapsed.as_secs_f64();
     println!(
-        "ShouldRateLimit (memory store, {} descriptor(s)/call): {n} calls in {:.2} s = {rate:.0} \
+        "ShouldRateLimit ({} store, {} descriptor(s)/call): {n} calls in {:.2} s = {rate:.0} \
          calls/s ({} connections, {} concurrent calls, {} keys; {} over limit, {} errors)",
+        if a.redis.is_some() { "redis" } else { "memory" },
         a.descriptors,
         elapsed.as_secs_f64(),
         a.connections,
