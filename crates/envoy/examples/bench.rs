@@ -250,12 +250,16 @@ async fn drive(a: &Args, addr: &str) -> Result<(u64, u64), BoxError> {
         let descriptors = a.descriptors;
         tasks.push(tokio::spawn(async move {
             let mut i = t;
+            let mut latencies: Vec<u32> = Vec::new();
             while !done.load(Ordering::Relaxed) {
                 let key = &keys[i % keys.len()];
                 i = i.wrapping_add(7919);
+                let sent = Instant::now();
                 let result = client.should_rate_limit(request(key, descriptors)).await;
+                let took = u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX);
                 all.fetch_add(1, Ordering::Relaxed);
                 if measuring.load(Ordering::Relaxed) {
+                    latencies.push(took);
                     match result {
                         Ok(r) if r.overall_code == 1 => {}
                         Ok(_) => {
@@ -268,6 +272,7 @@ async fn drive(a: &Args, addr: &str) -> Result<(u64, u64), BoxError> {
                     calls.fetch_add(1, Ordering::Relaxed);
                 }
             }
+            latencies
         }));
     }
     // Warm up, then measure.
@@ -280,9 +285,19 @@ async fn drive(a: &Args, addr: &str) -> Result<(u64, u64), BoxError> {
     let elapsed = started.elapsed();
     let cpu = cpu_seconds().zip(cpu_start).map(|(end, start)| end - start);
     done.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
     for t in tasks {
-        let _ = t.await;
+        if let Ok(l) = t.await {
+            latencies.extend(l);
+        }
     }
+    latencies.sort_unstable();
+    let pct = |p: usize| {
+        latencies
+            .get((latencies.len() * p / 100).min(latencies.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
     #[allow(clippy::cast_precision_loss)]
     let rate = n as f64 / elapsed.as_secs_f64();
     println!(
@@ -296,6 +311,13 @@ async fn drive(a: &Args, addr: &str) -> Result<(u64, u64), BoxError> {
         a.keys,
         over.load(Ordering::Relaxed),
         errors.load(Ordering::Relaxed),
+    );
+    println!(
+        "latency per call (µs, client side, under this load): p50 {} p90 {} p99 {} max {}",
+        pct(50),
+        pct(90),
+        pct(99),
+        latencies.last().copied().unwrap_or(0)
     );
     if let Some(cpu) = cpu.filter(|c| *c > 0.0) {
         #[allow(clippy::cast_precision_loss)]

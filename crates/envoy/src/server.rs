@@ -40,9 +40,15 @@ where
     S: Store,
     C: Clock,
 {
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    use tokio_stream::StreamExt as _;
+    // Answers are small and latency-bound: no Nagle delay. (Server::tcp_nodelay does not apply
+    // to a listener passed in, so it is set on each accepted connection.)
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|accepted| {
+        let stream = accepted?;
+        stream.set_nodelay(true)?;
+        Ok::<_, std::io::Error>(stream)
+    });
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .serve_with_incoming_shutdown(GrpcService { service }, incoming, shutdown)
         .await
 }
