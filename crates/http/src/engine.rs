@@ -438,7 +438,9 @@ struct Entry {
 /// it can cross an `await` without borrowing the request.
 #[derive(Clone, Debug, Default)]
 pub struct Prepared {
-    entries: SmallVec<[Entry; 4]>,
+    // Inline room for the usual one or two matching policies; the future that carries this
+    // across the store call is moved around whole.
+    entries: SmallVec<[Entry; 2]>,
     missing_key: Option<usize>,
 }
 

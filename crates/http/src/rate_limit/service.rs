@@ -83,7 +83,7 @@ where
         let engine = self.engine.clone();
         ResponseFuture::boxed(Box::pin(async move {
             let outcome = engine.decide(prepared).await;
-            let (_decisions, headers, verdict) = outcome.into_parts();
+            let (_, headers, verdict) = outcome.into_parts();
             match verdict {
                 Verdict::Respond(response) => {
                     return Ok(response.map(|body| Either::Right(Full::new(body))));
