@@ -26,6 +26,45 @@ MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE9zodGX1SHonfglsYqGMr42tU1kv1
 r9B3kUHaQpfL0SXuP6AFHnhP+HInpnqIum3hYpDLYsJ7QFPD+/yT6yTNaQ==
 -----END PUBLIC KEY-----
 ";
+const RSA_PRIVATE: &str = "-----BEGIN PRIVATE KEY-----
+MIIEvAIBADANBgkqhkiG9w0BAQEFAASCBKYwggSiAgEAAoIBAQDUp6QgroTy0e+g
+gWFl4YpdRFNCChjzQGogp3Vpc4OdWU2ZqWDNo9ITD8jjhAh86rqocqieHSijq4aH
+JMpjq+gp0eDTQC40e6l/ohYqJumHrNm7nJA2ZsqVG+mfdaceeWYHi1F1GwFDUCkR
+mnptZvjRQ09Gt18b13sDP5wEoj3yDAiMyDfY+yHLbcSexxPMVaWYtSHxoD/8Q5rK
+Ta+KJCfRLFtM9A4iaFj9ovBskOz7yn3M75O1Ei1db30tO2xHHnxPCAGyfp8b1eus
+AuxCpBd2bRm/zOVyDGX/++Jrj0PR7eSQaQnrArRDYGTJNhJVqZCz5ReuILOtps79
+lt/MaMnLAgMBAAECggEABea2YfHLNAcqDy+H9GZ94Hi07BrmS68jQs9i2A+h52FD
+C1tCmceiB3AOCGzxj1s0Mth7tWePE9D+urav/HQYzTr1x5GltpnNP616eqZPH2S8
+kL2Xgur3VDaiFRAUGH8QmxpSowf3e6wNzQnsZnzPtX7uBEMHxfivgTeSrM4+dH5e
+qb7kQfrvakzXZGH4oPzkb3JJVEmeo9ZemtD3btRfkOMO4/J8jQe84sGt4LiwX806
+p58sjt59uLUfrUq6yCID+kIRmcIFXfUXzfWcD/iyS8JzvjYGM/J8ksWndBC4vCMo
+4bk873XmbO4z5+MM2auim39Rlbn+Vv3YJ4WgKCm3AQKBgQD+Lmvbk9RHvDS04BD2
+YC7aflP7TTE5MeTzGFavmV/d6D4JskTIg0ptZkTbph5ikFk/aN9paAHaeblnyQF6
+H9cvOIuwFnGywbiqKXk0jo+k09zG392o31NKIQNLbO4uPG8N9BrzakyXlpZM0+rU
+VHEiEU/pzWvlrfCD8P9es1fayQKBgQDWLSgXFHe8Cz7UQ8ZNDYhgQ3lwyk5VOYYZ
+o8Lh8Js5Z2956JEsKiZItNkcsgEGmNLeXWyq86w0mPz5RjvP966y9hqOQXPlmTR3
+4j68LEctsOj68hQm5lUwJrpXUM9UVkLS65WYqBnhuCZQ6E2UDMnY/GZLMmhoguB0
+Vbm1NbS18wKBgBbVFq03v0beWiGxSvTGuQ65cFPPoE9R8w3/LrJBZcIqPYBjehhE
+6uee2yqb5njWHJ48jm0KgbgdXRE8lhxhRdQhETM1IOt8yVjHtvKIp9CXk2pt65xi
+yzmKc6BP3alblmI7fjxFXTH0vfWSx7JhD3SO9425/So5kLRZbqcUFx05AoGAXLXl
+YcBBaEvx4Y6I+3e9LfZnTjS0nd2tt9GUnZs6hinJLptGpDiGo/hs9yfym7lxpkII
+tSOPyqDi+MC3SXnszJkNu8CHe77K4I42G9yK3zNyVpaNtJ0GCTbqeLuJU/eXK5hB
+BHjX40aEh4dXdZvnkB8J5MkoOv1UTeeB4PgjhpMCgYA9MRVp4Ni3yO236qGxzWXu
+VjLEmJ9t9E91HdddCu2b5AHI3aS780uzpgiOW2UP3krFZLNXIkZkmi4vaM75HjT1
+Qhd/jdhJYwnR0BiJ0hv6FiM93sEKBy9in92NR3R45MInKdHTG+1LgdjVzCcK78NV
+n7LHgpXx76kEcTQzWiW4ag==
+-----END PRIVATE KEY-----
+";
+const RSA_PUBLIC: &str = "-----BEGIN PUBLIC KEY-----
+MIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEA1KekIK6E8tHvoIFhZeGK
+XURTQgoY80BqIKd1aXODnVlNmalgzaPSEw/I44QIfOq6qHKonh0oo6uGhyTKY6vo
+KdHg00AuNHupf6IWKibph6zZu5yQNmbKlRvpn3WnHnlmB4tRdRsBQ1ApEZp6bWb4
+0UNPRrdfG9d7Az+cBKI98gwIjMg32Pshy23EnscTzFWlmLUh8aA//EOayk2viiQn
+0SxbTPQOImhY/aLwbJDs+8p9zO+TtRItXW99LTtsRx58TwgBsn6fG9XrrALsQqQX
+dm0Zv8zlcgxl//via49D0e3kkGkJ6wK0Q2BkyTYSVamQs+UXriCzrabO/ZbfzGjJ
+ywIDAQAB
+-----END PUBLIC KEY-----
+";
 const SECRET: &[u8] = b"test-secret-for-hs256-only-in-tests";
 
 #[derive(Serialize)]
@@ -332,6 +371,58 @@ async fn es256_jwt_verifies_with_the_public_key() {
         .await,
         StatusCode::OK
     );
+}
+
+#[tokio::test]
+async fn rs256_jwt_verifies_with_the_public_key() {
+    let app = jwt_app(JwtVerifier::rs256_pem(RSA_PUBLIC.as_bytes()).unwrap());
+    let key = EncodingKey::from_rsa_pem(RSA_PRIVATE.as_bytes()).unwrap();
+    let token = encode(
+        &Header::new(Algorithm::RS256),
+        &Claims {
+            sub: "dave",
+            exp: now() + 60,
+        },
+        &key,
+    )
+    .unwrap();
+    let auth = bearer(&token);
+    assert_eq!(
+        status(&app, get("/", "1.1.1.1", &[("authorization", &auth)])).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&app, get("/", "2.2.2.2", &[("authorization", &auth)])).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // A token signed with the ES256 test key does not verify against the RSA key.
+    let ec = EncodingKey::from_ec_pem(EC_PRIVATE.as_bytes()).unwrap();
+    let other = encode(
+        &Header::new(Algorithm::ES256),
+        &Claims {
+            sub: "dave",
+            exp: now() + 60,
+        },
+        &ec,
+    )
+    .unwrap();
+    assert_eq!(
+        status(
+            &app,
+            get("/", "3.3.3.3", &[("authorization", &bearer(&other))])
+        )
+        .await,
+        StatusCode::OK
+    );
+}
+
+#[test]
+fn bad_keys_are_configuration_errors() {
+    let err = JwtVerifier::rs256_pem(b"not a pem").unwrap_err();
+    assert!(err.to_string().contains("RSA public key"), "{err}");
+    let err = JwtVerifier::es256_pem(RSA_PUBLIC.as_bytes()).unwrap_err();
+    assert!(err.to_string().contains("EC public key"), "{err}");
+    assert!(JwtVerifier::hs256(b"").is_err());
 }
 
 /// Forged, `alg: none`, expired and oversized tokens are absent: the request falls back to its
