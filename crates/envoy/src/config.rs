@@ -640,7 +640,7 @@ fn compile_tree(
     Ok(tree)
 }
 
-fn compile_leaf(
+pub(crate) fn compile_leaf(
     limit: &RateLimit,
     shadow: bool,
     path: &str,

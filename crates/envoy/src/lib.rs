@@ -26,8 +26,9 @@
 //! # }
 //! ```
 //!
-//! Not supported: the per-descriptor `limit` override of a request (ignored: the configured
-//! limit applies), `quota` answers, `raw_body` and `dynamic_metadata`, `Health/Watch`.
+//! A request descriptor's `limit` override applies as envoyproxy/ratelimit applies it (see
+//! [`MAX_OVERRIDES`]). Not supported: `quota` answers, `raw_body` and `dynamic_metadata`,
+//! `Health/Watch`.
 
 // The README's Rust examples compile as doc tests of this crate.
 #[cfg(doctest)]
@@ -48,5 +49,5 @@ pub use config::{
     Config, ConfigError, Descriptor, Domain, FailureMode, RateLimit, ResetFormat, Unit,
 };
 pub use server::{MAX_REQUEST_BYTES, RLS_SERVICE_NAME, serve};
-pub use service::{MAX_DESCRIPTORS, RlsService};
+pub use service::{MAX_DESCRIPTORS, MAX_OVERRIDES, RlsService};
 pub use yaml::{load_envoy_config_dir, parse_envoy_config};

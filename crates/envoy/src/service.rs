@@ -1,14 +1,20 @@
 //! [`RlsService`]: answers `ShouldRateLimit` from the compiled configuration and a Tollgate
 //! [`Limiter`].
 
-use std::sync::{Arc, PoisonError, RwLock};
+use std::collections::HashMap;
+use std::ops::Deref;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use smallvec::SmallVec;
 use tollgate::{Check, Clock, Decision, Decisions, Limiter, Store};
 use tonic::Status;
 
-use crate::config::{Compiled, Config, ConfigError, FailureMode, Leaf, ResetFormat, ceil_secs};
+use crate::config::{
+    Compiled, Config, ConfigError, FailureMode, Leaf, RateLimit, ResetFormat, Unit, ceil_secs,
+    compile_leaf,
+};
+use crate::proto::envoy::common_ratelimit_v3::RateLimitDescriptor;
 use crate::proto::envoy::config_core_v3::HeaderValue;
 use crate::proto::envoy::service_ratelimit_v3::rate_limit_response::{Code, DescriptorStatus};
 use crate::proto::envoy::service_ratelimit_v3::{RateLimitRequest, RateLimitResponse};
@@ -18,6 +24,13 @@ pub const MAX_DESCRIPTORS: usize = 10_000;
 
 /// Store keys longer than this are replaced by a hash (SPEC §4).
 const MAX_KEY: usize = 256;
+
+/// The most distinct per-request limit overrides (descriptor key path, requests per unit, unit)
+/// one service keeps; past it, overrides of new shapes are ignored and the configured limit
+/// applies. Each is a policy whose name lives for the whole process.
+pub const MAX_OVERRIDES: usize = 1024;
+
+type Overrides = HashMap<(String, u32, Unit, bool), Arc<Leaf>>;
 
 /// Envoy's rate limit service over a Tollgate [`Limiter`]: cheap to clone; clones share the
 /// limiter and the configuration.
@@ -31,6 +44,7 @@ const MAX_KEY: usize = 256;
 pub struct RlsService<S: Store, C: Clock> {
     limiter: Limiter<S, C>,
     config: Arc<RwLock<Arc<Compiled>>>,
+    overrides: Arc<Mutex<Overrides>>,
 }
 
 impl<S: Store, C: Clock> Clone for RlsService<S, C> {
@@ -38,6 +52,24 @@ impl<S: Store, C: Clock> Clone for RlsService<S, C> {
         RlsService {
             limiter: self.limiter.clone(),
             config: Arc::clone(&self.config),
+            overrides: Arc::clone(&self.overrides),
+        }
+    }
+}
+
+/// A matched limit: from the configuration, or a request's override.
+enum LeafRef<'a> {
+    Config(&'a Leaf),
+    Override(Arc<Leaf>),
+}
+
+impl Deref for LeafRef<'_> {
+    type Target = Leaf;
+
+    fn deref(&self) -> &Leaf {
+        match self {
+            LeafRef::Config(l) => l,
+            LeafRef::Override(l) => l,
         }
     }
 }
@@ -45,7 +77,7 @@ impl<S: Store, C: Clock> Clone for RlsService<S, C> {
 /// One matched, counted descriptor of a request.
 struct Entry<'a> {
     index: usize,
-    leaf: &'a Leaf,
+    leaf: LeafRef<'a>,
     key: Vec<u8>,
     cost: u32,
     /// The cost exceeds what the quota can ever admit.
@@ -59,6 +91,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         Ok(RlsService {
             limiter,
             config: Arc::new(RwLock::new(Arc::new(config.compile()?))),
+            overrides: Arc::default(),
         })
     }
 
@@ -126,7 +159,13 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                     .iter()
                     .map(|e| (e.key.as_str(), e.value.as_str())),
             );
-            let Some(leaf) = found else { continue };
+            let leaf = match self.override_leaf(&request.domain, descriptor, found) {
+                Some(o) => LeafRef::Override(o),
+                None => match found {
+                    Some(l) => LeafRef::Config(l),
+                    None => continue,
+                },
+            };
             let Some(policy) = &leaf.policy else {
                 // Unlimited: OK, never counted, as envoyproxy/ratelimit answers.
                 statuses[index].limit_remaining = u32::MAX;
@@ -136,12 +175,13 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 Some(h) => u32::try_from(h.value).unwrap_or(u32::MAX),
                 None => hits,
             };
+            let too_big = cost > policy.quota().max_cost();
             entries.push(Entry {
                 index,
                 leaf,
                 key: store_key(descriptor.entries.iter().map(|e| (&e.key, &e.value))),
                 cost,
-                too_big: cost > policy.quota().max_cost(),
+                too_big,
             });
         }
         if entries.is_empty() {
@@ -175,6 +215,57 @@ impl<S: Store, C: Clock> RlsService<S, C> {
             response_headers_to_add: headers,
             request_headers_to_add: Vec::new(),
         })
+    }
+
+    /// The limit a descriptor's `limit` override asks for, as envoyproxy/ratelimit applies it:
+    /// in a known domain, whether or not the descriptor matched the tree, counted per
+    /// descriptor key path and value. Shadow mode follows the matched node. `None` when there
+    /// is no usable override (zero requests, a unit out of range) or [`MAX_OVERRIDES`] shapes
+    /// are already in use.
+    fn override_leaf(
+        &self,
+        domain: &str,
+        descriptor: &RateLimitDescriptor,
+        found: Option<&Leaf>,
+    ) -> Option<Arc<Leaf>> {
+        let o = descriptor.limit.as_ref()?;
+        let unit = match o.unit {
+            1 => Unit::Second,
+            2 => Unit::Minute,
+            3 => Unit::Hour,
+            4 => Unit::Day,
+            5 => Unit::Month,
+            6 => Unit::Year,
+            _ => return None,
+        };
+        if o.requests_per_unit == 0 || descriptor.entries.is_empty() {
+            return None;
+        }
+        let shadow = found.is_some_and(|l| l.shadow);
+        let mut path = String::with_capacity(domain.len() + 32);
+        path.push_str(domain);
+        for e in &descriptor.entries {
+            path.push('.');
+            path.push_str(&e.key);
+        }
+        path.push_str("~override");
+        let key = (path, o.requests_per_unit, unit, shadow);
+        let mut cache = self
+            .overrides
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(leaf) = cache.get(&key) {
+            return Some(Arc::clone(leaf));
+        }
+        if cache.len() >= MAX_OVERRIDES {
+            return None;
+        }
+        let limit = RateLimit::per(o.requests_per_unit, unit);
+        let leaf = Arc::new(
+            compile_leaf(&limit, shadow, &key.0, &mut Default::default(), "override").ok()?,
+        );
+        cache.insert(key, Arc::clone(&leaf));
+        Some(leaf)
     }
 
     /// Decides every entry in one all-or-nothing call. A cost no quota can admit denies its

@@ -760,3 +760,75 @@ async fn reload_swaps_the_config_and_keeps_unchanged_counters() {
         .unwrap();
     assert_eq!(r.overall_code, OVER);
 }
+
+#[tokio::test]
+async fn limit_overrides_apply_as_envoy_ratelimit_applies_them() {
+    use tollgate_envoy::proto::envoy::common_ratelimit_v3::rate_limit_descriptor::RateLimitOverride;
+    let server = start(edge()).await;
+    let mut c = server.client().await;
+    let with_override = |domain: &str, entries: &[(&str, &str)], rpu: u32, unit: i32| {
+        let mut r = request(domain, &[entries]);
+        r.descriptors[0].limit = Some(RateLimitOverride {
+            requests_per_unit: rpu,
+            unit,
+        });
+        r
+    };
+    // Unmatched in the tree: the override applies, per value.
+    for i in 0..3 {
+        let r = c
+            .should_rate_limit(with_override("edge", &[("user", "u1")], 2, 2))
+            .await
+            .unwrap();
+        let limit = r.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (2, PUnit::Minute as i32)
+        );
+        assert_eq!(r.overall_code, if i < 2 { OK } else { OVER }, "call {i}");
+    }
+    let r = c
+        .should_rate_limit(with_override("edge", &[("user", "u2")], 2, 2))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    // Matched: the override wins over the configured 2/min of api_key=gold.
+    for _ in 0..3 {
+        let r = c
+            .should_rate_limit(with_override("edge", &[("api_key", "gold")], 5, 3))
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .unwrap()
+                .requests_per_unit,
+            5
+        );
+    }
+    // Unknown domain, zero requests, unknown unit: no override.
+    let r = c
+        .should_rate_limit(with_override("nope", &[("user", "u1")], 1, 1))
+        .await
+        .unwrap();
+    assert!(r.statuses[0].current_limit.is_none());
+    let r = c
+        .should_rate_limit(with_override("edge", &[("api_key", "gold")], 0, 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        2
+    );
+    let r = c
+        .should_rate_limit(with_override("edge", &[("user", "u9")], 1, 99))
+        .await
+        .unwrap();
+    assert!(r.statuses[0].current_limit.is_none());
+}

@@ -68,7 +68,7 @@ pub mod envoy {
             /// The entries, outermost first.
             #[prost(message, repeated, tag = "1")]
             pub entries: Vec<rate_limit_descriptor::Entry>,
-            /// A per-request limit override (Tollgate ignores it; see the crate docs).
+            /// A limit override: applies instead of the configured limit (see the crate docs).
             #[prost(message, optional, tag = "2")]
             pub limit: Option<rate_limit_descriptor::RateLimitOverride>,
             /// Hits this descriptor adds, overriding the request's `hits_addend`.
