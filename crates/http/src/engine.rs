@@ -183,7 +183,8 @@ struct Compiled {
 /// trusted proxies, the forwarding header.
 type ResolveIp = dyn Fn(&RequestInfo<'_>) -> Option<IpAddr> + Send + Sync;
 
-struct Inner {
+struct Inner<S, C> {
+    limiter: Limiter<S, C>,
     policies: Vec<Compiled>,
     headers: HeaderConfig,
     jwt: Option<JwtVerifier>,
@@ -193,7 +194,7 @@ struct Inner {
     resolve_ip: Box<ResolveIp>,
 }
 
-impl fmt::Debug for Inner {
+impl<S, C> fmt::Debug for Inner<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Engine")
             .field("policies", &self.policies)
@@ -208,14 +209,14 @@ impl fmt::Debug for Inner {
 /// The policy engine. Cheap to clone; clones share the limiter, the store and the policies.
 #[derive(Debug)]
 pub struct Engine<S = MemoryStore, C = SystemClock> {
-    limiter: Limiter<S, C>,
-    inner: Arc<Inner>,
+    // One shared allocation, the limiter inside: a clone per request (as tower services make)
+    // is one reference-count update, which matters when cores contend for it.
+    inner: Arc<Inner<S, C>>,
 }
 
 impl<S, C> Clone for Engine<S, C> {
     fn clone(&self) -> Self {
         Engine {
-            limiter: self.limiter.clone(),
             inner: Arc::clone(&self.inner),
         }
     }
@@ -413,8 +414,8 @@ impl<S, C> EngineBuilder<S, C> {
                 .map(|peer| client_ip(peer, info.headers, &trusted, forwarded))
         });
         Ok(Engine {
-            limiter,
             inner: Arc::new(Inner {
+                limiter,
                 policies: compiled,
                 headers: self.headers,
                 jwt: self.jwt,
@@ -542,7 +543,7 @@ impl RateLimitHeaders {
 impl<S: Store, C: Clock> Engine<S, C> {
     /// The limiter (for checks by policy name, such as the server's `/v1/check`).
     pub fn limiter(&self) -> &Limiter<S, C> {
-        &self.limiter
+        &self.inner.limiter
     }
 
     /// The policies, in order.
@@ -716,11 +717,11 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// one policy applies to. Costs were checked against their quotas when the engine was built.
     async fn check_all(&self, checks: &[Check<'_>]) -> Result<Decisions, Error> {
         if let [check] = checks {
-            let now = self.limiter.clock().now();
-            let decision = self.limiter.store().apply_one(now, *check).await?;
+            let now = self.inner.limiter.clock().now();
+            let decision = self.inner.limiter.store().apply_one(now, *check).await?;
             return Ok(std::iter::once(decision).collect());
         }
-        self.limiter.check_all(checks).await
+        self.inner.limiter.check_all(checks).await
     }
 
     fn check<'e>(&'e self, entry: &'e Entry) -> Check<'e> {
@@ -746,7 +747,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         let mut headers = HeaderList::new();
         render(
             &self.inner.headers,
-            self.limiter.clock().now(),
+            self.inner.limiter.clock().now(),
             &items,
             &mut headers,
         );
@@ -760,7 +761,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         mut headers: HeaderList,
         entries: &[Entry],
     ) -> Outcome<S, C> {
-        let now = self.limiter.clock().now();
+        let now = self.inner.limiter.clock().now();
         // Retry-After covers every enforcing policy that denied; shadow denials never delay.
         let mut wait: Option<Duration> = Some(Duration::ZERO);
         let mut floor = 0;
@@ -883,7 +884,7 @@ impl<S: Store, C: Clock> Hold<S, C> {
     /// went away), the request's quota is given back.
     pub async fn wait(mut self) {
         if let Some(guard) = &self.guard {
-            guard.engine.limiter.clock().sleep(self.delay).await;
+            guard.engine.inner.limiter.clock().sleep(self.delay).await;
         }
         // Served: nothing to give back.
         if let Some(guard) = &mut self.guard {
@@ -916,8 +917,8 @@ impl<S: Store, C: Clock> Drop for RefundGuard<S, C> {
         runtime.spawn(async move {
             let checks: SmallVec<[Check<'_>; 4]> =
                 entries.iter().map(|e| engine.check(e)).collect();
-            let now = engine.limiter.clock().now();
-            if let Err(error) = engine.limiter.store().refund(now, &checks).await {
+            let now = engine.inner.limiter.clock().now();
+            if let Err(error) = engine.inner.limiter.store().refund(now, &checks).await {
                 tracing::debug!(%error, "could not give back a held request's quota");
             }
         });
