@@ -71,6 +71,15 @@ fn validate(file: &std::path::Path) -> ExitCode {
             if config.policies.is_empty() {
                 println!("(no policies: every request is admitted)");
             }
+            if let Some(envoy) = &config.envoy {
+                for d in &envoy.domains {
+                    println!(
+                        "envoy domain {:?} from {}",
+                        d.name(),
+                        envoy.config_dir.display()
+                    );
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(ConfigError::Invalid(d)) => {
