@@ -72,8 +72,11 @@ impl Engine {
                 OnError::Deny => FailMode::Deny,
                 OnError::Allow | OnError::Local => FailMode::Allow,
             });
+        builder = builder.ipv6_prefix(config.ipv6_prefix);
         if let Some(p) = &config.proxy {
-            builder = builder.trusted_proxies(p.trusted_proxies.clone());
+            builder = builder
+                .trusted_proxies(p.trusted_proxies.clone())
+                .forwarded_header(p.forwarded_header);
         }
         if let Some(j) = &config.jwt {
             builder = builder.jwt(j.verifier.clone());

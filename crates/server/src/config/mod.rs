@@ -131,6 +131,9 @@ pub struct ProxyConfig {
     pub upstream: hyper::Uri,
     /// `trusted_proxies`: CIDRs whose `X-Forwarded-For` is believed.
     pub trusted_proxies: TrustedProxies,
+    /// `forwarded_header`: `"x-forwarded-for"` (default) or `"forwarded"` (RFC 7239), the one
+    /// header trusted proxies are read from.
+    pub forwarded_header: tollgate_http::ForwardedHeader,
     /// `timeout`: how long the upstream may take to answer (default 30s).
     pub timeout: Duration,
 }
@@ -301,6 +304,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// `[server] grpc_listen`: Envoy's rate limit service (gRPC), answering from `[envoy]`.
     pub grpc_listen: Option<SocketAddr>,
+    /// `[server] ipv6_prefix`: leading bits of an IPv6 address that form one client (64).
+    pub ipv6_prefix: u8,
     /// `[admin] listen`.
     pub admin_listen: SocketAddr,
     /// `[admin] token`: a bearer token the admin endpoints require.
@@ -366,6 +371,7 @@ impl Config {
             source: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_listen: None,
+            ipv6_prefix: 64,
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,
             store: raw::default_store(),

@@ -15,7 +15,7 @@ use super::{
     Action, Config, Envoy, Errors, HeadersConfig, Jwt, OnError, PolicyConfig, ProxyConfig,
     ResetFormat, StoreClock, StoreConfig, StoreKind, make_policy, parse_algorithm, parse_rate,
 };
-use tollgate_http::{Cidr, KeyChain, KeySelector, RouteMatch, parse_method};
+use tollgate_http::{Cidr, ForwardedHeader, KeyChain, KeySelector, RouteMatch, parse_method};
 
 /// The built-in configuration of `tollgate serve` with no arguments.
 pub const DEFAULT_CONFIG: &str = r#"# Tollgate's built-in default: a read-heavy API.
@@ -70,6 +70,7 @@ struct RawEnvoy {
 struct RawServer {
     listen: Option<S<String>>,
     grpc_listen: Option<S<String>>,
+    ipv6_prefix: Option<S<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -98,6 +99,7 @@ struct RawProxy {
     listen: Option<S<String>>,
     upstream: Option<S<String>>,
     trusted_proxies: Option<Vec<S<String>>>,
+    forwarded_header: Option<S<String>>,
     timeout: Option<S<String>>,
 }
 
@@ -237,7 +239,16 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
     let server = raw.server.unwrap_or(RawServer {
         listen: None,
         grpc_listen: None,
+        ipv6_prefix: None,
     });
+    let ipv6_prefix = match &server.ipv6_prefix {
+        Some(v) if (0..=128).contains(v.get_ref()) => u8::try_from(*v.get_ref()).ok(),
+        Some(v) => {
+            errs.at(v.span().start, format!("[server] field \"ipv6_prefix\" must be 0 to 128, not {}; write e.g. ipv6_prefix = 64", v.get_ref()));
+            None
+        }
+        None => Some(64),
+    };
     let listen = match &server.listen {
         Some(v) => addr(v, "[server]", "listen", errs),
         None => Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
@@ -365,6 +376,7 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
         source: None,
         listen: listen?,
         grpc_listen: grpc_listen?,
+        ipv6_prefix: ipv6_prefix?,
         admin_listen: admin_listen?,
         admin_token,
         store: store?,
@@ -541,6 +553,19 @@ fn validate_proxy(p: S<RawProxy>, errs: &mut Errors<'_>) -> Option<ProxyConfig> 
         Some(v) => duration(v, "timeout", "[proxy] ", errs),
         None => Some(Duration::from_secs(30)),
     };
+    let forwarded_header = match &p.forwarded_header {
+        Some(v) => one_of(
+            v,
+            "forwarded_header",
+            "[proxy] ",
+            &[
+                ("x-forwarded-for", ForwardedHeader::XForwardedFor),
+                ("forwarded", ForwardedHeader::Forwarded),
+            ],
+            errs,
+        ),
+        None => Some(ForwardedHeader::XForwardedFor),
+    };
     if !ok {
         return None;
     }
@@ -548,6 +573,7 @@ fn validate_proxy(p: S<RawProxy>, errs: &mut Errors<'_>) -> Option<ProxyConfig> 
         listen: listen?,
         upstream: upstream?,
         trusted_proxies: tollgate_http::TrustedProxies::new(trusted),
+        forwarded_header: forwarded_header?,
         timeout: timeout?,
     })
 }

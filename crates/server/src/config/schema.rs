@@ -16,7 +16,11 @@ enum Ty {
     TableArray(&'static [(&'static str, Ty)]),
 }
 
-const SERVER: &[(&str, Ty)] = &[("listen", Ty::Str), ("grpc_listen", Ty::Str)];
+const SERVER: &[(&str, Ty)] = &[
+    ("listen", Ty::Str),
+    ("grpc_listen", Ty::Str),
+    ("ipv6_prefix", Ty::Int),
+];
 const ADMIN: &[(&str, Ty)] = &[("listen", Ty::Str), ("token", Ty::Str)];
 const STORE: &[(&str, Ty)] = &[
     ("kind", Ty::Str),
@@ -32,6 +36,7 @@ const PROXY: &[(&str, Ty)] = &[
     ("listen", Ty::Str),
     ("upstream", Ty::Str),
     ("trusted_proxies", Ty::StrArray),
+    ("forwarded_header", Ty::Str),
     ("timeout", Ty::Str),
 ];
 const HEADERS: &[(&str, Ty)] = &[
