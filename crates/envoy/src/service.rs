@@ -427,7 +427,7 @@ fn ok_response(statuses: Vec<DescriptorStatus>) -> RateLimitResponse {
 }
 
 /// The store key of a descriptor: its entries, each key and value length-prefixed so that no
-/// two descriptors share a key; longer than 256 bytes, a 128-bit hash of it.
+/// two descriptors share a key; longer than 256 bytes, a 128-bit SHA-256 prefix of it.
 fn store_key<'a>(entries: impl Iterator<Item = (&'a String, &'a String)>) -> Vec<u8> {
     let mut key = Vec::with_capacity(64);
     for (k, v) in entries {
@@ -439,11 +439,12 @@ fn store_key<'a>(entries: impl Iterator<Item = (&'a String, &'a String)>) -> Vec
     if key.len() <= MAX_KEY {
         return key;
     }
-    let a = crate::config::fnv1a_with(0xcbf2_9ce4_8422_2325, &key);
-    let b = crate::config::fnv1a_with(0x6c62_272e_07bb_0142, &key);
+    // SHA-256 (cut to 128 bits): collision-resistant, so no one can craft a long value that
+    // shares another's count.
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(&key);
     let mut hashed = Vec::with_capacity(18);
     hashed.extend_from_slice(b"#h");
-    hashed.extend_from_slice(&a.to_le_bytes());
-    hashed.extend_from_slice(&b.to_le_bytes());
+    hashed.extend_from_slice(&digest[..16]);
     hashed
 }
