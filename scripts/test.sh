@@ -14,6 +14,8 @@ command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 python3 -c 'import urllib3' >/dev/null 2>&1 || missing+=(python3-urllib3)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# The Envoy test generates a Python gRPC client with grpcio-tools, pip-installed into a venv.
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   sudo=""
