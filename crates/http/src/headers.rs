@@ -102,6 +102,10 @@ pub(crate) struct PolicyHeaders {
     pub(crate) policy_item: Bytes,
     /// The same item as a whole header value, for the common single-policy case.
     pub(crate) policy_value: HeaderValue,
+    /// The quota's limit, as `X-RateLimit-Limit` writes it.
+    pub(crate) limit: u64,
+    /// `limit` as a header value (cloning it is a reference-count update at most).
+    pub(crate) limit_value: HeaderValue,
 }
 
 impl PolicyHeaders {
@@ -138,10 +142,13 @@ impl PolicyHeaders {
         let policy_item = item.freeze();
         let policy_value = HeaderValue::from_maybe_shared(policy_item.clone())
             .map_err(|_| ConfigError::new(name, "cannot be written as a header value"))?;
+        let limit = u64::from(quota.limit());
         Ok(PolicyHeaders {
             quoted_name,
             policy_item,
             policy_value,
+            limit,
+            limit_value: number(limit),
         })
     }
 }
@@ -180,9 +187,14 @@ pub(crate) fn render(
                 ceil_secs(Duration::from_micros(now.as_micros()).saturating_add(worst.reset))
             }
         };
-        out.push((X_RATELIMIT_LIMIT, number(worst.limit)));
+        let limit = if worst.limit == worst_text.limit {
+            worst_text.limit_value.clone()
+        } else {
+            number(worst.limit)
+        };
+        out.push((X_RATELIMIT_LIMIT, limit));
         out.push((X_RATELIMIT_REMAINING, number(worst.remaining)));
-        out.push((X_RATELIMIT_RESET, number(reset)));
+        out.push((X_RATELIMIT_RESET, recent_number(reset)));
     }
     if config.ietf {
         let policy = if let [(_, only)] = items {
@@ -239,6 +251,33 @@ fn number(n: u64) -> HeaderValue {
         }
     }
     HeaderValue::from(n)
+}
+
+/// `n` as a header value, for numbers that repeat from one request to the next (the epoch
+/// second of a reset): the last one is kept per thread, so a repeat is a reference-count
+/// update rather than an allocation and formatting.
+fn recent_number(n: u64) -> HeaderValue {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(u64, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    if usize::try_from(n).is_ok_and(|i| i <= CACHED_NUMBERS) {
+        return number(n);
+    }
+    LAST.try_with(|last| {
+        let Ok(mut last) = last.try_borrow_mut() else {
+            return number(n);
+        };
+        match &*last {
+            Some((m, v)) if *m == n => v.clone(),
+            _ => {
+                let v = number(n);
+                *last = Some((n, v.clone()));
+                v
+            }
+        }
+    })
+    .unwrap_or_else(|_| number(n))
 }
 
 /// The SPEC §5 choice: a denying decision first, then the lowest remaining, ties broken by the
@@ -305,6 +344,20 @@ mod tests {
             u64::MAX,
         ] {
             assert_eq!(number(n).to_str().ok(), Some(n.to_string().as_str()));
+        }
+    }
+
+    #[test]
+    fn recent_numbers() {
+        for n in [
+            7,
+            1_700_000_000,
+            1_700_000_000,
+            1_700_000_001,
+            10_001,
+            u64::MAX,
+        ] {
+            assert_eq!(recent_number(n).to_str().ok(), Some(n.to_string().as_str()));
         }
     }
 

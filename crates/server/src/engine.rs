@@ -10,7 +10,9 @@ use hyper::HeaderMap;
 use sha2::{Digest, Sha256};
 use tollgate::store::Check;
 use tollgate::{Decision, Decisions, Error, SystemClock};
-use tollgate_http::{FailMode, HeaderConfig, NormalizedPath, RequestInfo, RetryAfterFormat};
+use tollgate_http::{
+    FailMode, HeaderConfig, NormalizedPath, RateLimitHeaders, RequestInfo, RetryAfterFormat,
+};
 
 use crate::config::{Action, Config, OnError, PolicyConfig, ResetFormat};
 use crate::metrics::{Metrics, Outcome};
@@ -105,6 +107,23 @@ impl Engine {
 
     /// Evaluates a request against every policy whose `match` fits it.
     pub async fn evaluate(&self, info: &RequestInfo<'_>) -> Evaluation {
+        let (decisions, rate_limit, verdict, fail_open) = self.evaluate_parts(info).await;
+        let mut headers = HeaderMap::new();
+        rate_limit.apply(&mut headers);
+        Evaluation {
+            decisions,
+            headers,
+            verdict,
+            fail_open,
+        }
+    }
+
+    /// [`Engine::evaluate`] with the rate-limit headers as the HTTP engine gives them, to be
+    /// moved straight into a response (the proxy's path: no map of their own).
+    pub(crate) async fn evaluate_parts(
+        &self,
+        info: &RequestInfo<'_>,
+    ) -> (Decisions, RateLimitHeaders, Verdict, bool) {
         let prepared = self.http.prepare(info);
         let matched = !prepared.is_empty();
         let started = Instant::now();
@@ -112,10 +131,7 @@ impl Engine {
         if matched {
             self.metrics.latency(started.elapsed());
         }
-        let decisions = outcome.decisions().clone();
-        let mut headers = HeaderMap::new();
-        outcome.apply_headers(&mut headers);
-        let (_, _, verdict) = outcome.into_parts();
+        let (decisions, headers, verdict) = outcome.into_parts();
         let fail_open = matched && decisions.is_empty() && matches!(verdict, Verdict::Pass);
         if fail_open {
             self.metrics.store_error();
@@ -137,12 +153,7 @@ impl Engine {
             _ => {}
         }
         self.count(&decisions);
-        Evaluation {
-            decisions,
-            headers,
-            verdict,
-            fail_open,
-        }
+        (decisions, headers, verdict, fail_open)
     }
 
     /// Checks `key` against one named policy for `cost` (`/v1/check` by policy). `None`: the

@@ -3,16 +3,20 @@
 //! keeping `Host`, appending `X-Forwarded-For`, and adding the rate-limit headers to the answer.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper::client::conn::http1::SendRequest;
 use hyper::header::{HOST, HeaderName, HeaderValue};
+use hyper::http::uri::{Authority, PathAndQuery};
 use hyper::{HeaderMap, Request, Response, StatusCode, Uri, Version};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpSocket;
 
 use tollgate_http::RequestInfo;
 
@@ -20,35 +24,213 @@ use crate::Shared;
 use crate::engine::Verdict;
 use crate::response::{Body, full, problem};
 
-/// The pooled HTTP/1.1 client to upstreams.
-pub(crate) type UpstreamClient = Client<HttpConnector, Incoming>;
+/// Idle upstream connections kept for reuse.
+const MAX_IDLE: usize = 256;
+/// How long connecting to the upstream may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The pool of keep-alive HTTP/1.1 connections to the upstream. A request takes an idle
+/// connection (or opens one), and its response body puts the connection back once the client
+/// has read it to the end: no task per request, no per-request pool key.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct UpstreamClient {
+    pool: Arc<Mutex<Idle>>,
+}
+
+#[derive(Debug, Default)]
+struct Idle {
+    /// The upstream the idle connections go to (the upstream may change on reload).
+    authority: Option<Authority>,
+    conns: Vec<SendRequest<Incoming>>,
+}
 
 pub(crate) fn client() -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
-    connector.set_keepalive(Some(Duration::from_secs(60)));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(256)
-        .build(connector)
+    UpstreamClient::default()
+}
+
+impl UpstreamClient {
+    fn idle(&self) -> MutexGuard<'_, Idle> {
+        match self.pool.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn checkout(&self, authority: &Authority) -> Option<SendRequest<Incoming>> {
+        let mut idle = self.idle();
+        if idle.authority.as_ref() != Some(authority) {
+            idle.conns.clear();
+            idle.authority = Some(authority.clone());
+            return None;
+        }
+        // The most recently returned first; one still finishing an earlier exchange (an
+        // upstream that answered before reading the whole request body) waits its turn.
+        let mut i = idle.conns.len();
+        while i > 0 {
+            i -= 1;
+            if idle.conns[i].is_closed() {
+                idle.conns.swap_remove(i);
+            } else if idle.conns[i].is_ready() {
+                return Some(idle.conns.swap_remove(i));
+            }
+        }
+        None
+    }
+
+    fn checkin(&self, authority: &Authority, conn: SendRequest<Incoming>) {
+        if conn.is_closed() {
+            return;
+        }
+        let mut idle = self.idle();
+        if idle.authority.as_ref() == Some(authority) && idle.conns.len() < MAX_IDLE {
+            idle.conns.push(conn);
+        }
+    }
+
+    /// Sends `req` (origin-form) to `authority`, on an idle connection when there is one. A
+    /// request that a reused connection could not even start is retried on another.
+    async fn send(
+        &self,
+        authority: &Authority,
+        mut req: Request<Incoming>,
+    ) -> Result<Response<PooledBody>, BoxError> {
+        loop {
+            let (mut conn, reused) = match self.checkout(authority) {
+                Some(c) => (c, true),
+                None => (connect(authority).await?, false),
+            };
+            if let Err(e) = conn.ready().await {
+                if reused {
+                    continue;
+                }
+                return Err(e.into());
+            }
+            match conn.try_send_request(req).await {
+                Ok(res) => {
+                    let client = self.clone();
+                    let authority = authority.clone();
+                    return Ok(res.map(|inner| PooledBody {
+                        inner,
+                        done: false,
+                        conn: Some((conn, client, authority)),
+                    }));
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(r) if reused => req = r,
+                    _ => return Err(e.into_error().into()),
+                },
+            }
+        }
+    }
+}
+
+/// Opens a connection to `authority` (TCP_NODELAY, SO_KEEPALIVE) and drives it on its own task.
+async fn connect(authority: &Authority) -> Result<SendRequest<Incoming>, BoxError> {
+    let host = authority.host();
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let port = authority.port_u16().unwrap_or(80);
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, async {
+        let mut last: Option<std::io::Error> = None;
+        for addr in tokio::net::lookup_host((host, port)).await? {
+            let socket = if addr.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            let _ = socket.set_nodelay(true);
+            let _ = socket.set_keepalive(true);
+            match socket.connect(addr).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no address for the upstream")
+        }))
+    })
+    .await
+    .map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::TimedOut, "upstream connect timed out")
+    })??;
+    let (conn, driver) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await?;
+    tokio::spawn(async move {
+        if let Err(e) = driver.await {
+            tracing::debug!(error = %e, "upstream connection ended");
+        }
+    });
+    Ok(conn)
+}
+
+/// An upstream response body that gives its connection back to the pool once read to the end
+/// (dropped before that, the connection closes with it).
+struct PooledBody {
+    inner: Incoming,
+    done: bool,
+    conn: Option<(SendRequest<Incoming>, UpstreamClient, Authority)>,
+}
+
+impl hyper::body::Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = r {
+            self.done = true;
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for PooledBody {
+    fn drop(&mut self) {
+        if (self.done || self.inner.is_end_stream())
+            && let Some((conn, client, authority)) = self.conn.take()
+        {
+            client.checkin(&authority, conn);
+        }
+    }
 }
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 8] = [
+    hyper::header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    hyper::header::PROXY_AUTHENTICATE,
+    hyper::header::PROXY_AUTHORIZATION,
+    hyper::header::TE,
+    hyper::header::TRAILER,
+    hyper::header::UPGRADE,
 ];
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the (few) headers; the map is only changed when one is there.
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let listed: Vec<HeaderName> = headers
-        .get_all("connection")
+        .get_all(hyper::header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -62,24 +244,35 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// `prev, ip` (or `ip`) as a header value.
+fn forwarded_for(prev: Option<&HeaderValue>, ip: std::net::IpAddr) -> Option<HeaderValue> {
+    use std::io::Write;
+    let mut buf: Vec<u8> = Vec::with_capacity(prev.map_or(0, |p| p.len() + 2) + 39);
+    if let Some(p) = prev {
+        buf.extend_from_slice(p.as_bytes());
+        buf.extend_from_slice(b", ");
+    }
+    write!(buf, "{ip}").ok()?;
+    HeaderValue::from_maybe_shared(Bytes::from(buf)).ok()
+}
+
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     peer: SocketAddr,
     mut req: Request<Incoming>,
 ) -> Response<Body> {
     let engine = shared.engine();
-    let config = Arc::clone(engine.config());
-    let Some(proxy) = config.proxy.as_ref() else {
+    let Some(proxy) = engine.config().proxy.as_ref() else {
         return problem(
             StatusCode::SERVICE_UNAVAILABLE,
             "Proxy disabled",
             Some("the running configuration has no [proxy] section"),
         );
     };
-    let (eval_headers, verdict) = {
+    let (rate_limit, verdict) = {
         let info = RequestInfo::from_request(&req, Some(peer.ip()));
-        let eval = engine.evaluate(&info).await;
-        (eval.headers, eval.verdict)
+        let (_, rate_limit, verdict, _) = engine.evaluate_parts(&info).await;
+        (rate_limit, verdict)
     };
     match verdict {
         Verdict::Respond(r) => return r.map(full),
@@ -88,36 +281,35 @@ pub(crate) async fn handle(
         Verdict::Pass => {}
     }
 
-    let pq = req
-        .uri()
-        .path_and_query()
-        .map_or("/", |pq| pq.as_str())
-        .to_owned();
-    let mut parts = proxy.upstream.clone().into_parts();
-    parts.path_and_query = pq.parse().ok();
-    let Ok(uri) = Uri::from_parts(parts) else {
-        return problem(StatusCode::BAD_REQUEST, "Bad request target", None);
+    let Some(authority) = proxy.upstream.authority() else {
+        return problem(StatusCode::BAD_GATEWAY, "Upstream unavailable", None);
     };
+    // Origin-form to the upstream: a client's origin-form target is kept as it is.
+    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+        let pq = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        *req.uri_mut() = Uri::from(pq);
+    } else if req.uri().path_and_query().is_none() {
+        *req.uri_mut() = Uri::from_static("/");
+    }
     // Keep the client's Host; an HTTP/1.0 request without one gets the upstream's.
     if !req.headers().contains_key(HOST)
-        && let Some(a) = uri.authority()
-        && let Ok(v) = HeaderValue::from_str(a.as_str())
+        && let Ok(v) = HeaderValue::from_str(authority.as_str())
     {
         req.headers_mut().insert(HOST, v);
     }
-    *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
     let headers = req.headers_mut();
     strip_hop_by_hop(headers);
-    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {}", peer.ip()),
-        None => peer.ip().to_string(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert("x-forwarded-for", v);
+    let prev = headers.get(&X_FORWARDED_FOR).filter(|v| v.to_str().is_ok());
+    if let Some(v) = forwarded_for(prev, peer.ip()) {
+        headers.insert(X_FORWARDED_FOR, v);
     }
 
-    match tokio::time::timeout(proxy.timeout, shared.client.request(req)).await {
+    match tokio::time::timeout(proxy.timeout, shared.client.send(authority, req)).await {
         Err(_) => {
             shared.metrics.upstream_error();
             problem(
@@ -137,10 +329,9 @@ pub(crate) async fn handle(
         }
         Ok(Ok(res)) => {
             let mut res = res.map(|b| b.boxed());
-            strip_hop_by_hop(res.headers_mut());
-            for (name, value) in &eval_headers {
-                res.headers_mut().insert(name.clone(), value.clone());
-            }
+            let headers = res.headers_mut();
+            strip_hop_by_hop(headers);
+            rate_limit.apply(headers);
             res
         }
     }
