@@ -127,6 +127,8 @@ pub(crate) struct Shared {
     store: AnyStore,
     metrics: Arc<Metrics>,
     client: proxy::UpstreamClient,
+    /// Envoy's rate limit service, kept so a reload can swap its descriptors in place.
+    envoy: Option<tollgate_envoy::RlsService<AnyStore, SystemClock>>,
 }
 
 impl Shared {
@@ -153,9 +155,25 @@ impl Shared {
                 "reload: [store] changes take effect on restart; the running store is kept"
             );
         }
-        if old.envoy.as_ref().map(|e| &e.domains) != config.envoy.as_ref().map(|e| &e.domains) {
-            tracing::warn!("reload: [envoy] descriptor changes take effect on restart");
-        }
+        let descriptors = |c: &Config| {
+            c.envoy
+                .as_ref()
+                .map(|e| (e.domains.clone(), e.failure_mode))
+        };
+        let envoy_changed =
+            descriptors(old) != descriptors(&config) || old.headers != config.headers;
+        let envoy_reload = match (&self.envoy, &config.envoy) {
+            (Some(service), Some(envoy)) if envoy_changed => {
+                Some((service, rls_config(&config, envoy)))
+            }
+            (None, Some(_)) | (Some(_), None) if envoy_changed => {
+                tracing::warn!(
+                    "reload: turning Envoy's rate limit service on or off takes effect on restart"
+                );
+                None
+            }
+            _ => None,
+        };
         if old.listen != config.listen
             || old.admin_listen != config.admin_listen
             || old.proxy.as_ref().map(|p| p.listen) != config.proxy.as_ref().map(|p| p.listen)
@@ -171,6 +189,14 @@ impl Shared {
             self.metrics.reload(false);
             e.to_string()
         })?;
+        // Swapped only after the engine was built, and before it is installed: a bad descriptor
+        // tree leaves both the descriptors and the engine as they were.
+        if let Some((service, rls)) = envoy_reload {
+            service.reload(&rls).map_err(|e| {
+                self.metrics.reload(false);
+                format!("[envoy] {e}")
+            })?;
+        }
         match self.engine.write() {
             Ok(mut g) => *g = Arc::new(engine),
             Err(poisoned) => *poisoned.into_inner() = Arc::new(engine),
@@ -206,12 +232,14 @@ pub async fn run_with(
         (Some(e), Some(l)) => Some((envoy_service(&config, e, &store)?, l)),
         _ => None,
     };
+    let envoy_handle = envoy.as_ref().map(|(service, _)| service.clone());
     let engine = Engine::new(Arc::new(config), store.clone(), Arc::clone(&metrics))?;
     let shared = Arc::new(Shared {
         engine: RwLock::new(Arc::new(engine)),
         store: store.clone(),
         metrics,
         client: proxy::client(),
+        envoy: envoy_handle,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     // Registered before anything is served, so a SIGHUP never finds the default action (exit).
@@ -297,8 +325,19 @@ fn envoy_service(
     envoy: &config::Envoy,
     store: &AnyStore,
 ) -> Result<tollgate_envoy::RlsService<AnyStore, SystemClock>, ServerError> {
+    let rls = rls_config(config, envoy);
+    let limiter = tollgate::Limiter::builder()
+        .store(store.clone())
+        .clock(SystemClock::new())
+        .build()
+        .map_err(|e| ServerError::Envoy(e.to_string()))?;
+    tollgate_envoy::RlsService::new(limiter, &rls).map_err(|e| ServerError::Envoy(e.to_string()))
+}
+
+/// The Envoy service's configuration: the descriptors and the server's header settings.
+fn rls_config(config: &Config, envoy: &config::Envoy) -> tollgate_envoy::Config {
     let h = &config.headers;
-    let rls = tollgate_envoy::Config::new()
+    tollgate_envoy::Config::new()
         .domains(envoy.domains.clone())
         .failure_mode(envoy.failure_mode)
         .x_ratelimit_headers(h.legacy)
@@ -306,13 +345,7 @@ fn envoy_service(
         .reset_format(match h.reset_format {
             config::ResetFormat::Epoch => tollgate_envoy::ResetFormat::Epoch,
             config::ResetFormat::Delta => tollgate_envoy::ResetFormat::Delta,
-        });
-    let limiter = tollgate::Limiter::builder()
-        .store(store.clone())
-        .clock(SystemClock::new())
-        .build()
-        .map_err(|e| ServerError::Envoy(e.to_string()))?;
-    tollgate_envoy::RlsService::new(limiter, &rls).map_err(|e| ServerError::Envoy(e.to_string()))
+        })
 }
 
 /// Reloads on SIGHUP and whenever the file's contents change.

@@ -66,6 +66,57 @@ async fn grpc_listen_serves_envoy_rls_from_the_yaml_folder() {
             .iter()
             .any(|h| h.key.eq_ignore_ascii_case("ratelimit-policy"))
     );
+
+    // A reload picks up changed descriptors without a restart (the file watch compares the
+    // main config file, so touch it too).
+    let policy_header =
+        |r: &tollgate_envoy::proto::envoy::service_ratelimit_v3::RateLimitResponse| {
+            r.response_headers_to_add
+                .iter()
+                .find(|h| h.key.eq_ignore_ascii_case("ratelimit-policy"))
+                .map(|h| h.value.clone())
+                .unwrap_or_default()
+        };
+    std::fs::write(
+        dir.join("ratelimit/edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n",
+    )
+    .unwrap();
+    let toml = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{toml}# descriptors changed\n")).unwrap();
+    let mut fresh = 0;
+    wait_for(|| {
+        fresh += 1;
+        let key = format!("reload-{fresh}");
+        let mut client = client.clone();
+        async move {
+            let r = client
+                .should_rate_limit(request("api_key", &key))
+                .await
+                .unwrap();
+            policy_header(&r).contains("q=5")
+        }
+    })
+    .await;
+
+    // A bad descriptor file is rejected: the running descriptors stay.
+    std::fs::write(
+        dir.join("ratelimit/edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
+    )
+    .unwrap();
+    std::fs::write(&path, format!("{toml}# a bad descriptor\n")).unwrap();
+    wait_for(|| async {
+        let m = get(&s.admin_url("/metrics"), &[]).await;
+        String::from_utf8_lossy(&m.body)
+            .contains("tollgate_config_reloads_total{result=\"failed\"} 1")
+    })
+    .await;
+    let r = client
+        .should_rate_limit(request("api_key", "after-bad"))
+        .await
+        .unwrap();
+    assert!(policy_header(&r).contains("q=5"), "{}", policy_header(&r));
     s.stop().await;
 
     // A grpc_listen without descriptors is refused with its position.

@@ -364,21 +364,6 @@ async fn reload_on_file_change_keeps_counters_and_rejects_bad_files() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-async fn wait_for<F, Fut>(mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("condition not met within 10 s");
-}
-
 fn proxy_config(upstream: std::net::SocketAddr, extra: &str) -> String {
     format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\ntimeout = \"1s\"\n\n{extra}"

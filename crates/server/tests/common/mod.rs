@@ -210,3 +210,18 @@ fn futures_stream(
     }
     S(chunk, n)
 }
+
+pub async fn wait_for<F, Fut>(mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("condition not met within 10 s");
+}
