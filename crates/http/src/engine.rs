@@ -541,6 +541,33 @@ impl RateLimitHeaders {
 }
 
 impl<S: Store, C: Clock> Engine<S, C> {
+    /// The SPEC §5 headers for decisions of this engine's policies made outside a request, by a
+    /// decision API that checks a policy by name (the server's `/v1/check`): the same headers a
+    /// request through the layer gets, `Retry-After` included when denied. Empty when a decision
+    /// comes from a policy this engine does not have.
+    pub fn headers_for(&self, decisions: &Decisions) -> RateLimitHeaders {
+        let indexes: SmallVec<[usize; 4]> = decisions
+            .as_slice()
+            .iter()
+            .filter_map(|d| {
+                self.inner
+                    .policies
+                    .iter()
+                    .position(|p| p.http.policy.name() == d.policy)
+            })
+            .collect();
+        if indexes.len() != decisions.len() {
+            return RateLimitHeaders::default();
+        }
+        let mut headers = self.render_at(decisions, &indexes);
+        if !decisions.allowed()
+            && let Some((_, value)) = self.retry_after_at(decisions, &headers, &indexes)
+        {
+            headers.push((http::header::RETRY_AFTER, value));
+        }
+        RateLimitHeaders(headers)
+    }
+
     /// The limiter (for checks by policy name, such as the server's `/v1/check`).
     pub fn limiter(&self) -> &Limiter<S, C> {
         &self.inner.limiter
@@ -738,11 +765,17 @@ impl<S: Store, C: Clock> Engine<S, C> {
     }
 
     fn render(&self, decisions: &Decisions, entries: &[Entry]) -> HeaderList {
+        let indexes: SmallVec<[usize; 4]> = entries.iter().map(|e| e.index).collect();
+        self.render_at(decisions, &indexes)
+    }
+
+    /// The headers for `decisions`, the i-th made by the policy at `indexes[i]`.
+    fn render_at(&self, decisions: &Decisions, indexes: &[usize]) -> HeaderList {
         let items: SmallVec<[(&Decision, &PolicyHeaders); 4]> = decisions
             .as_slice()
             .iter()
-            .zip(entries.iter())
-            .map(|(d, e)| (d, &self.inner.policies[e.index].text))
+            .zip(indexes.iter())
+            .map(|(d, &i)| (d, &self.inner.policies[i].text))
             .collect();
         let mut headers = HeaderList::new();
         render(
@@ -754,19 +787,20 @@ impl<S: Store, C: Clock> Engine<S, C> {
         headers
     }
 
-    /// The 429.
-    fn deny(
+    /// `Retry-After` for denied `decisions` (the i-th made by the policy at `indexes[i]`): it
+    /// covers every enforcing policy that denied, never earlier than the `t` in `headers`;
+    /// shadow denials never delay. `None` when some denial can never pass.
+    fn retry_after_at(
         &self,
-        decisions: Decisions,
-        mut headers: HeaderList,
-        entries: &[Entry],
-    ) -> Outcome<S, C> {
+        decisions: &Decisions,
+        headers: &HeaderList,
+        indexes: &[usize],
+    ) -> Option<(u64, HeaderValue)> {
         let now = self.inner.limiter.clock().now();
-        // Retry-After covers every enforcing policy that denied; shadow denials never delay.
         let mut wait: Option<Duration> = Some(Duration::ZERO);
         let mut floor = 0;
-        for (d, e) in decisions.as_slice().iter().zip(entries.iter()) {
-            if d.allowed || self.is_shadow(e) {
+        for (d, &i) in decisions.as_slice().iter().zip(indexes.iter()) {
+            if d.allowed || self.inner.policies[i].http.action == Action::Shadow {
                 continue;
             }
             floor = floor.max(t_secs(d));
@@ -782,7 +816,18 @@ impl<S: Store, C: Clock> Engine<S, C> {
         {
             floor = floor.max(parse_t(v.as_bytes()));
         }
-        let retry = wait.map(|w| retry_after(self.inner.headers.retry_after_format, now, w, floor));
+        wait.map(|w| retry_after(self.inner.headers.retry_after_format, now, w, floor))
+    }
+
+    /// The 429.
+    fn deny(
+        &self,
+        decisions: Decisions,
+        mut headers: HeaderList,
+        entries: &[Entry],
+    ) -> Outcome<S, C> {
+        let indexes: SmallVec<[usize; 4]> = entries.iter().map(|e| e.index).collect();
+        let retry = self.retry_after_at(&decisions, &headers, &indexes);
         let violated = decisions
             .as_slice()
             .iter()

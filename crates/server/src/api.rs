@@ -17,9 +17,7 @@ use tollgate_http::{RequestInfo, TrustedProxies};
 use crate::Shared;
 use crate::config::Action;
 use crate::engine::{Engine, Verdict};
-use crate::response::{
-    Body, decision_json, full, json_response, problem, rate_limit_headers, text,
-};
+use crate::response::{Body, decision_json, full, json_response, problem, text};
 
 /// The largest `/v1/check` body accepted.
 const MAX_BODY: usize = 64 * 1024;
@@ -123,7 +121,6 @@ async fn check_by_policy(engine: &Engine, obj: &serde_json::Map<String, Value>) 
     if let Some(obj) = body.as_object_mut() {
         obj.insert("action".into(), Value::from(pc.action.as_str()));
     }
-    let config = engine.config();
     let shadow = pc.action == Action::Shadow;
     let status = if d.allowed || shadow {
         StatusCode::OK
@@ -132,7 +129,7 @@ async fn check_by_policy(engine: &Engine, obj: &serde_json::Map<String, Value>) 
     };
     let mut res = json_response(status, &body);
     if !shadow {
-        rate_limit_headers(res.headers_mut(), &decisions, config, &config.headers);
+        engine.headers_for(&decisions).apply(res.headers_mut());
     }
     res
 }

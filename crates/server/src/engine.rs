@@ -90,6 +90,12 @@ impl Engine {
         })
     }
 
+    /// The SPEC §5 headers for decisions made by policy name (`/v1/check`): the same renderer
+    /// as every proxied request, so both ways in report the same values.
+    pub fn headers_for(&self, decisions: &Decisions) -> tollgate_http::RateLimitHeaders {
+        self.http.headers_for(decisions)
+    }
+
     /// The configuration this engine runs.
     pub fn config(&self) -> &Arc<Config> {
         &self.config

@@ -2,17 +2,15 @@
 //! `RateLimit-Policy`/`RateLimit`, `Retry-After`), problem+json bodies and decision JSON.
 
 use std::borrow::Borrow;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
-use hyper::{HeaderMap, Response, StatusCode};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Response, StatusCode};
 use serde_json::{Value, json};
-use tollgate::{Decision, Decisions};
-
-use crate::config::{Config, HeadersConfig, ResetFormat};
+use tollgate::Decision;
 
 /// The body type of every response the server writes.
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
@@ -32,93 +30,6 @@ pub(crate) fn policy_name(d: &Decision) -> &str {
 /// Whole seconds, rounded up.
 fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
-
-/// A structured-field string: printable ASCII only, `"` and `\` escaped.
-fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('?'),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// The seconds a denied request is told to wait: rounded up, never 0.
-pub(crate) fn retry_after_secs(d: &Decisions) -> Option<u64> {
-    d.retry_after().map(|r| ceil_secs(r).max(1))
-}
-
-/// Adds the rate-limit headers of `decisions` to `headers`.
-pub(crate) fn rate_limit_headers(
-    headers: &mut HeaderMap,
-    decisions: &Decisions,
-    config: &Config,
-    hc: &HeadersConfig,
-) {
-    let Some(top) = decisions.most_restrictive() else {
-        return;
-    };
-    let denied = !decisions.allowed();
-    let retry = retry_after_secs(decisions);
-    // For a denied request, `t` is when this request can be admitted, and Retry-After equals
-    // it; for an admitted one, when the quota is fully available again.
-    let t = match (denied, retry) {
-        (true, Some(r)) => r,
-        _ => ceil_secs(top.reset),
-    };
-    let mut put = |name: &'static str, value: String| {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert(HeaderName::from_static(name), v);
-        }
-    };
-    if hc.legacy {
-        put("x-ratelimit-limit", top.limit.to_string());
-        put("x-ratelimit-remaining", top.remaining.to_string());
-        let reset = match hc.reset_format {
-            ResetFormat::Delta => t,
-            ResetFormat::Epoch => {
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                now + t
-            }
-        };
-        put("x-ratelimit-reset", reset.to_string());
-    }
-    if hc.ietf {
-        let policies: Vec<String> = decisions
-            .as_slice()
-            .iter()
-            .map(|d| {
-                let w = config
-                    .policy(policy_name(d))
-                    .map_or(0, |p| ceil_secs(p.policy.quota().window()).max(1));
-                format!("{};q={};w={}", sf_string(policy_name(d)), d.limit, w)
-            })
-            .collect();
-        put("ratelimit-policy", policies.join(", "));
-        put(
-            "ratelimit",
-            format!(
-                "{};r={};t={}",
-                sf_string(policy_name(top)),
-                top.remaining,
-                t
-            ),
-        );
-    }
-    if denied && let Some(r) = retry {
-        headers.insert(RETRY_AFTER, HeaderValue::from(r));
-    }
 }
 
 /// An RFC 9457 problem response.
