@@ -37,6 +37,7 @@ pub mod algorithm;
 mod clock;
 mod decision;
 mod error;
+pub mod headers;
 mod limiter;
 mod policy;
 mod quota;

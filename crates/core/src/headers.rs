@@ -1,0 +1,276 @@
+//! The text of the rate-limit response headers (SPEC §5), as pure functions over [`Decision`]s
+//! and [`Quota`]s, so that every way into Tollgate (the tower layer, the server, the Envoy rate
+//! limit service) writes the same bytes.
+//!
+//! - `X-RateLimit-Limit`, `X-RateLimit-Remaining`: plain integers ([`write_u64`]);
+//!   `X-RateLimit-Reset`: [`reset_epoch_secs`] (Unix seconds, as GitHub does) or
+//!   [`reset_delta_secs`].
+//! - The IETF fields of draft-ietf-httpapi-ratelimit-headers-11 (wire format unchanged since
+//!   -08): Structured-Field (RFC 8941) lists of items whose bare item is a string, the policy
+//!   name, with integer parameters and `;` without spaces. `RateLimit-Policy` lists one
+//!   [`write_policy_item`] per matching policy (`"burst";q=100;w=60`), joined by
+//!   [`LIST_SEPARATOR`]; `RateLimit` holds one [`write_ratelimit_item`] for the most restrictive
+//!   decision (`"burst";r=0;t=12`).
+//! - `Retry-After`: [`retry_after_secs`], whole seconds rounded up, never 0 and never earlier
+//!   than the `t` that `RateLimit` reports.
+//!
+//! The functions write into a caller's `String` (no allocation of their own): a caller renders
+//! what depends only on a policy (its [`quoted`] name, its policy item) once, and formats only
+//! the numbers per request. The "most restrictive" decision is the first in
+//! [`cmp_restrictive`] order.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::{Decision, Quota, headers};
+//!
+//! let quota = Quota::fixed_window(100, Duration::from_secs(60)).unwrap();
+//! let name = headers::quoted("burst").unwrap();
+//! let mut policy = String::new();
+//! headers::write_policy_item(&mut policy, &name, &quota);
+//! assert_eq!(policy, r#""burst";q=100;w=60"#);
+//!
+//! let d = Decision {
+//!     policy: "burst",
+//!     allowed: false,
+//!     limit: 100,
+//!     remaining: 0,
+//!     reset: Duration::from_millis(11_200),
+//!     retry_after: Some(Duration::from_millis(1_500)),
+//!     delay: None,
+//! };
+//! let mut field = String::new();
+//! headers::write_ratelimit_item(&mut field, &name, &d);
+//! assert_eq!(field, r#""burst";r=0;t=2"#);
+//! assert_eq!(headers::retry_after_secs(d.retry_after.unwrap(), headers::t_secs(&d)), 2);
+//! ```
+
+use std::cmp::Ordering;
+use std::time::Duration;
+
+use crate::{Decision, Quota, Timestamp};
+
+/// What separates the members of a Structured-Field list (`RateLimit-Policy` with several
+/// policies): a comma and one space, as RFC 8941 serializes lists.
+pub const LIST_SEPARATOR: &str = ", ";
+
+/// Whole seconds in `d`, rounded up: a client told to wait `ceil` seconds never comes back
+/// early, and the draft's `t` and `w` and `Retry-After` are integers.
+#[inline]
+pub fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// `X-RateLimit-Reset` as seconds from now: when the quota is fully available again, rounded
+/// up.
+#[inline]
+pub fn reset_delta_secs(d: &Decision) -> u64 {
+    ceil_secs(d.reset)
+}
+
+/// `X-RateLimit-Reset` as Unix epoch seconds (the default, as GitHub writes it): `now` plus the
+/// time until the quota is fully available again, rounded up.
+#[inline]
+pub fn reset_epoch_secs(now: Timestamp, d: &Decision) -> u64 {
+    ceil_secs(Duration::from_micros(now.as_micros()).saturating_add(d.reset))
+}
+
+/// `RateLimit`'s `t` (draft-ietf-httpapi-ratelimit-headers-11 §4.2): seconds until the quota is
+/// available again for this request when it was denied (at least 1, so a denial never says
+/// "now"), until it is fully reset otherwise. A denial with no `retry_after` (a cost above the
+/// quota, which no wait fixes) reports the full reset.
+#[inline]
+pub fn t_secs(d: &Decision) -> u64 {
+    match (d.allowed, d.retry_after) {
+        (false, Some(retry)) => ceil_secs(retry).max(1),
+        _ => ceil_secs(d.reset),
+    }
+}
+
+/// `Retry-After` in whole seconds for a wait of `wait` (RFC 9110 §10.2.3): rounded up, never 0
+/// (0 would invite an immediate retry that is denied again) and never earlier than
+/// `floor_secs`, the `t` the `RateLimit` field of the same response reports, so the two fields
+/// never contradict each other.
+#[inline]
+pub fn retry_after_secs(wait: Duration, floor_secs: u64) -> u64 {
+    ceil_secs(wait).max(1).max(floor_secs)
+}
+
+/// The order in which headers pick the decision they report (SPEC §5): a denying decision
+/// first, then the lowest `remaining`, ties broken by the latest `reset`. The most restrictive
+/// decision compares [`Ordering::Less`]; `iter.min_by(|a, b| cmp_restrictive(a, b))` finds it
+/// (as [`Decisions::most_restrictive`](crate::Decisions::most_restrictive) does).
+#[inline]
+pub fn cmp_restrictive(a: &Decision, b: &Decision) -> Ordering {
+    a.allowed
+        .cmp(&b.allowed)
+        .then(a.remaining.cmp(&b.remaining))
+        .then(b.reset.cmp(&a.reset))
+}
+
+/// Whether `name` can be written as a Structured-Field string: printable ASCII only
+/// (RFC 8941 §3.3.3).
+pub fn is_printable_ascii(name: &str) -> bool {
+    name.bytes().all(|b| (0x20..=0x7e).contains(&b))
+}
+
+/// `name` as a Structured-Field string (RFC 8941 §4.1.6): in double quotes, `"` and `\`
+/// escaped with `\`. `None` when `name` holds anything but printable ASCII, which a string
+/// cannot carry (see [`is_printable_ascii`]; callers either reject such names or replace the
+/// offending characters first).
+pub fn quoted(name: &str) -> Option<String> {
+    if !is_printable_ascii(name) {
+        return None;
+    }
+    let mut out = String::with_capacity(name.len() + 2);
+    out.push('"');
+    for c in name.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    Some(out)
+}
+
+/// Appends one `RateLimit-Policy` item (draft-ietf-httpapi-ratelimit-headers-11 §3):
+/// `quoted_name;q=<limit>;w=<window in whole seconds, rounded up>`, e.g.
+/// `"burst";q=100;w=60`. For a token bucket `q` is the capacity and `w` the time to refill it
+/// fully, as the quota reports them. `quoted_name` comes from [`quoted`].
+pub fn write_policy_item(out: &mut String, quoted_name: &str, quota: &Quota) {
+    out.push_str(quoted_name);
+    out.push_str(";q=");
+    write_u64(out, u64::from(quota.limit()));
+    out.push_str(";w=");
+    write_u64(out, ceil_secs(quota.window()));
+}
+
+/// Appends the `RateLimit` item (draft-ietf-httpapi-ratelimit-headers-11 §4) for decision `d`
+/// of the policy whose [`quoted`] name is `quoted_name`: `quoted_name;r=<remaining>;t=<t>`,
+/// e.g. `"burst";r=0;t=12`, with `t` from [`t_secs`].
+pub fn write_ratelimit_item(out: &mut String, quoted_name: &str, d: &Decision) {
+    out.push_str(quoted_name);
+    out.push_str(";r=");
+    write_u64(out, d.remaining);
+    out.push_str(";t=");
+    write_u64(out, t_secs(d));
+}
+
+/// Appends `n` in decimal, without going through `fmt` (this runs several times per response).
+pub fn write_u64(out: &mut String, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        // `n % 10` is below 10, so the cast keeps it exactly.
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &b in &digits[i..] {
+        out.push(char::from(b));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn decision(allowed: bool, remaining: u64, reset_ms: u64, retry_ms: Option<u64>) -> Decision {
+        Decision {
+            policy: "p",
+            allowed,
+            limit: 10,
+            remaining,
+            reset: Duration::from_millis(reset_ms),
+            retry_after: retry_ms.map(Duration::from_millis),
+            delay: None,
+        }
+    }
+
+    #[test]
+    fn numbers_are_decimal() {
+        for n in [0, 1, 9, 10, 99, 100, 4242, 1_700_000_000, u64::MAX] {
+            let mut s = String::from("x");
+            write_u64(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+        }
+    }
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
+        let d = decision(true, 3, 59_001, None);
+        assert_eq!(reset_delta_secs(&d), 60);
+        assert_eq!(reset_epoch_secs(Timestamp::from_millis(1_000_500), &d), 1_060);
+        assert_eq!(reset_epoch_secs(Timestamp::from_secs(1_000), &d), 1_060);
+    }
+
+    #[test]
+    fn retry_after_is_never_zero_nor_before_t() {
+        assert_eq!(retry_after_secs(Duration::ZERO, 0), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1), 0), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1500), 0), 2);
+        assert_eq!(retry_after_secs(Duration::from_millis(1500), 7), 7);
+    }
+
+    #[test]
+    fn t_follows_the_verdict() {
+        // Denied: until this request would pass, at least 1.
+        assert_eq!(t_secs(&decision(false, 0, 30_000, Some(1))), 1);
+        assert_eq!(t_secs(&decision(false, 0, 30_000, Some(2_500))), 3);
+        // Denied for good, or allowed: the full reset.
+        assert_eq!(t_secs(&decision(false, 0, 30_000, None)), 30);
+        assert_eq!(t_secs(&decision(true, 4, 12_001, None)), 13);
+    }
+
+    #[test]
+    fn restrictive_order_is_denied_then_lowest_remaining_then_latest_reset() {
+        let denied = decision(false, 5, 1_000, Some(10));
+        let low = decision(true, 1, 1_000, None);
+        let low_later = decision(true, 1, 9_000, None);
+        let high = decision(true, 8, 1_000, None);
+        assert_eq!(cmp_restrictive(&denied, &low), Ordering::Less);
+        assert_eq!(cmp_restrictive(&low, &high), Ordering::Less);
+        assert_eq!(cmp_restrictive(&low_later, &low), Ordering::Less);
+        let all = [high, low, low_later, denied];
+        let worst = all.iter().min_by(|a, b| cmp_restrictive(a, b)).unwrap();
+        assert_eq!(*worst, denied);
+    }
+
+    #[test]
+    fn names_are_structured_field_strings() {
+        assert_eq!(quoted("api").as_deref(), Some("\"api\""));
+        assert_eq!(quoted("a\"b\\c").as_deref(), Some(r#""a\"b\\c""#));
+        assert_eq!(quoted("").as_deref(), Some("\"\""));
+        assert_eq!(quoted("tab\there"), None);
+        assert_eq!(quoted("é"), None);
+        assert!(is_printable_ascii(" ~"));
+        assert!(!is_printable_ascii("\u{7f}"));
+    }
+
+    #[test]
+    fn items_match_the_draft_examples() {
+        let name = quoted("daily").unwrap();
+        let quota = Quota::fixed_window(5000, Duration::from_secs(86_400)).unwrap();
+        let mut policy = String::from(r#""burst";q=100;w=60"#);
+        policy.push_str(LIST_SEPARATOR);
+        write_policy_item(&mut policy, &name, &quota);
+        assert_eq!(policy, r#""burst";q=100;w=60, "daily";q=5000;w=86400"#);
+        // A window that is not whole seconds rounds up.
+        let odd = Quota::fixed_window(3, Duration::from_millis(1500)).unwrap();
+        let mut s = String::new();
+        write_policy_item(&mut s, &name, &odd);
+        assert_eq!(s, r#""daily";q=3;w=2"#);
+        let mut field = String::new();
+        write_ratelimit_item(&mut field, &name, &decision(true, 100, 36_000_000, None));
+        assert_eq!(field, r#""daily";r=100;t=36000"#);
+    }
+}
