@@ -209,7 +209,10 @@ mod tests {
         assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
         let d = decision(true, 3, 59_001, None);
         assert_eq!(reset_delta_secs(&d), 60);
-        assert_eq!(reset_epoch_secs(Timestamp::from_millis(1_000_500), &d), 1_060);
+        assert_eq!(
+            reset_epoch_secs(Timestamp::from_millis(1_000_500), &d),
+            1_060
+        );
         assert_eq!(reset_epoch_secs(Timestamp::from_secs(1_000), &d), 1_060);
     }
 

@@ -8,6 +8,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use tollgate::headers;
 use tollgate::{AlgorithmKind, MAX_POLICY_NAME, Policy, Quota, Rate};
 
 use crate::proto::envoy::service_ratelimit_v3::rate_limit_response::RateLimit as ProtoRateLimit;
@@ -73,16 +74,32 @@ impl Unit {
         })
     }
 
-    /// The unit in `RateLimitResponse.RateLimit.Unit`, which has no week.
+    /// The unit in `RateLimitResponse.RateLimit.Unit` (`WEEK` is 7, after `YEAR`).
     pub(crate) fn proto(self) -> ProtoUnit {
         match self {
             Unit::Second => ProtoUnit::Second,
             Unit::Minute => ProtoUnit::Minute,
             Unit::Hour => ProtoUnit::Hour,
             Unit::Day => ProtoUnit::Day,
-            Unit::Week => ProtoUnit::Unknown,
+            Unit::Week => ProtoUnit::Week,
             Unit::Month => ProtoUnit::Month,
             Unit::Year => ProtoUnit::Year,
+        }
+    }
+
+    /// The unit numbered `n` in `envoy.type.v3.RateLimitUnit` (a descriptor's `limit`
+    /// override): `SECOND` 1 to `DAY` 4, `MONTH` 5, `YEAR` 6, `WEEK` 7; `None` for `UNKNOWN`
+    /// and numbers a newer Envoy may add.
+    pub(crate) fn from_rate_limit_unit(n: i32) -> Option<Unit> {
+        match n {
+            1 => Some(Unit::Second),
+            2 => Some(Unit::Minute),
+            3 => Some(Unit::Hour),
+            4 => Some(Unit::Day),
+            5 => Some(Unit::Month),
+            6 => Some(Unit::Year),
+            7 => Some(Unit::Week),
+            _ => None,
         }
     }
 
@@ -663,11 +680,9 @@ pub(crate) fn compile_leaf(
     let policy = Policy::new(&name, quota).map_err(|e| ConfigError::new(here, e.to_string()))?;
     let current_limit = Some(limit.proto(policy.quota(), &name));
     let quoted_name = sf_string(&name);
-    let policy_item = format!(
-        "{quoted_name};q={};w={}",
-        policy.quota().limit(),
-        ceil_secs(policy.quota().window())
-    );
+    // Rendered once here with the shared renderer, so a request only formats its numbers.
+    let mut policy_item = String::with_capacity(quoted_name.len() + 24);
+    headers::write_policy_item(&mut policy_item, &quoted_name, policy.quota());
     Ok(Leaf {
         policy: Some(policy),
         shadow,
@@ -701,27 +716,20 @@ fn policy_name(path: &str, names: &mut HashSet<String>) -> String {
     name
 }
 
-/// A structured-field string: printable ASCII, `"` and `\` escaped; other characters become `_`.
+/// The policy name as a structured-field string (`tollgate::headers::quoted`). Descriptor
+/// values may hold any UTF-8, which a structured-field string cannot: such characters become
+/// `_` in the header (the policy and its counts keep the real name).
 fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('_'),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// Whole seconds, rounded up.
-pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    let printable: std::borrow::Cow<'_, str> = if headers::is_printable_ascii(s) {
+        s.into()
+    } else {
+        s.chars()
+            .map(|c| if (' '..='~').contains(&c) { c } else { '_' })
+            .collect::<String>()
+            .into()
+    };
+    // Printable ASCII by now, so `quoted` always answers.
+    headers::quoted(&printable).unwrap_or_else(|| "\"_\"".to_owned())
 }
 
 /// FNV-1a, 64 bits: tiny and stable, to tell apart long policy names.

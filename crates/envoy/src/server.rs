@@ -22,6 +22,9 @@ use crate::proto::health_v1::{CHECK_PATH, HealthCheckRequest, HealthCheckRespons
 /// The service name Envoy's rate limit client calls, as the health service reports it.
 pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
+/// The most calls one connection may have in flight.
+const MAX_CONCURRENT_STREAMS: u32 = 1024;
+
 /// The largest request accepted, in bytes (tonic's default: 4 MiB).
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 
@@ -49,6 +52,12 @@ where
         Ok::<_, std::io::Error>(stream)
     });
     tonic::transport::Server::builder()
+        // Envoy multiplexes every rate limit call of a worker over one connection: let many
+        // run at once (hyper's default is 200) rather than queue them in Envoy.
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        // Requests and answers are tiny; larger windows only mean fewer WINDOW_UPDATE frames.
+        .initial_stream_window_size(1 << 20)
+        .initial_connection_window_size(8 << 20)
         .serve_with_incoming_shutdown(GrpcService { service }, incoming, shutdown)
         .await
 }
@@ -85,7 +94,7 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         match req.uri().path() {
             SHOULD_RATE_LIMIT_PATH => {
-                let svc = ShouldRateLimit(self.service.clone());
+                let svc = ShouldRateLimit(Some(self.service.clone()));
                 Box::pin(async move {
                     let mut grpc =
                         Grpc::new(ProstCodec::<RateLimitResponse, RateLimitRequest>::default())
@@ -112,15 +121,20 @@ where
     }
 }
 
-struct ShouldRateLimit<S: Store, C: Clock>(RlsService<S, C>);
+/// One call's service: tonic calls it exactly once, so the service is moved into the call's
+/// future rather than cloned again.
+struct ShouldRateLimit<S: Store, C: Clock>(Option<RlsService<S, C>>);
 
 impl<S: Store, C: Clock> UnaryService<RateLimitRequest> for ShouldRateLimit<S, C> {
     type Response = RateLimitResponse;
     type Future = BoxFuture<tonic::Response<RateLimitResponse>, Status>;
 
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
-        let service = self.0.clone();
+        let service = self.0.take();
         Box::pin(async move {
+            let Some(service) = service else {
+                return Err(Status::internal("the call was made twice"));
+            };
             let request = request.into_inner();
             service
                 .should_rate_limit(&request)

@@ -3,16 +3,17 @@
 
 use std::collections::HashMap;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use smallvec::SmallVec;
-use tollgate::{Check, Clock, Decision, Decisions, Limiter, Store};
+use tollgate::headers;
+use tollgate::{Check, Clock, Decision, Limiter, Store};
 use tonic::Status;
 
 use crate::config::{
-    Compiled, Config, ConfigError, FailureMode, Leaf, RateLimit, ResetFormat, Unit, ceil_secs,
-    compile_leaf,
+    Compiled, Config, ConfigError, FailureMode, Leaf, RateLimit, ResetFormat, Unit, compile_leaf,
 };
 use crate::proto::envoy::common_ratelimit_v3::RateLimitDescriptor;
 use crate::proto::envoy::config_core_v3::HeaderValue;
@@ -32,8 +33,8 @@ pub const MAX_OVERRIDES: usize = 1024;
 
 type Overrides = HashMap<(String, u32, Unit, bool), Arc<Leaf>>;
 
-/// Envoy's rate limit service over a Tollgate [`Limiter`]: cheap to clone; clones share the
-/// limiter and the configuration.
+/// Envoy's rate limit service over a Tollgate [`Limiter`]: cheap to clone (one reference
+/// count); clones share the limiter and the configuration.
 ///
 /// Each matched descriptor becomes a check of its descriptor node's policy (named after the
 /// domain and the descriptor path, e.g. `edge.remote_address` or `edge.api_key_gold`) for a key
@@ -42,17 +43,22 @@ type Overrides = HashMap<(String, u32, Unit, bool), Arc<Leaf>>;
 /// [`Limiter::check_all`].
 #[derive(Debug)]
 pub struct RlsService<S: Store, C: Clock> {
+    inner: Arc<Inner<S, C>>,
+}
+
+#[derive(Debug)]
+struct Inner<S: Store, C: Clock> {
     limiter: Limiter<S, C>,
-    config: Arc<RwLock<Arc<Compiled>>>,
-    overrides: Arc<Mutex<Overrides>>,
+    /// The configuration, swapped whole on reload: every call reads it with one atomic load
+    /// and no lock, so calls never wait on each other or on a reload.
+    config: ArcSwap<Compiled>,
+    overrides: Mutex<Overrides>,
 }
 
 impl<S: Store, C: Clock> Clone for RlsService<S, C> {
     fn clone(&self) -> Self {
         RlsService {
-            limiter: self.limiter.clone(),
-            config: Arc::clone(&self.config),
-            overrides: Arc::clone(&self.overrides),
+            inner: Arc::clone(&self.inner),
         }
     }
 }
@@ -74,11 +80,18 @@ impl Deref for LeafRef<'_> {
     }
 }
 
+/// The decisions of one request, inline for up to four descriptors.
+type DecisionList = SmallVec<[Decision; 4]>;
+
+/// A store key, inline up to 64 bytes: typical descriptors (`api_key` and a key, an address)
+/// fit, so building one allocates nothing.
+type Key = SmallVec<[u8; 64]>;
+
 /// One matched, counted descriptor of a request.
 struct Entry<'a> {
     index: usize,
     leaf: LeafRef<'a>,
-    key: Vec<u8>,
+    key: Key,
     cost: u32,
     /// The cost exceeds what the quota can ever admit.
     too_big: bool,
@@ -89,9 +102,11 @@ impl<S: Store, C: Clock> RlsService<S, C> {
     /// the configuration carries its own). Errors name the domain and descriptor at fault.
     pub fn new(limiter: Limiter<S, C>, config: &Config) -> Result<Self, ConfigError> {
         Ok(RlsService {
-            limiter,
-            config: Arc::new(RwLock::new(Arc::new(config.compile()?))),
-            overrides: Arc::default(),
+            inner: Arc::new(Inner {
+                limiter,
+                config: ArcSwap::from_pointee(config.compile()?),
+                overrides: Mutex::default(),
+            }),
         })
     }
 
@@ -99,18 +114,14 @@ impl<S: Store, C: Clock> RlsService<S, C> {
     /// the old one. A limit whose name (domain and descriptor path) and quota are unchanged
     /// keeps its counters; a changed one starts afresh. On error the old configuration stays.
     pub fn reload(&self, config: &Config) -> Result<(), ConfigError> {
-        let compiled = Arc::new(config.compile()?);
-        *self.config.write().unwrap_or_else(PoisonError::into_inner) = compiled;
+        let compiled = config.compile()?;
+        self.inner.config.store(Arc::new(compiled));
         Ok(())
-    }
-
-    fn current(&self) -> Arc<Compiled> {
-        Arc::clone(&self.config.read().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The limiter.
     pub fn limiter(&self) -> &Limiter<S, C> {
-        &self.limiter
+        &self.inner.limiter
     }
 
     /// Answers one `ShouldRateLimit` call.
@@ -146,12 +157,13 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 ..DescriptorStatus::default()
             })
             .collect();
-        let config = self.current();
+        // A full reference (not a guard): the entries borrow from it across the store call.
+        let config = self.inner.config.load_full();
         let Some(tree) = config.domains.get(&request.domain) else {
             return Ok(ok_response(statuses));
         };
         let hits = request.hits_addend.max(1);
-        let mut entries: Vec<Entry<'_>> = Vec::new();
+        let mut entries: SmallVec<[Entry<'_>; 4]> = SmallVec::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             let found = tree.find(
                 descriptor
@@ -229,15 +241,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         found: Option<&Leaf>,
     ) -> Option<Arc<Leaf>> {
         let o = descriptor.limit.as_ref()?;
-        let unit = match o.unit {
-            1 => Unit::Second,
-            2 => Unit::Minute,
-            3 => Unit::Hour,
-            4 => Unit::Day,
-            5 => Unit::Month,
-            6 => Unit::Year,
-            _ => return None,
-        };
+        let unit = Unit::from_rate_limit_unit(o.unit)?;
         if o.requests_per_unit == 0 || descriptor.entries.is_empty() {
             return None;
         }
@@ -251,6 +255,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         path.push_str("~override");
         let key = (path, o.requests_per_unit, unit, shadow);
         let mut cache = self
+            .inner
             .overrides
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
@@ -271,7 +276,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
     /// Decides every entry in one all-or-nothing call. A cost no quota can admit denies its
     /// descriptor without counting; if only shadow descriptors deny, the enforced ones are
     /// counted in a second all-or-nothing call, since the request goes on.
-    async fn decide(&self, entries: &[Entry<'_>]) -> Result<Vec<Decision>, tollgate::Error> {
+    async fn decide(&self, entries: &[Entry<'_>]) -> Result<DecisionList, tollgate::Error> {
         let forced = entries.iter().any(|e| e.too_big && !e.leaf.shadow);
         let checks: SmallVec<[Check<'_>; 4]> = entries
             .iter()
@@ -282,8 +287,8 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 Some(Check::new(policy, &e.key, cost))
             })
             .collect();
-        let first = self.limiter.check_all(&checks).await?;
-        let mut decisions: Vec<Decision> = first.into_iter().collect();
+        let first = self.inner.limiter.check_all(&checks).await?;
+        let mut decisions: DecisionList = first.into_iter().collect();
         for (e, d) in entries.iter().zip(decisions.iter_mut()) {
             if e.too_big {
                 d.allowed = false;
@@ -310,7 +315,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         if enforced.is_empty() {
             return Ok(decisions);
         }
-        let again: Decisions = self.limiter.check_all(&enforced).await?;
+        let again = self.inner.limiter.check_all(&enforced).await?;
         let mut again = again.into_iter();
         for (e, d) in entries.iter().zip(decisions.iter_mut()) {
             if !e.leaf.shadow {
@@ -322,7 +327,8 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         Ok(decisions)
     }
 
-    /// The SPEC §5 headers over the enforced (non-shadow) descriptors.
+    /// The SPEC §5 headers over the enforced (non-shadow) descriptors, written by
+    /// [`tollgate::headers`] as the tower layer and the server write them.
     fn headers(
         &self,
         config: &Compiled,
@@ -335,62 +341,61 @@ impl<S: Store, C: Clock> RlsService<S, C> {
             .zip(decisions)
             .filter(|(e, _)| !e.leaf.shadow)
             .collect();
-        let Some(&(worst_entry, worst)) = items.iter().min_by(|(_, a), (_, b)| {
-            a.allowed
-                .cmp(&b.allowed)
-                .then(a.remaining.cmp(&b.remaining))
-                .then(b.reset.cmp(&a.reset))
-        }) else {
+        let Some(&(worst_entry, worst)) = items
+            .iter()
+            .min_by(|(_, a), (_, b)| headers::cmp_restrictive(a, b))
+        else {
             return Vec::new();
         };
         let mut out = Vec::with_capacity(6);
         if config.x_ratelimit_headers {
-            out.push(header("X-RateLimit-Limit", worst.limit.to_string()));
-            out.push(header("X-RateLimit-Remaining", worst.remaining.to_string()));
+            out.push(header("X-RateLimit-Limit", number(worst.limit)));
+            out.push(header("X-RateLimit-Remaining", number(worst.remaining)));
             let reset = match config.reset_format {
-                ResetFormat::Delta => ceil_secs(worst.reset),
+                ResetFormat::Delta => headers::reset_delta_secs(worst),
                 ResetFormat::Epoch => {
-                    let now = Duration::from_micros(self.limiter.clock().now().as_micros());
-                    ceil_secs(now.saturating_add(worst.reset))
+                    headers::reset_epoch_secs(self.inner.limiter.clock().now(), worst)
                 }
             };
-            out.push(header("X-RateLimit-Reset", reset.to_string()));
+            out.push(header("X-RateLimit-Reset", number(reset)));
         }
-        let t = t_secs(worst);
         if config.ietf_headers {
-            // Each policy once, even when several descriptors matched it.
-            let mut listed: SmallVec<[&str; 4]> = SmallVec::new();
-            let mut policy = String::new();
-            for (e, _) in &items {
-                if listed.contains(&e.leaf.policy_item.as_str()) {
-                    continue;
+            let policy = match items.as_slice() {
+                [(only, _)] => only.leaf.policy_item.clone(),
+                _ => {
+                    // Each policy once, even when several descriptors matched it.
+                    let mut listed: SmallVec<[&str; 4]> = SmallVec::new();
+                    let mut policy = String::with_capacity(items.len() * 32);
+                    for (e, _) in &items {
+                        if listed.contains(&e.leaf.policy_item.as_str()) {
+                            continue;
+                        }
+                        listed.push(&e.leaf.policy_item);
+                        if !policy.is_empty() {
+                            policy.push_str(headers::LIST_SEPARATOR);
+                        }
+                        policy.push_str(&e.leaf.policy_item);
+                    }
+                    policy
                 }
-                listed.push(&e.leaf.policy_item);
-                if !policy.is_empty() {
-                    policy.push_str(", ");
-                }
-                policy.push_str(&e.leaf.policy_item);
-            }
+            };
             out.push(header("RateLimit-Policy", policy));
-            out.push(header(
-                "RateLimit",
-                format!(
-                    "{};r={};t={t}",
-                    worst_entry.leaf.quoted_name, worst.remaining
-                ),
-            ));
+            let mut field = String::with_capacity(worst_entry.leaf.quoted_name.len() + 24);
+            headers::write_ratelimit_item(&mut field, &worst_entry.leaf.quoted_name, worst);
+            out.push(header("RateLimit", field));
         }
         if over {
             let wait = retry_after(&items).unwrap_or(worst.reset);
-            let secs = ceil_secs(wait).max(1).max(t);
-            out.push(header("Retry-After", secs.to_string()));
+            let secs = headers::retry_after_secs(wait, headers::t_secs(worst));
+            out.push(header("Retry-After", number(secs)));
         }
         out
     }
 }
 
 /// The latest `retry_after` among the denying enforced decisions; `None` if any can never be
-/// admitted or none says.
+/// admitted or none says (then `Retry-After` falls back to the full reset: Envoy's filter
+/// always gets a wait to pass on).
 fn retry_after(items: &[(&Entry<'_>, &Decision)]) -> Option<Duration> {
     let mut latest: Option<Duration> = None;
     for (_, d) in items.iter().filter(|(_, d)| !d.allowed) {
@@ -400,13 +405,10 @@ fn retry_after(items: &[(&Entry<'_>, &Decision)]) -> Option<Duration> {
     latest
 }
 
-/// `RateLimit`'s `t`: seconds until the quota is available again for this request when it was
-/// denied, until it is fully reset otherwise.
-fn t_secs(d: &Decision) -> u64 {
-    match (d.allowed, d.retry_after) {
-        (false, Some(retry)) => ceil_secs(retry).max(1),
-        _ => ceil_secs(d.reset),
-    }
+fn number(n: u64) -> String {
+    let mut s = String::with_capacity(20);
+    headers::write_u64(&mut s, n);
+    s
 }
 
 fn header(key: &str, value: String) -> HeaderValue {
@@ -428,8 +430,8 @@ fn ok_response(statuses: Vec<DescriptorStatus>) -> RateLimitResponse {
 
 /// The store key of a descriptor: its entries, each key and value length-prefixed so that no
 /// two descriptors share a key; longer than 256 bytes, a 128-bit SHA-256 prefix of it.
-fn store_key<'a>(entries: impl Iterator<Item = (&'a String, &'a String)>) -> Vec<u8> {
-    let mut key = Vec::with_capacity(64);
+fn store_key<'a>(entries: impl Iterator<Item = (&'a String, &'a String)>) -> Key {
+    let mut key = Key::new();
     for (k, v) in entries {
         for part in [k, v] {
             key.extend_from_slice(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_le_bytes());
@@ -443,7 +445,7 @@ fn store_key<'a>(entries: impl Iterator<Item = (&'a String, &'a String)>) -> Vec
     // shares another's count.
     use sha2::Digest as _;
     let digest = sha2::Sha256::digest(&key);
-    let mut hashed = Vec::with_capacity(18);
+    let mut hashed = Key::new();
     hashed.extend_from_slice(b"#h");
     hashed.extend_from_slice(&digest[..16]);
     hashed

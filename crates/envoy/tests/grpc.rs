@@ -831,4 +831,68 @@ async fn limit_overrides_apply_as_envoy_ratelimit_applies_them() {
         .await
         .unwrap();
     assert!(r.statuses[0].current_limit.is_none());
+    // WEEK is 7 in envoy.type.v3.RateLimitUnit and in the answer's unit enum.
+    let r = c
+        .should_rate_limit(with_override("edge", &[("user", "w1")], 3, 7))
+        .await
+        .unwrap();
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit, PUnit::Week as i32),
+        (3, 7, 7)
+    );
+    let reset = r.statuses[0].duration_until_reset.unwrap();
+    assert!(
+        reset.seconds > 0 && reset.seconds <= 7 * 86_400,
+        "{reset:?}"
+    );
+}
+
+#[tokio::test]
+async fn weekly_limits_report_the_week_unit() {
+    let config = Config::new().domain(
+        Domain::new("w").descriptor(Descriptor::new("k").rate_limit(RateLimit::per(4, Unit::Week))),
+    );
+    let server = start(config).await;
+    let mut c = server.client().await;
+    let r = c
+        .should_rate_limit(request("w", &[&[("k", "v")]]))
+        .await
+        .unwrap();
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (4, PUnit::Week as i32)
+    );
+    let policy = sf_items(header(&r, "RateLimit-Policy").unwrap());
+    assert_eq!(policy[0].name, "w.k");
+    assert_eq!(
+        policy[0].params,
+        vec![("q".to_owned(), 4), ("w".to_owned(), 604_800)]
+    );
+}
+
+#[tokio::test]
+async fn a_descriptor_hits_addend_overrides_the_request_one_zero_included() {
+    let server = start(edge()).await;
+    let mut c = server.client().await;
+    // Two descriptors, request addend 3: the first counts 3, the second its own 2.
+    let mut req = request("edge", &[&[("path", "/x")], &[("api_key", "k-x")]]);
+    req.hits_addend = 3;
+    req.descriptors[1].hits_addend = Some(UInt64Value { value: 2 });
+    let r = c.should_rate_limit(req).await.unwrap();
+    assert_eq!(r.overall_code, OK);
+    let remaining: Vec<u32> = r.statuses.iter().map(|s| s.limit_remaining).collect();
+    assert_eq!(remaining, vec![7, 3]);
+    // A descriptor addend of 0 checks without counting (as envoyproxy/ratelimit reads it),
+    // where a request addend of 0 means 1.
+    let mut peek = request("edge", &[&[("path", "/x")]]);
+    peek.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    let r = c.should_rate_limit(peek).await.unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 7));
+    // More than u32 can hold: the limit can never admit it.
+    let mut huge = request("edge", &[&[("path", "/y")]]);
+    huge.descriptors[0].hits_addend = Some(UInt64Value { value: u64::MAX });
+    let r = c.should_rate_limit(huge).await.unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 10));
 }

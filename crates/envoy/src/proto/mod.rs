@@ -95,7 +95,8 @@ pub mod envoy {
                 /// Requests per unit of time.
                 #[prost(uint32, tag = "1")]
                 pub requests_per_unit: u32,
-                /// `envoy.type.v3.RateLimitUnit` as its number.
+                /// `envoy.type.v3.RateLimitUnit` as its number: `SECOND` 1, `MINUTE` 2, `HOUR` 3,
+                /// `DAY` 4, `MONTH` 5, `YEAR` 6, `WEEK` 7 (an `int32` on the wire, as an enum is).
                 #[prost(int32, tag = "2")]
                 pub unit: i32,
             }
@@ -190,10 +191,12 @@ pub mod envoy {
                     Hour = 3,
                     /// A day.
                     Day = 4,
-                    /// A month.
+                    /// A month (30 days).
                     Month = 5,
-                    /// A year.
+                    /// A year (365 days).
                     Year = 6,
+                    /// A week (7 days): added after `YEAR`, hence its number (envoy PR 37494).
+                    Week = 7,
                 }
             }
 
