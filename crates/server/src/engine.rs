@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hyper::HeaderMap;
+use hyper::header::HeaderName;
 use sha2::{Digest, Sha256};
 use tollgate::store::Check;
 use tollgate::{Decision, Decisions, Error, SystemClock};
 use tollgate_http::{
-    FailMode, HeaderConfig, NormalizedPath, RateLimitHeaders, RequestInfo, RetryAfterFormat,
+    FailMode, HeaderConfig, KeySelector, NormalizedPath, RateLimitHeaders, RequestInfo,
+    RetryAfterFormat,
 };
 
 use crate::config::{Action, Config, OnError, PolicyConfig, ResetFormat};
@@ -38,6 +40,30 @@ pub struct Evaluation {
     pub fail_open: bool,
 }
 
+/// The request headers `tollgate_http` reads for `config`'s policies: `header:` key selectors,
+/// `Authorization` for `jwt:` ones, `Host` for route matching, and both forwarding headers (the
+/// client address behind a trusted proxy).
+fn headers_read(config: &Config) -> Vec<HeaderName> {
+    let mut reads = vec![
+        hyper::header::HOST,
+        HeaderName::from_static("x-forwarded-for"),
+        hyper::header::FORWARDED,
+    ];
+    for pc in config.policies.iter() {
+        for selector in pc.keys.selectors() {
+            let name = match selector {
+                KeySelector::Header(name) => name.clone(),
+                KeySelector::Jwt(_) => hyper::header::AUTHORIZATION,
+                _ => continue,
+            };
+            if !reads.contains(&name) {
+                reads.push(name);
+            }
+        }
+    }
+    reads
+}
+
 /// Keys longer than this are hashed before they reach the store.
 const MAX_RAW_KEY: usize = 256;
 
@@ -47,6 +73,9 @@ pub struct Engine {
     config: Arc<Config>,
     http: HttpEngine,
     metrics: Arc<Metrics>,
+    /// The request headers a decision can read: the proxy's relay copies only these into the
+    /// map it hands the engine, instead of every header of every request.
+    reads: Vec<HeaderName>,
 }
 
 impl Engine {
@@ -83,10 +112,12 @@ impl Engine {
         if let Some(j) = &config.jwt {
             builder = builder.jwt(j.verifier.clone());
         }
+        let reads = headers_read(&config);
         Ok(Engine {
             http: builder.build()?,
             config,
             metrics,
+            reads,
         })
     }
 
@@ -94,6 +125,14 @@ impl Engine {
     /// as every proxied request, so both ways in report the same values.
     pub fn headers_for(&self, decisions: &Decisions) -> tollgate_http::RateLimitHeaders {
         self.http.headers_for(decisions)
+    }
+
+    /// Whether a decision may read request header `name` (any case): a `header:` key, the
+    /// `Authorization` of a `jwt:` key, the forwarding headers, `Host` for routes.
+    pub(crate) fn reads_header(&self, name: &str) -> bool {
+        self.reads
+            .iter()
+            .any(|h| h.as_str().eq_ignore_ascii_case(name))
     }
 
     /// The configuration this engine runs.

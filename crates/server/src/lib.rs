@@ -18,6 +18,7 @@ pub mod config;
 mod engine;
 pub mod metrics;
 mod proxy;
+mod relay;
 mod response;
 mod serve;
 pub mod store;
@@ -25,6 +26,7 @@ pub mod store;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -124,9 +126,13 @@ impl Listeners {
 #[derive(Debug)]
 pub(crate) struct Shared {
     engine: RwLock<Arc<Engine>>,
+    /// Bumped after every engine swap, so a connection can keep its engine until a reload.
+    generation: AtomicU64,
     store: AnyStore,
     metrics: Arc<Metrics>,
     client: proxy::UpstreamClient,
+    /// Idle upstream sockets of the proxy's relay.
+    relay_pool: relay::Pool,
     /// Envoy's rate limit service, kept so a reload can swap its descriptors in place.
     envoy: Option<tollgate_envoy::RlsService<AnyStore, SystemClock>>,
 }
@@ -201,6 +207,7 @@ impl Shared {
             Ok(mut g) => *g = Arc::new(engine),
             Err(poisoned) => *poisoned.into_inner() = Arc::new(engine),
         }
+        self.generation.fetch_add(1, Ordering::Release);
         self.metrics.reload(true);
         Ok(())
     }
@@ -236,9 +243,11 @@ pub async fn run_with(
     let engine = Engine::new(Arc::new(config), store.clone(), Arc::clone(&metrics))?;
     let shared = Arc::new(Shared {
         engine: RwLock::new(Arc::new(engine)),
+        generation: AtomicU64::new(0),
         store: store.clone(),
         metrics,
         client: proxy::client(),
+        relay_pool: relay::Pool::default(),
         envoy: envoy_handle,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -271,10 +280,13 @@ pub async fn run_with(
     }
     if let Some(l) = listeners.proxy {
         let s = Arc::clone(&shared);
-        tasks.spawn(serve::serve(
+        // The relay serves what it can and hands the rest to hyper (`proxy::handle`).
+        tasks.spawn(serve::accept_loop(
             "proxy",
             l,
-            move |peer, req| proxy::handle(Arc::clone(&s), peer, req),
+            move |stream, peer, stop| {
+                relay::serve_connection(Arc::clone(&s), stream, peer, limits, stop)
+            },
             stop_rx.clone(),
             limits,
         ));

@@ -16,7 +16,7 @@ use hyper::header::{HOST, HeaderName, HeaderValue};
 use hyper::http::uri::{Authority, PathAndQuery};
 use hyper::{HeaderMap, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpSocket;
+use tokio::net::{TcpSocket, TcpStream};
 
 use tollgate_http::RequestInfo;
 
@@ -128,13 +128,28 @@ impl UpstreamClient {
 
 /// Opens a connection to `authority` (TCP_NODELAY, SO_KEEPALIVE) and drives it on its own task.
 async fn connect(authority: &Authority) -> Result<SendRequest<Incoming>, BoxError> {
+    let stream = connect_tcp(authority).await?;
+    let (conn, driver) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await?;
+    tokio::spawn(async move {
+        if let Err(e) = driver.await {
+            tracing::debug!(error = %e, "upstream connection ended");
+        }
+    });
+    Ok(conn)
+}
+
+/// A TCP connection to `authority` (TCP_NODELAY, SO_KEEPALIVE), trying each of its addresses,
+/// within [`CONNECT_TIMEOUT`].
+pub(crate) async fn connect_tcp(authority: &Authority) -> std::io::Result<TcpStream> {
     let host = authority.host();
     let host = host
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(host);
     let port = authority.port_u16().unwrap_or(80);
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, async {
+    tokio::time::timeout(CONNECT_TIMEOUT, async {
         let mut last: Option<std::io::Error> = None;
         for addr in tokio::net::lookup_host((host, port)).await? {
             let socket = if addr.is_ipv4() {
@@ -154,18 +169,7 @@ async fn connect(authority: &Authority) -> Result<SendRequest<Incoming>, BoxErro
         }))
     })
     .await
-    .map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::TimedOut, "upstream connect timed out")
-    })??;
-    let (conn, driver) = hyper::client::conn::http1::Builder::new()
-        .handshake(TokioIo::new(stream))
-        .await?;
-    tokio::spawn(async move {
-        if let Err(e) = driver.await {
-            tracing::debug!(error = %e, "upstream connection ended");
-        }
-    });
-    Ok(conn)
+    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "upstream connect timed out"))?
 }
 
 /// An upstream response body that gives its connection back to the pool once read to the end

@@ -34,6 +34,17 @@ fn ceil_secs(d: Duration) -> u64 {
 
 /// An RFC 9457 problem response.
 pub(crate) fn problem(status: StatusCode, title: &str, detail: Option<&str>) -> Response<Body> {
+    let mut res = Response::new(full(problem_body(status, title, detail)));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    res
+}
+
+/// The JSON of an RFC 9457 problem (the proxy's relay writes it without a `Response`).
+pub(crate) fn problem_body(status: StatusCode, title: &str, detail: Option<&str>) -> String {
     let mut body = json!({
         "type": "about:blank",
         "title": title,
@@ -42,17 +53,7 @@ pub(crate) fn problem(status: StatusCode, title: &str, detail: Option<&str>) -> 
     if let (Some(d), Some(obj)) = (detail, body.as_object_mut()) {
         obj.insert("detail".into(), Value::from(d));
     }
-    problem_response(status, &body)
-}
-
-fn problem_response(status: StatusCode, body: &Value) -> Response<Body> {
-    let mut res = Response::new(full(body.to_string()));
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    res
+    body.to_string()
 }
 
 /// One decision as SPEC §8's JSON: seconds, rounded up; `delay` in (fractional) seconds.

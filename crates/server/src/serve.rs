@@ -12,7 +12,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
 use crate::response::Body;
@@ -46,16 +46,87 @@ pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
-/// Serves `handler` on `listener` until `shutdown` turns true, then drains.
+/// Serves `handler` on `listener` with hyper's HTTP/1.1 server until `shutdown` turns true,
+/// then drains.
 pub(crate) async fn serve<H, F>(
     name: &'static str,
     listener: TcpListener,
     handler: H,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     limits: Limits,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
+{
+    accept_loop(
+        name,
+        listener,
+        move |stream, peer, stop| {
+            serve_http1(
+                name,
+                TokioIo::new(stream),
+                peer,
+                handler.clone(),
+                limits,
+                stop,
+            )
+        },
+        shutdown,
+        limits,
+    )
+    .await;
+}
+
+/// Serves one connection with hyper's HTTP/1.1 server (header read timeout, header size bound,
+/// keep-alive), shutting it down gracefully once `stop` turns true.
+pub(crate) async fn serve_http1<I, H, F>(
+    name: &'static str,
+    io: I,
+    peer: SocketAddr,
+    handler: H,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_header_size(limits.max_header_bytes)
+        .keep_alive(true);
+    let svc = service_fn(move |req| {
+        let h = handler.clone();
+        async move { Ok::<_, Infallible>(h(peer, req).await) }
+    });
+    let conn = builder.serve_connection(io, svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(listener = name, %peer, error = %e, "connection ended");
+            }
+        }
+        _ = crate::serve::stopped(&mut stop) => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+/// Accepts connections on `listener` (at most `limits.max_connections` at once, TCP_NODELAY)
+/// and runs `conn` for each until `shutdown` turns true, then waits for them to drain.
+pub(crate) async fn accept_loop<C, F>(
+    name: &'static str,
+    listener: TcpListener,
+    conn: C,
+    mut shutdown: watch::Receiver<bool>,
+    limits: Limits,
+) where
+    C: Fn(TcpStream, SocketAddr, watch::Receiver<bool>) -> F + Send + 'static,
+    F: Future<Output = ()> + Send + 'static,
 {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     loop {
@@ -79,32 +150,9 @@ pub(crate) async fn serve<H, F>(
             _ = crate::serve::stopped(&mut shutdown) => break,
         };
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let mut stop = shutdown.clone();
+        let task = conn(stream, peer, shutdown.clone());
         tokio::spawn(async move {
-            let mut builder = http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .max_header_size(limits.max_header_bytes)
-                .keep_alive(true);
-            let svc = service_fn(move |req| {
-                let h = handler.clone();
-                async move { Ok::<_, Infallible>(h(peer, req).await) }
-            });
-            let conn = builder.serve_connection(TokioIo::new(stream), svc);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        tracing::debug!(listener = name, %peer, error = %e, "connection ended");
-                    }
-                }
-                _ = crate::serve::stopped(&mut stop) => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
+            task.await;
             drop(permit);
         });
     }

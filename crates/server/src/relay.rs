@@ -1,0 +1,1452 @@
+//! The proxy listener's own HTTP/1.1 relay.
+//!
+//! hyper's server and client are general: every request becomes a `Request` with a header map,
+//! the upstream connection is driven by a task of its own, and a request crosses tasks (and
+//! often threads) several times on its way through. A rate-limiting proxy needs much less: read
+//! a head, decide, copy the head with a few headers changed, and copy the bodies byte for byte
+//! by their framing. This module does exactly that, in one task per client connection that owns
+//! both the client socket and (for the length of one exchange) an upstream keep-alive socket,
+//! with buffers reused across the requests of a connection.
+//!
+//! What it does not handle itself (HTTP/1.0, `Expect`, `Upgrade`, absolute-form targets,
+//! ambiguous framing, more headers than it has room for, malformed heads) it hands over, with
+//! the bytes already read, to the hyper path of [`crate::proxy`], at a request boundary, for
+//! the rest of the connection: behaviour there stays as it always was.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, Bytes, BytesMut};
+use hyper::HeaderMap;
+use hyper::Method;
+use hyper::StatusCode;
+use hyper::header::{HeaderName, HeaderValue};
+use hyper::http::uri::Authority;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tollgate_http::{RateLimitHeaders, RequestInfo};
+
+use crate::Shared;
+use crate::engine::{Engine, Verdict};
+use crate::serve::Limits;
+
+/// Headers parsed per head; a request with more is handed to hyper (which allows 100).
+const MAX_HEADERS: usize = 64;
+/// Largest upstream response head accepted.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+/// Idle upstream connections kept for reuse.
+const MAX_IDLE: usize = 256;
+/// What one read asks for; also the most body bytes batched with a head in one write.
+const READ_CHUNK: usize = 16 * 1024;
+/// Body bytes a held (`delay`) request may buffer while it waits; past that, reading stops.
+const HOLD_BUFFER: usize = 64 * 1024;
+/// Longest chunk-size line (with extensions) or trailer section accepted in a chunked body.
+const MAX_CHUNK_LINE: usize = 4096;
+const MAX_TRAILERS: usize = 64 * 1024;
+
+/// The relay's pool of idle keep-alive connections to the upstream: plain sockets, checked out
+/// for one exchange and given back once the response was read to its end.
+#[derive(Debug, Default)]
+pub(crate) struct Pool {
+    idle: Mutex<Idle>,
+}
+
+#[derive(Debug, Default)]
+struct Idle {
+    /// The upstream the idle connections go to (the upstream may change on reload).
+    authority: Option<Authority>,
+    conns: Vec<TcpStream>,
+}
+
+impl Pool {
+    fn idle(&self) -> MutexGuard<'_, Idle> {
+        match self.idle.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn checkout(&self, authority: &Authority) -> Option<TcpStream> {
+        let mut idle = self.idle();
+        if idle.authority.as_ref() != Some(authority) {
+            idle.conns.clear();
+            idle.authority = Some(authority.clone());
+            return None;
+        }
+        // The most recently returned first: its buffers are warm and it is the least likely
+        // to have been closed by the upstream's idle timeout.
+        idle.conns.pop()
+    }
+
+    fn checkin(&self, authority: &Authority, conn: TcpStream) {
+        let mut idle = self.idle();
+        if idle.authority.as_ref() == Some(authority) && idle.conns.len() < MAX_IDLE {
+            idle.conns.push(conn);
+        }
+    }
+}
+
+/// How a message body is delimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+    /// Until the upstream closes (responses only).
+    Close,
+}
+
+/// Why a connection leaves the relay.
+enum End {
+    /// Closed (or to be closed): nothing more to do.
+    Close,
+    /// A request the relay does not serve: hyper takes the connection over, starting with
+    /// these unread bytes.
+    Fallback(Bytes),
+}
+
+/// Serves one client connection of the proxy listener.
+pub(crate) async fn serve_connection(
+    shared: Arc<Shared>,
+    mut client: TcpStream,
+    peer: SocketAddr,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut conn = Conn {
+        shared: Arc::clone(&shared),
+        peer,
+        limits,
+        inbuf: BytesMut::with_capacity(READ_CHUNK),
+        upbuf: BytesMut::new(),
+        uphead: Vec::new(),
+        out: Vec::new(),
+        map: HeaderMap::new(),
+        engine: None,
+    };
+    match conn.run(&mut client, &mut stop).await {
+        End::Close => {
+            let _ = client.shutdown().await;
+        }
+        End::Fallback(pre) => {
+            let io = Rewind { pre, io: client };
+            crate::serve::serve_http1(
+                "proxy",
+                hyper_util::rt::TokioIo::new(io),
+                peer,
+                move |peer, req| crate::proxy::handle(Arc::clone(&shared), peer, req),
+                limits,
+                stop,
+            )
+            .await;
+        }
+    }
+}
+
+/// The state of one client connection, reused from request to request.
+struct Conn {
+    shared: Arc<Shared>,
+    peer: SocketAddr,
+    limits: Limits,
+    /// Bytes read from the client and not yet relayed.
+    inbuf: BytesMut,
+    /// Bytes read from the upstream and not yet relayed.
+    upbuf: BytesMut,
+    /// The request head for the upstream.
+    uphead: Vec<u8>,
+    /// What goes to the client next (a head, with the first body bytes).
+    out: Vec<u8>,
+    /// The headers the engine reads (keys, JWT, forwarding headers, host), refilled per request.
+    map: HeaderMap,
+    /// The engine this connection last used, and the reload generation it came from.
+    engine: Option<(u64, Arc<Engine>)>,
+}
+
+/// What the request line and headers said, beyond what is copied.
+struct ReqHead {
+    framing: Framing,
+    /// The client asked to close after this exchange.
+    close: bool,
+    is_head: bool,
+    /// Safe to send again when a reused upstream connection turns out to be dead.
+    idempotent: bool,
+}
+
+impl Conn {
+    /// The engine of the running configuration: looked up again only after a reload.
+    fn engine(&mut self) -> Arc<Engine> {
+        let generation = self.shared.generation.load(Ordering::Acquire);
+        match &self.engine {
+            Some((g, e)) if *g == generation => Arc::clone(e),
+            _ => {
+                let e = self.shared.engine();
+                self.engine = Some((generation, Arc::clone(&e)));
+                e
+            }
+        }
+    }
+
+    async fn run(&mut self, client: &mut TcpStream, stop: &mut watch::Receiver<bool>) -> End {
+        let mut first = true;
+        loop {
+            let stopping = *stop.borrow();
+            // Wait for a whole head: the header read timeout runs from the connection's start
+            // for its first request, and from a head's first byte for the next ones.
+            let mut deadline = first.then(|| Instant::now() + self.limits.header_read_timeout);
+            first = false;
+            loop {
+                if !self.inbuf.is_empty() {
+                    let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                    match httparse::Request::new(&mut h).parse(&self.inbuf) {
+                        Ok(httparse::Status::Complete(_)) => break,
+                        Ok(httparse::Status::Partial) => {}
+                        Err(_) => return End::Fallback(self.inbuf.split().freeze()),
+                    }
+                    if self.inbuf.len() > self.limits.max_header_bytes {
+                        self.write_problem(
+                            client,
+                            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                            "Request header fields too large",
+                            None,
+                            true,
+                        )
+                        .await;
+                        return End::Close;
+                    }
+                    if deadline.is_none() {
+                        deadline = Some(Instant::now() + self.limits.header_read_timeout);
+                    }
+                } else if stopping {
+                    return End::Close;
+                }
+                let idle = self.inbuf.is_empty();
+                self.inbuf.reserve(READ_CHUNK);
+                let read = client.read_buf(&mut self.inbuf);
+                let n = match deadline {
+                    Some(d) => tokio::select! {
+                        r = tokio::time::timeout_at(d, read) => match r {
+                            Ok(r) => r,
+                            // Slow loris: closed without an answer, as hyper does.
+                            Err(_) => return End::Close,
+                        },
+                        // Shutdown: a connection between requests closes.
+                        _ = crate::serve::stopped(stop), if idle => return End::Close,
+                    },
+                    None => tokio::select! {
+                        r = read => r,
+                        _ = crate::serve::stopped(stop) => return End::Close,
+                    },
+                };
+                match n {
+                    Ok(0) | Err(_) => return End::Close,
+                    Ok(_) => {}
+                }
+            }
+            match self.exchange(client, stopping).await {
+                Ok(true) => {}
+                Ok(false) => return End::Close,
+                Err(fallback) => return fallback,
+            }
+        }
+    }
+
+    /// One request and its response. `Ok(true)`: the connection may carry another request.
+    async fn exchange(&mut self, client: &mut TcpStream, stopping: bool) -> Result<bool, End> {
+        let engine = self.engine();
+        let Some(proxy) = engine.config().proxy.as_ref() else {
+            self.write_problem(
+                client,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Proxy disabled",
+                Some("the running configuration has no [proxy] section"),
+                false,
+            )
+            .await;
+            return Ok(false);
+        };
+        let timeout = proxy.timeout;
+        let authority = proxy.upstream.authority().cloned();
+
+        let mut hbuf = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut hbuf);
+        let head_len = match req.parse(&self.inbuf) {
+            Ok(httparse::Status::Complete(n)) => n,
+            _ => return Err(End::Fallback(self.inbuf.split().freeze())),
+        };
+        let Some(head) = classify(&req) else {
+            return Err(End::Fallback(self.inbuf.split().freeze()));
+        };
+        let (Some(method), Some(target)) = (
+            req.method
+                .and_then(|m| Method::from_bytes(m.as_bytes()).ok()),
+            req.path,
+        ) else {
+            return Err(End::Fallback(self.inbuf.split().freeze()));
+        };
+
+        // The headers the engine may read; values it cannot use are skipped, as a header map
+        // would refuse them.
+        self.map.clear();
+        for h in req.headers.iter() {
+            if !engine.reads_header(h.name) {
+                continue;
+            }
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(h.name.as_bytes()),
+                HeaderValue::from_bytes(h.value),
+            ) {
+                self.map.append(n, v);
+            }
+        }
+        let (rate_limit, verdict) = {
+            let info = RequestInfo::new(&method, target, &self.map).with_peer(Some(self.peer.ip()));
+            let (_, rate_limit, verdict, _) = engine.evaluate_parts(&info).await;
+            (rate_limit, verdict)
+        };
+        let hold = match verdict {
+            Verdict::Respond(r) => {
+                self.inbuf.advance(head_len);
+                // The refused request's body is skipped when it is already here; otherwise the
+                // connection closes after the answer rather than read it.
+                let body_here = match head.framing {
+                    Framing::None => true,
+                    Framing::Length(n) => {
+                        let whole = usize::try_from(n).is_ok_and(|n| n <= self.inbuf.len());
+                        if whole {
+                            self.inbuf.advance(n as usize);
+                        }
+                        whole
+                    }
+                    Framing::Chunked | Framing::Close => false,
+                };
+                let close = head.close || stopping || !body_here;
+                let (parts, body) = r.into_parts();
+                self.out.clear();
+                write_response(&mut self.out, parts.status, &parts.headers, &body, close);
+                if client.write_all(&self.out).await.is_err() {
+                    return Ok(false);
+                }
+                return Ok(!close);
+            }
+            Verdict::Hold(hold) => Some(hold),
+            Verdict::Pass => None,
+        };
+        let Some(authority) = authority else {
+            self.inbuf.advance(head_len);
+            return Ok(self
+                .answer_upstream_error(client, StatusCode::BAD_GATEWAY, &head, stopping)
+                .await);
+        };
+        build_upstream_head(&mut self.uphead, &req, target, &authority, self.peer.ip());
+        self.inbuf.advance(head_len);
+
+        if let Some(hold) = hold {
+            // Held for its slot; a client that goes away meanwhile drops the hold, which gives
+            // its quota back.
+            let wait = hold.wait();
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    _ = &mut wait => break,
+                    r = client.read_buf(&mut self.inbuf), if self.inbuf.len() < HOLD_BUFFER => {
+                        match r {
+                            Ok(0) | Err(_) => return Ok(false),
+                            Ok(_) => {}
+                        }
+                    }
+                }
+            }
+        }
+
+        let deadline = Instant::now() + timeout;
+        let mut retried = false;
+        loop {
+            let (mut up, reused) = match self.shared.relay_pool.checkout(&authority) {
+                Some(c) => (c, true),
+                None => {
+                    match tokio::time::timeout_at(deadline, crate::proxy::connect_tcp(&authority))
+                        .await
+                    {
+                        Ok(Ok(c)) => (c, false),
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "upstream connect failed");
+                            return Ok(self
+                                .answer_upstream_error(
+                                    client,
+                                    StatusCode::BAD_GATEWAY,
+                                    &head,
+                                    stopping,
+                                )
+                                .await);
+                        }
+                        Err(_) => {
+                            return Ok(self
+                                .answer_upstream_error(
+                                    client,
+                                    StatusCode::GATEWAY_TIMEOUT,
+                                    &head,
+                                    stopping,
+                                )
+                                .await);
+                        }
+                    }
+                }
+            };
+            // A request that cannot be sent twice checks first that an idle connection is
+            // still open (an upstream may have closed it on its idle timeout).
+            if reused && !head.idempotent {
+                let mut probe = [0u8; 1];
+                match up.try_read(&mut probe) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    _ => continue,
+                }
+            }
+            self.upbuf.clear();
+            let outcome = self
+                .relay(client, &mut up, &head, &rate_limit, deadline, stopping)
+                .await;
+            match outcome {
+                Relayed::Done {
+                    reusable,
+                    client_ok,
+                } => {
+                    if reusable {
+                        self.shared.relay_pool.checkin(&authority, up);
+                    }
+                    return Ok(client_ok);
+                }
+                Relayed::ClientGone => return Ok(false),
+                Relayed::Failed {
+                    nothing_received,
+                    timed_out,
+                } => {
+                    if reused && nothing_received && !timed_out && head.idempotent && !retried {
+                        // The keep-alive race: the upstream closed the idle connection as the
+                        // request went out. Once more on a fresh one.
+                        retried = true;
+                        continue;
+                    }
+                    let status = if timed_out {
+                        StatusCode::GATEWAY_TIMEOUT
+                    } else {
+                        StatusCode::BAD_GATEWAY
+                    };
+                    return Ok(self
+                        .answer_upstream_error(client, status, &head, stopping)
+                        .await);
+                }
+                Relayed::Broken => return Ok(false),
+            }
+        }
+    }
+
+    /// Sends the request (head, then body by its framing) and relays the response, both ways
+    /// at once: an upstream may answer before it has read the whole request body.
+    async fn relay(
+        &mut self,
+        client: &mut TcpStream,
+        up: &mut TcpStream,
+        head: &ReqHead,
+        rate_limit: &RateLimitHeaders,
+        deadline: Instant,
+        stopping: bool,
+    ) -> Relayed {
+        let (mut cr, mut cw) = client.split();
+        let (mut ur, mut uw) = up.split();
+        let upload = upload(
+            &mut cr,
+            &mut self.inbuf,
+            &mut uw,
+            &mut self.uphead,
+            head.framing,
+        );
+        let download = download(
+            &mut ur,
+            &mut self.upbuf,
+            &mut cw,
+            &mut self.out,
+            rate_limit,
+            head.is_head,
+            head.close || stopping,
+            deadline,
+        );
+        tokio::pin!(upload, download);
+        let mut uploaded: Option<bool> = None;
+        let down = loop {
+            tokio::select! {
+                biased;
+                r = &mut download => break r,
+                r = &mut upload, if uploaded.is_none() => match r {
+                    Ok(()) => uploaded = Some(true),
+                    Err(UploadError::Client) => return Relayed::ClientGone,
+                    // The upstream stopped reading: what it answers (or not) tells the rest.
+                    Err(UploadError::Upstream) => uploaded = Some(false),
+                },
+            }
+        };
+        match down {
+            Ok(d) => {
+                // A request body not wholly read leaves the client connection mid-message.
+                let body_done = uploaded == Some(true);
+                Relayed::Done {
+                    reusable: d.reusable && body_done,
+                    client_ok: d.client_ok && body_done,
+                }
+            }
+            Err(DownloadError::BeforeHead {
+                nothing_received,
+                timed_out,
+            }) => {
+                if uploaded.is_none() && head.framing != Framing::None {
+                    // Part of the body is still unread: the answer must close the connection.
+                    return Relayed::Failed {
+                        nothing_received: false,
+                        timed_out,
+                    };
+                }
+                Relayed::Failed {
+                    nothing_received,
+                    timed_out,
+                }
+            }
+            Err(DownloadError::AfterHead) => Relayed::Broken,
+        }
+    }
+
+    /// A 502/504 problem (counted as an upstream error). `Ok(true)` when the connection can go on.
+    async fn answer_upstream_error(
+        &mut self,
+        client: &mut TcpStream,
+        status: StatusCode,
+        head: &ReqHead,
+        force_close: bool,
+    ) -> bool {
+        self.shared.metrics.upstream_error();
+        // A body the upstream never took is still on the client connection: close after.
+        let close = force_close || head.close || head.framing != Framing::None;
+        let (title, detail) = if status == StatusCode::GATEWAY_TIMEOUT {
+            ("Upstream timed out", "the upstream did not answer in time")
+        } else {
+            (
+                "Upstream unavailable",
+                "the upstream could not be reached or failed mid-answer",
+            )
+        };
+        self.write_problem(client, status, title, Some(detail), close)
+            .await
+            && !close
+    }
+
+    /// Writes an RFC 9457 problem response. `false` when the client is gone.
+    async fn write_problem(
+        &mut self,
+        client: &mut TcpStream,
+        status: StatusCode,
+        title: &str,
+        detail: Option<&str>,
+        close: bool,
+    ) -> bool {
+        let body = crate::response::problem_body(status, title, detail);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            hyper::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        self.out.clear();
+        write_response(&mut self.out, status, &headers, body.as_bytes(), close);
+        client.write_all(&self.out).await.is_ok()
+    }
+}
+
+enum Relayed {
+    Done {
+        reusable: bool,
+        client_ok: bool,
+    },
+    /// The client went away while the request was being sent.
+    ClientGone,
+    /// The upstream failed before a response head reached the client.
+    Failed {
+        nothing_received: bool,
+        timed_out: bool,
+    },
+    /// The upstream failed mid-response: the client connection cannot go on.
+    Broken,
+}
+
+/// Reads the framing and connection options of a request; `None` for what the relay leaves to
+/// hyper.
+fn classify(req: &httparse::Request<'_, '_>) -> Option<ReqHead> {
+    if req.version != Some(1) {
+        return None;
+    }
+    if !req.path.is_some_and(|p| p.starts_with('/')) {
+        return None;
+    }
+    let method = req.method?;
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut close = false;
+    for h in req.headers.iter() {
+        let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            let n = parse_length(h.value)?;
+            if length.is_some_and(|l| l != n) {
+                return None;
+            }
+            length = Some(n);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            if chunked || !trim(h.value).eq_ignore_ascii_case(b"chunked") {
+                return None;
+            }
+            chunked = true;
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for token in h.value.split(|b| *b == b',') {
+                let token = trim(token);
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case(b"upgrade") {
+                    return None;
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"expect") || name.eq_ignore_ascii_case(b"upgrade") {
+            return None;
+        }
+    }
+    let framing = match (chunked, length) {
+        (true, Some(_)) => return None,
+        (true, None) => Framing::Chunked,
+        (false, Some(0) | None) => Framing::None,
+        (false, Some(n)) => Framing::Length(n),
+    };
+    if method == "CONNECT" {
+        return None;
+    }
+    Some(ReqHead {
+        framing,
+        close,
+        is_head: method == "HEAD",
+        idempotent: framing == Framing::None
+            && matches!(
+                method,
+                "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE"
+            ),
+    })
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    v.trim_ascii()
+}
+
+fn parse_length(v: &[u8]) -> Option<u64> {
+    let v = trim(v);
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1). `transfer-encoding` is
+/// not among them: a chunked body is relayed as it came, framing included.
+fn hop_by_hop(name: &[u8]) -> bool {
+    const HOP: [&[u8]; 8] = [
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"upgrade",
+    ];
+    HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Whether `name` is one the `Connection` headers list (hop-by-hop too).
+fn listed_in_connection(headers: &[httparse::Header<'_>], name: &[u8]) -> bool {
+    headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+        .flat_map(|h| h.value.split(|b| *b == b','))
+        .any(|t| trim(t).eq_ignore_ascii_case(name))
+}
+
+/// The request head for the upstream: origin-form, HTTP/1.1, `Host` kept (the upstream's when
+/// the client sent none), hop-by-hop headers dropped, `X-Forwarded-For` appended.
+fn build_upstream_head(
+    out: &mut Vec<u8>,
+    req: &httparse::Request<'_, '_>,
+    target: &str,
+    authority: &Authority,
+    ip: std::net::IpAddr,
+) {
+    use std::io::Write;
+    out.clear();
+    out.extend_from_slice(req.method.unwrap_or("GET").as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let has_connection = req
+        .headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case("connection"));
+    let mut host = false;
+    let mut xff: Option<usize> = None;
+    for h in req.headers.iter() {
+        let name = h.name.as_bytes();
+        if hop_by_hop(name) || (has_connection && listed_in_connection(req.headers, name)) {
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"x-forwarded-for") {
+            // Every earlier hop, in order, on one line; this one is added at the end.
+            xff = Some(xff.map_or(0, |n| n + 1));
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"host") {
+            host = true;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !host {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(authority.as_str().as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"x-forwarded-for: ");
+    if xff.is_some() {
+        for h in req
+            .headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case("x-forwarded-for"))
+        {
+            let v = trim(h.value);
+            if !v.is_empty() {
+                out.extend_from_slice(v);
+                out.extend_from_slice(b", ");
+            }
+        }
+    }
+    let _ = write!(out, "{ip}\r\n\r\n");
+}
+
+/// A complete response of our own (429, 502, ...): status line, `date`, the given headers,
+/// `content-length`, `connection: close` when closing, and the body, in one buffer.
+fn write_response(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    close: bool,
+) {
+    use std::io::Write;
+    let _ = write!(
+        out,
+        "HTTP/1.1 {} {}\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    );
+    out.extend_from_slice(b"date: ");
+    push_date(out);
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        if name == hyper::header::CONTENT_LENGTH || name == hyper::header::CONNECTION {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let _ = write!(out, "content-length: {}\r\n", body.len());
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+}
+
+/// The current time as an HTTP date, formatted once a second per thread.
+fn push_date(out: &mut Vec<u8>) {
+    thread_local! {
+        static CACHE: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((0, String::new())) };
+    }
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != secs || c.1.is_empty() {
+            *c = (secs, httpdate::fmt_http_date(now));
+        }
+        out.extend_from_slice(c.1.as_bytes());
+    });
+}
+
+enum UploadError {
+    /// The client closed or failed before its body was all read.
+    Client,
+    /// The upstream would not take the request.
+    Upstream,
+}
+
+/// Writes the request head to the upstream, with the body's first bytes when they are already
+/// here, then the rest of the body by its framing, verbatim.
+async fn upload(
+    cr: &mut ReadHalf<'_>,
+    inbuf: &mut BytesMut,
+    uw: &mut WriteHalf<'_>,
+    head: &mut Vec<u8>,
+    framing: Framing,
+) -> Result<(), UploadError> {
+    let mut body = Body::new(framing);
+    // The head goes out with whatever body bytes are already here, in one write.
+    let take = body.take(inbuf).map_err(|()| UploadError::Client)?;
+    head.extend_from_slice(&inbuf[..take]);
+    uw.write_all(head)
+        .await
+        .map_err(|_| UploadError::Upstream)?;
+    head.clear();
+    inbuf.advance(take);
+    body.consumed(take);
+    while !body.done() {
+        if inbuf.is_empty() {
+            inbuf.reserve(READ_CHUNK);
+            match cr.read_buf(inbuf).await {
+                Ok(0) | Err(_) => return Err(UploadError::Client),
+                Ok(_) => {}
+            }
+        }
+        let take = body.take(inbuf).map_err(|()| UploadError::Client)?;
+        uw.write_all(&inbuf[..take])
+            .await
+            .map_err(|_| UploadError::Upstream)?;
+        inbuf.advance(take);
+        body.consumed(take);
+    }
+    Ok(())
+}
+
+/// Tracks where a body ends as its bytes go by.
+struct Body {
+    framing: Framing,
+    remaining: u64,
+    chunked: ChunkedScanner,
+    done: bool,
+}
+
+impl Body {
+    fn new(framing: Framing) -> Self {
+        Body {
+            framing,
+            remaining: match framing {
+                Framing::Length(n) => n,
+                _ => 0,
+            },
+            chunked: ChunkedScanner::default(),
+            done: matches!(framing, Framing::None | Framing::Length(0)),
+        }
+    }
+
+    /// How many of `buf`'s leading bytes belong to this body. `Err` on malformed chunking.
+    fn take(&mut self, buf: &[u8]) -> Result<usize, ()> {
+        if self.done {
+            return Ok(0);
+        }
+        match self.framing {
+            Framing::None => Ok(0),
+            Framing::Length(_) => {
+                Ok(usize::try_from(self.remaining).map_or(buf.len(), |r| r.min(buf.len())))
+            }
+            Framing::Chunked => {
+                let n = self.chunked.scan(buf)?;
+                if self.chunked.is_done() {
+                    self.done = true;
+                }
+                Ok(n)
+            }
+            Framing::Close => Ok(buf.len()),
+        }
+    }
+
+    /// Records that `n` bytes (from [`Body::take`]) went through.
+    fn consumed(&mut self, n: usize) {
+        if let Framing::Length(_) = self.framing {
+            self.remaining -= n as u64;
+            if self.remaining == 0 {
+                self.done = true;
+            }
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.done
+    }
+}
+
+/// Finds the end of a chunked body (RFC 9112 §7.1) without decoding it: sizes, extensions and
+/// trailers are relayed as they came.
+#[derive(Clone, Copy, Debug, Default)]
+struct ChunkedScanner {
+    state: ChunkState,
+    size: u64,
+    line: usize,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum ChunkState {
+    /// In a chunk-size line: hex digits seen so far.
+    #[default]
+    Size,
+    /// Past the size, in extensions.
+    Ext,
+    SizeLf,
+    Data,
+    DataCr,
+    DataLf,
+    /// At the start of a trailer line (or of the final empty line).
+    TrailerStart,
+    Trailer,
+    FinalLf,
+    Done,
+}
+
+impl ChunkedScanner {
+    fn is_done(&self) -> bool {
+        self.state == ChunkState::Done
+    }
+
+    /// How many of `buf`'s bytes belong to the body (all, unless it ends within `buf`).
+    fn scan(&mut self, buf: &[u8]) -> Result<usize, ()> {
+        let mut i = 0;
+        while i < buf.len() {
+            let b = buf[i];
+            match self.state {
+                ChunkState::Size => match b {
+                    b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
+                        let d = (b as char).to_digit(16).ok_or(())?;
+                        if self.size > (u64::MAX >> 4) {
+                            return Err(());
+                        }
+                        self.size = (self.size << 4) | u64::from(d);
+                        self.line += 1;
+                    }
+                    b';' | b' ' | b'\t' if self.line > 0 => self.state = ChunkState::Ext,
+                    b'\r' if self.line > 0 => self.state = ChunkState::SizeLf,
+                    _ => return Err(()),
+                },
+                ChunkState::Ext => match b {
+                    b'\r' => self.state = ChunkState::SizeLf,
+                    b'\n' => return Err(()),
+                    _ => {
+                        self.line += 1;
+                        if self.line > MAX_CHUNK_LINE {
+                            return Err(());
+                        }
+                    }
+                },
+                ChunkState::SizeLf => {
+                    if b != b'\n' {
+                        return Err(());
+                    }
+                    self.line = 0;
+                    self.state = if self.size == 0 {
+                        ChunkState::TrailerStart
+                    } else {
+                        ChunkState::Data
+                    };
+                }
+                ChunkState::Data => {
+                    let avail = (buf.len() - i) as u64;
+                    let n = avail.min(self.size);
+                    self.size -= n;
+                    i += n as usize;
+                    if self.size == 0 {
+                        self.state = ChunkState::DataCr;
+                    }
+                    continue;
+                }
+                ChunkState::DataCr => {
+                    if b != b'\r' {
+                        return Err(());
+                    }
+                    self.state = ChunkState::DataLf;
+                }
+                ChunkState::DataLf => {
+                    if b != b'\n' {
+                        return Err(());
+                    }
+                    self.state = ChunkState::Size;
+                }
+                ChunkState::TrailerStart => {
+                    if b == b'\r' {
+                        self.state = ChunkState::FinalLf;
+                    } else {
+                        self.state = ChunkState::Trailer;
+                        self.line += 1;
+                    }
+                }
+                ChunkState::Trailer => {
+                    self.line += 1;
+                    if self.line > MAX_TRAILERS {
+                        return Err(());
+                    }
+                    if b == b'\n' {
+                        self.state = ChunkState::TrailerStart;
+                    }
+                }
+                ChunkState::FinalLf => {
+                    if b != b'\n' {
+                        return Err(());
+                    }
+                    self.state = ChunkState::Done;
+                    return Ok(i + 1);
+                }
+                ChunkState::Done => return Ok(i),
+            }
+            i += 1;
+        }
+        Ok(i)
+    }
+}
+
+enum DownloadError {
+    /// Nothing reached the client: it can still be answered 502/504.
+    BeforeHead {
+        nothing_received: bool,
+        timed_out: bool,
+    },
+    /// The client got part of a response.
+    AfterHead,
+}
+
+struct Downloaded {
+    /// The upstream connection ended cleanly and may carry another request.
+    reusable: bool,
+    /// The client connection may carry another request.
+    client_ok: bool,
+}
+
+/// Reads the upstream's response head (interim 1xx ones forwarded), writes it to the client
+/// with the rate-limit headers, then relays the body by its framing.
+#[allow(clippy::too_many_arguments)]
+async fn download(
+    ur: &mut ReadHalf<'_>,
+    upbuf: &mut BytesMut,
+    cw: &mut WriteHalf<'_>,
+    out: &mut Vec<u8>,
+    rate_limit: &RateLimitHeaders,
+    is_head: bool,
+    close: bool,
+    deadline: Instant,
+) -> Result<Downloaded, DownloadError> {
+    let mut received = false;
+    let (framing, upstream_close) = loop {
+        // Read until a whole head is buffered.
+        loop {
+            if !upbuf.is_empty() {
+                let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                match httparse::Response::new(&mut h).parse(upbuf) {
+                    Ok(httparse::Status::Complete(_)) => break,
+                    Ok(httparse::Status::Partial) if upbuf.len() <= MAX_RESPONSE_HEAD => {}
+                    _ => {
+                        return Err(DownloadError::BeforeHead {
+                            nothing_received: false,
+                            timed_out: false,
+                        });
+                    }
+                }
+            }
+            upbuf.reserve(READ_CHUNK);
+            match tokio::time::timeout_at(deadline, ur.read_buf(upbuf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    return Err(DownloadError::BeforeHead {
+                        nothing_received: !received,
+                        timed_out: false,
+                    });
+                }
+                Ok(Ok(_)) => received = true,
+                Err(_) => {
+                    return Err(DownloadError::BeforeHead {
+                        nothing_received: !received,
+                        timed_out: true,
+                    });
+                }
+            }
+        }
+        let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut res = httparse::Response::new(&mut h);
+        let Ok(httparse::Status::Complete(head_len)) = res.parse(upbuf) else {
+            return Err(DownloadError::BeforeHead {
+                nothing_received: false,
+                timed_out: false,
+            });
+        };
+        let code = res.code.unwrap_or(0);
+        let before_head = DownloadError::BeforeHead {
+            nothing_received: false,
+            timed_out: false,
+        };
+        if code == 101 || !(100..=999).contains(&code) {
+            return Err(before_head);
+        }
+        let interim = code < 200;
+        let mut length: Option<u64> = None;
+        let mut te_chunked: Option<bool> = None;
+        let mut upstream_close = false;
+        for h in res.headers.iter() {
+            let name = h.name.as_bytes();
+            if name.eq_ignore_ascii_case(b"content-length") {
+                let Some(n) = parse_length(h.value) else {
+                    return Err(before_head);
+                };
+                if length.is_some_and(|l| l != n) {
+                    return Err(before_head);
+                }
+                length = Some(n);
+            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                // Chunked must come last; anything else is read until the upstream closes.
+                let last = h.value.rsplit(|b| *b == b',').next().map(trim);
+                te_chunked = Some(last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")));
+            } else if name.eq_ignore_ascii_case(b"connection") {
+                upstream_close |= h
+                    .value
+                    .split(|b| *b == b',')
+                    .any(|t| trim(t).eq_ignore_ascii_case(b"close"));
+            }
+        }
+        let framing = if interim || is_head || code == 204 || code == 304 {
+            Framing::None
+        } else {
+            match (te_chunked, length) {
+                (Some(true), _) => Framing::Chunked,
+                (Some(false), _) => Framing::Close,
+                (None, Some(n)) => Framing::Length(n),
+                (None, None) => Framing::Close,
+            }
+        };
+        if framing == Framing::Close {
+            upstream_close = true;
+        }
+        // The head for the client.
+        out.clear();
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(itoa3(code).as_slice());
+        out.push(b' ');
+        match res.reason {
+            Some(r) if !r.is_empty() => out.extend_from_slice(r.as_bytes()),
+            _ => out.extend_from_slice(
+                StatusCode::from_u16(code)
+                    .ok()
+                    .and_then(|s| s.canonical_reason())
+                    .unwrap_or("")
+                    .as_bytes(),
+            ),
+        }
+        out.extend_from_slice(b"\r\n");
+        let has_connection = res
+            .headers
+            .iter()
+            .any(|h| h.name.eq_ignore_ascii_case("connection"));
+        for h in res.headers.iter() {
+            let name = h.name.as_bytes();
+            if hop_by_hop(name)
+                || (has_connection && listed_in_connection(res.headers, name))
+                || (!interim
+                    && rate_limit
+                        .iter()
+                        .any(|(n, _)| name.eq_ignore_ascii_case(n.as_str().as_bytes())))
+                || (framing == Framing::Close && name.eq_ignore_ascii_case(b"transfer-encoding"))
+            {
+                continue;
+            }
+            out.extend_from_slice(name);
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(h.value);
+            out.extend_from_slice(b"\r\n");
+        }
+        if interim {
+            out.extend_from_slice(b"\r\n");
+            upbuf.advance(head_len);
+            cw.write_all(out)
+                .await
+                .map_err(|_| DownloadError::AfterHead)?;
+            continue;
+        }
+        for (n, v) in rate_limit.iter() {
+            out.extend_from_slice(n.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        if framing == Framing::Close {
+            // Re-framed as chunked, so the client connection outlives the upstream one.
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        }
+        if close {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        upbuf.advance(head_len);
+        break (framing, upstream_close);
+    };
+
+    // The body, by its framing; its first bytes go out with the head, in one write.
+    let mut body = Body::new(framing);
+    loop {
+        let take = body.take(upbuf).map_err(|()| DownloadError::AfterHead)?;
+        if framing == Framing::Close {
+            if take > 0 {
+                push_chunk_header(out, take);
+                out.extend_from_slice(&upbuf[..take]);
+                out.extend_from_slice(b"\r\n");
+            }
+        } else if !out.is_empty() {
+            out.extend_from_slice(&upbuf[..take]);
+        }
+        if !out.is_empty() {
+            cw.write_all(out)
+                .await
+                .map_err(|_| DownloadError::AfterHead)?;
+            out.clear();
+        } else if take > 0 {
+            cw.write_all(&upbuf[..take])
+                .await
+                .map_err(|_| DownloadError::AfterHead)?;
+        }
+        upbuf.advance(take);
+        body.consumed(take);
+        if body.done() {
+            break;
+        }
+        upbuf.reserve(READ_CHUNK);
+        match ur.read_buf(upbuf).await {
+            Ok(0) if framing == Framing::Close => {
+                cw.write_all(b"0\r\n\r\n")
+                    .await
+                    .map_err(|_| DownloadError::AfterHead)?;
+                return Ok(Downloaded {
+                    reusable: false,
+                    client_ok: !close,
+                });
+            }
+            Ok(0) | Err(_) => return Err(DownloadError::AfterHead),
+            Ok(_) => {}
+        }
+    }
+    Ok(Downloaded {
+        // Bytes past the response's end: the upstream is out of step; do not reuse it.
+        reusable: !upstream_close && upbuf.is_empty(),
+        client_ok: !close,
+    })
+}
+
+fn push_chunk_header(out: &mut Vec<u8>, n: usize) {
+    use std::io::Write;
+    let _ = write!(out, "{n:x}\r\n");
+}
+
+/// A status code (100–999) as its three digits.
+fn itoa3(code: u16) -> [u8; 3] {
+    [
+        b'0' + (code / 100 % 10) as u8,
+        b'0' + (code / 10 % 10) as u8,
+        b'0' + (code % 10) as u8,
+    ]
+}
+
+/// A socket whose first reads come from bytes already taken off it (by the relay, before it
+/// handed the connection to hyper).
+struct Rewind {
+    pre: Bytes,
+    io: TcpStream,
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.pre.is_empty() {
+            let n = self.pre.len().min(buf.remaining());
+            buf.put_slice(&self.pre[..n]);
+            self.pre.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan_all(input: &[u8]) -> Result<(usize, bool), ()> {
+        let mut s = ChunkedScanner::default();
+        let n = s.scan(input)?;
+        Ok((n, s.is_done()))
+    }
+
+    #[test]
+    fn chunked_scanner_finds_the_end_and_stops_there() {
+        let body = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nx-trailer: 1\r\n\r\n";
+        let mut input = body.to_vec();
+        input.extend_from_slice(b"GET / HTTP/1.1\r\n");
+        assert_eq!(scan_all(&input), Ok((body.len(), true)));
+        assert_eq!(scan_all(b"0\r\n\r\n"), Ok((5, true)));
+    }
+
+    #[test]
+    fn chunked_scanner_resumes_byte_by_byte() {
+        let body = b"a\r\n0123456789\r\n0\r\n\r\n";
+        let mut s = ChunkedScanner::default();
+        let mut total = 0;
+        for b in body {
+            total += s.scan(std::slice::from_ref(b)).unwrap_or(0);
+        }
+        assert_eq!(total, body.len());
+        assert!(s.is_done());
+    }
+
+    #[test]
+    fn chunked_scanner_rejects_malformed_framing() {
+        assert!(scan_all(b"zz\r\n").is_err());
+        assert!(scan_all(b"\r\n").is_err());
+        assert!(scan_all(b"3\r\nabcX\r\n").is_err());
+        assert!(scan_all(b"ffffffffffffffffff\r\n").is_err());
+    }
+
+    fn parse<'h, 'b>(
+        h: &'h mut [httparse::Header<'b>],
+        raw: &'b [u8],
+    ) -> (httparse::Request<'h, 'b>, usize) {
+        let mut req = httparse::Request::new(h);
+        let n = match req.parse(raw) {
+            Ok(httparse::Status::Complete(n)) => n,
+            other => panic!("not a complete head: {other:?}"),
+        };
+        (req, n)
+    }
+
+    #[test]
+    fn classify_leaves_the_unusual_to_hyper() {
+        let cases: [(&[u8], bool); 8] = [
+            (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", true),
+            (b"GET / HTTP/1.0\r\n\r\n", false),
+            (b"GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", false),
+            (
+                b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
+                false,
+            ),
+            (
+                b"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                false,
+            ),
+        ];
+        for (raw, relayed) in cases {
+            let mut h = [httparse::EMPTY_HEADER; 16];
+            let (req, _) = parse(&mut h, raw);
+            assert_eq!(
+                classify(&req).is_some(),
+                relayed,
+                "{}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+        let mut h = [httparse::EMPTY_HEADER; 16];
+        let (req, _) = parse(
+            &mut h,
+            b"POST /x HTTP/1.1\r\ncontent-length: 12\r\nconnection: close\r\n\r\n",
+        );
+        let head = classify(&req).map(|h| (h.framing, h.close, h.idempotent));
+        assert_eq!(head, Some((Framing::Length(12), true, false)));
+    }
+
+    #[test]
+    fn upstream_head_keeps_host_drops_hop_by_hop_and_appends_the_client() {
+        let mut h = [httparse::EMPTY_HEADER; 16];
+        let (req, _) = parse(
+            &mut h,
+            b"GET /a?b=1 HTTP/1.1\r\nHost: api.example.com\r\nConnection: keep-alive, x-secret\r\nX-Secret: 1\r\nKeep-Alive: 5\r\nX-Forwarded-For: 192.0.2.1\r\nx-forwarded-for: 192.0.2.2\r\nX-Api-Key: k\r\n\r\n",
+        );
+        let mut out = Vec::new();
+        let authority: Authority = "127.0.0.1:9".parse().unwrap_or_else(|_| unreachable!());
+        build_upstream_head(
+            &mut out,
+            &req,
+            "/a?b=1",
+            &authority,
+            "10.0.0.7".parse().unwrap_or_else(|_| unreachable!()),
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "GET /a?b=1 HTTP/1.1\r\nHost: api.example.com\r\nX-Api-Key: k\r\nx-forwarded-for: 192.0.2.1, 192.0.2.2, 10.0.0.7\r\n\r\n"
+        );
+        // No Host (allowed to reach here only from a lenient client): the upstream's.
+        let mut h = [httparse::EMPTY_HEADER; 4];
+        let (req, _) = parse(&mut h, b"GET / HTTP/1.1\r\n\r\n");
+        build_upstream_head(
+            &mut out,
+            &req,
+            "/",
+            &authority,
+            "::1".parse().unwrap_or_else(|_| unreachable!()),
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "GET / HTTP/1.1\r\nhost: 127.0.0.1:9\r\nx-forwarded-for: ::1\r\n\r\n"
+        );
+    }
+}
