@@ -76,4 +76,15 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Whether every future this store returns is ready on its first poll: an in-process store
+    /// that never waits for I/O. A caller may then decide inside a synchronous function, polling
+    /// the decision once with a no-op waker, and skip the boxed future an asynchronous store
+    /// needs (the HTTP layer does, on every request).
+    ///
+    /// Returning `true` is a promise: a store that breaks it sees its pending decisions dropped
+    /// and treated as store failures. The default, `false`, is always correct.
+    fn is_immediate(&self) -> bool {
+        false
+    }
 }

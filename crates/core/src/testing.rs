@@ -427,6 +427,47 @@ pub async fn concurrent_callers_never_over_admit<S: Store + Clone>(store: &S) {
     assert_eq!(total, 100, "8 × 40 requests against a limit of 100");
 }
 
+/// A store that says it [is immediate](Store::is_immediate) keeps the promise: `apply`,
+/// `apply_one` and `refund` are each ready on their first poll, with a waker that does nothing.
+/// For a store that does not say so there is nothing to check.
+pub async fn immediate_means_ready_on_first_poll<S: Store>(store: &S) {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    fn first_poll<T>(what: &str, future: impl Future<Output = T>) -> T {
+        let future = std::pin::pin!(future);
+        match future.poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(value) => value,
+            Poll::Pending => panic!("{what}: pending on the first poll of an immediate store"),
+        }
+    }
+    if !store.is_immediate() {
+        return;
+    }
+    let key = unique("immediate");
+    for policy in five_policies(&unique("immediate")) {
+        let check = Check::new(&policy, key.as_bytes(), 1);
+        let d = first_poll("apply_one", store.apply_one(T0, check))
+            .unwrap_or_else(|e| panic!("apply_one failed: {e}"));
+        assert!(d.allowed && d.remaining == 4, "{}: {d:?}", policy.name());
+        let batch = first_poll("apply", store.apply(T0, &[check, check]))
+            .unwrap_or_else(|e| panic!("apply failed: {e}"));
+        assert!(batch.allowed(), "{}: {batch:?}", policy.name());
+        first_poll("refund", store.refund(T0, &[check]))
+            .unwrap_or_else(|e| panic!("refund failed: {e}"));
+        let peek = first_poll(
+            "apply_one",
+            store.apply_one(T0, Check::new(&policy, key.as_bytes(), 0)),
+        )
+        .unwrap_or_else(|e| panic!("apply_one failed: {e}"));
+        assert_eq!(
+            peek.remaining,
+            3,
+            "{}: three taken, one given back",
+            policy.name()
+        );
+    }
+}
+
 /// Instantiates every conformance scenario as a `#[tokio::test]` for the store that `$make`
 /// (a closure returning a future of the store) builds. The store must be `Clone` and use the
 /// caller's `now`.
@@ -444,6 +485,7 @@ macro_rules! store_conformance_tests {
             leaky_bucket_delays_and_refunds,
             matches_the_pure_algorithms,
             concurrent_callers_never_over_admit,
+            immediate_means_ready_on_first_poll,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

@@ -29,6 +29,10 @@ fn hello() -> Router {
 }
 
 fn limited() -> Router {
+    hello().layer(limiter())
+}
+
+fn limiter() -> RateLimitLayer {
     let engine = Engine::builder()
         .policy(
             HttpPolicy::new(
@@ -42,10 +46,8 @@ fn limited() -> Router {
         )
         .build()
         .unwrap();
-    hello().layer(
-        RateLimitLayer::new(engine)
-            .peer_addr(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip())),
-    )
+    RateLimitLayer::new(engine)
+        .peer_addr(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()))
 }
 
 /// The hello-world with the five headers the layer adds, as fixed values and no limiter: what
@@ -78,6 +80,30 @@ async fn serve(app: Router) -> SocketAddr {
         axum::serve(
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+/// The layer around the whole router rather than through `Router::layer`: axum then boxes
+/// nothing per route for it, and the limit applies before routing (unknown paths count too).
+async fn serve_outer() -> SocketAddr {
+    use tower::Layer;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // axum::serve wants axum's body type; the layer's is an `Either`.
+    let app =
+        tower::ServiceExt::<axum::extract::Request>::map_response(limiter().layer(hello()), |r| {
+            r.map(axum::body::Body::new)
+        });
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            axum::ServiceExt::<axum::extract::Request>::into_make_service_with_connect_info::<
+                SocketAddr,
+            >(app),
         )
         .await
         .unwrap();
@@ -147,6 +173,21 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
+        if let Ok(variant) = std::env::var("TOLLGATE_BENCH_SERVE") {
+            // For an external load generator (scripts/bench-layer.sh runs wrk, and reads this
+            // process's CPU time): serve one variant, print its URL and serve until killed.
+            let addr = match variant.as_str() {
+                "plain" => serve(hello()).await,
+                "headers" => serve(headers_only()).await,
+                "layer" => serve(limited()).await,
+                "outer" => serve_outer().await,
+                other => {
+                    panic!("TOLLGATE_BENCH_SERVE={other}: use plain, headers, layer or outer")
+                }
+            };
+            println!("http://{addr}/v1/hello");
+            std::future::pending::<()>().await;
+        }
         let plain = serve(hello()).await;
         let headers = serve(headers_only()).await;
         let with = serve(limited()).await;

@@ -213,13 +213,15 @@ pub(crate) fn render(
             }
         };
         out.push((RATELIMIT_POLICY, policy));
-        let mut buf = Vec::with_capacity(worst_text.quoted_name.len() + 24);
+        // Written on the stack and copied once into an exactly sized value: one allocation
+        // per response (a growing Vec would be a second one when frozen).
+        let mut buf = smallvec::SmallVec::<[u8; 96]>::new();
         buf.extend_from_slice(&worst_text.quoted_name);
         buf.extend_from_slice(b";r=");
         buf.extend_from_slice(itoa::Buffer::new().format(worst.remaining).as_bytes());
         buf.extend_from_slice(b";t=");
         buf.extend_from_slice(itoa::Buffer::new().format(t_secs(worst)).as_bytes());
-        if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(buf)) {
+        if let Ok(v) = HeaderValue::from_bytes(&buf) {
             out.push((RATELIMIT, v));
         }
     }

@@ -209,10 +209,12 @@ impl KeyHasher {
     pub(crate) fn append(&self, value: &[u8], out: &mut KeyBuf) {
         let hash: u128 = self.sip.hash(value).into();
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        for b in hash.to_be_bytes() {
-            out.push(HEX[usize::from(b >> 4)]);
-            out.push(HEX[usize::from(b & 0x0f)]);
+        let mut hex = [0u8; 32];
+        for (pair, b) in hex.chunks_exact_mut(2).zip(hash.to_be_bytes()) {
+            pair[0] = HEX[usize::from(b >> 4)];
+            pair[1] = HEX[usize::from(b & 0x0f)];
         }
+        out.extend_from_slice(&hex);
     }
 }
 

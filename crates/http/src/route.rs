@@ -31,8 +31,8 @@ impl<'a> NormalizedPath<'a> {
     /// Normalises `path` (as sent, percent-encoded).
     pub fn new(path: &'a str) -> Self {
         let mut segments: SmallVec<[Cow<'a, [u8]>; 8]> = SmallVec::new();
-        for raw in path.split('/') {
-            let segment = decode_segment(raw.as_bytes());
+        for raw in path.as_bytes().split(|&b| b == b'/') {
+            let segment = decode_segment(raw);
             match segment.as_ref() {
                 b"" | b"." => {}
                 b".." => {
@@ -295,6 +295,11 @@ impl RouteMatch {
     /// Matches every request.
     pub fn any() -> Self {
         RouteMatch::default()
+    }
+
+    /// Whether matching looks at the path (an engine whose routes never do skips normalising it).
+    pub(crate) fn reads_path(&self) -> bool {
+        self.path.is_some()
     }
 
     /// Also requires the path to match `pattern`.

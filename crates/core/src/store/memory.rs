@@ -340,6 +340,11 @@ impl Store for MemoryStore {
         self.refund_now(now, checks);
         Ok(())
     }
+
+    /// Every operation runs under a shard lock and never waits for anything else.
+    fn is_immediate(&self) -> bool {
+        true
+    }
 }
 
 /// A poisoned shard still holds valid state (algorithm steps do not panic midway), so keep going.

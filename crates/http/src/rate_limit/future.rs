@@ -1,5 +1,7 @@
-//! [`ResponseFuture`]: the inner service's future for requests no policy matches (no boxing, no
-//! extra work), a boxed future for the ones the engine decides.
+//! [`ResponseFuture`]: what a [`RateLimitService`](super::RateLimitService) call returns. With a
+//! store that answers at once (the memory store) the decision is made inside `call`, so the
+//! future is the inner service's own, plus the headers to add or the ready 429: nothing boxed.
+//! Only decisions that must wait for a remote store, and held (`delay`) requests, box a future.
 
 use std::fmt;
 use std::future::Future;
@@ -11,6 +13,7 @@ use http_body_util::Either;
 use pin_project_lite::pin_project;
 
 use super::ResponseBody;
+use crate::RateLimitHeaders;
 
 type Decided<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
 
@@ -25,7 +28,13 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<F, B, E> {
+        // No policy matched: the inner future, untouched.
         Passthrough { #[pin] future: F },
+        // Admitted at once: the inner future, then the headers.
+        Admitted { #[pin] future: F, headers: Option<RateLimitHeaders> },
+        // Answered by the engine (429, 401, 503).
+        Answered { response: Option<Response<ResponseBody<B>>> },
+        // Decided by a store that made us wait, or held.
         Decided { future: Decided<B, E> },
     }
 }
@@ -34,6 +43,23 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     pub(crate) fn passthrough(future: F) -> Self {
         ResponseFuture {
             kind: Kind::Passthrough { future },
+        }
+    }
+
+    pub(crate) fn admitted(future: F, headers: RateLimitHeaders) -> Self {
+        ResponseFuture {
+            kind: Kind::Admitted {
+                future,
+                headers: Some(headers),
+            },
+        }
+    }
+
+    pub(crate) fn answered(response: Response<ResponseBody<B>>) -> Self {
+        ResponseFuture {
+            kind: Kind::Answered {
+                response: Some(response),
+            },
         }
     }
 
@@ -55,6 +81,23 @@ where
             KindProj::Passthrough { future } => future
                 .poll(cx)
                 .map(|result| result.map(|response| response.map(Either::Left))),
+            KindProj::Admitted { future, headers } => {
+                let mut response = match future.poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Ok(response)) => response,
+                };
+                if let Some(headers) = headers.take() {
+                    headers.apply(response.headers_mut());
+                }
+                Poll::Ready(Ok(response.map(Either::Left)))
+            }
+            KindProj::Answered { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                // Polled again after completing: a caller bug that a panic would turn into a
+                // crash; it stays pending instead, as a fused future would.
+                None => Poll::Pending,
+            },
             KindProj::Decided { future } => future.as_mut().poll(cx),
         }
     }

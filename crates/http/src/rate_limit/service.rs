@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::{PeerFn, ResponseBody};
-use crate::{Engine, RequestInfo, Verdict};
+use crate::{Engine, Hold, Prepared, RateLimitHeaders, RequestInfo, Verdict};
 
 /// The rate-limited service. Clones share the engine (and so the counters).
 #[derive(Debug)]
@@ -76,24 +76,62 @@ where
         if prepared.is_empty() {
             return ResponseFuture::passthrough(self.inner.call(request));
         }
-        // The inner service that was polled ready goes with the request; this one keeps a
-        // fresh clone for the next call (the usual tower idiom for async middleware).
+        // The memory store decides here and now: the inner service, which was polled ready,
+        // takes the request directly and nothing is boxed.
+        let later = match self.engine.decide_now(prepared) {
+            Ok(outcome) => {
+                let (_, headers, verdict) = outcome.into_parts();
+                match verdict {
+                    Verdict::Pass => {
+                        return ResponseFuture::admitted(self.inner.call(request), headers);
+                    }
+                    Verdict::Respond(response) => {
+                        return ResponseFuture::answered(
+                            response.map(|body| Either::Right(Full::new(body))),
+                        );
+                    }
+                    Verdict::Hold(hold) => Later::Hold(hold, headers),
+                }
+            }
+            Err(prepared) => Later::Decide(prepared),
+        };
+        // A remote store to wait for, or a hold: the inner service that was polled ready goes
+        // with the request into a boxed future; this one keeps a fresh clone for the next call
+        // (the usual tower idiom for async middleware).
         let fresh = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, fresh);
         let engine = self.engine.clone();
         ResponseFuture::boxed(Box::pin(async move {
-            let outcome = engine.decide(prepared).await;
-            let (_, headers, verdict) = outcome.into_parts();
-            match verdict {
-                Verdict::Respond(response) => {
-                    return Ok(response.map(|body| Either::Right(Full::new(body))));
+            let headers = match later {
+                Later::Hold(hold, headers) => {
+                    hold.wait().await;
+                    headers
                 }
-                Verdict::Hold(hold) => hold.wait().await,
-                Verdict::Pass => {}
-            }
+                Later::Decide(prepared) => {
+                    let (_, headers, verdict) = engine.decide(prepared).await.into_parts();
+                    match verdict {
+                        Verdict::Respond(response) => {
+                            return Ok(response.map(|body| Either::Right(Full::new(body))));
+                        }
+                        Verdict::Hold(hold) => hold.wait().await,
+                        Verdict::Pass => {}
+                    }
+                    headers
+                }
+            };
             let mut response = inner.call(request).await?;
             headers.apply(response.headers_mut());
             Ok(response.map(Either::Left))
         }))
     }
+}
+
+/// What is left to do for a request `call` could not finish synchronously. Moved once, into
+/// the future that is boxed anyway; boxing a variant would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Later<S: Store, C: Clock> {
+    /// Wait out the hold, then pass the request on with these headers.
+    Hold(Hold<S, C>, RateLimitHeaders),
+    /// Ask the store (which answers asynchronously), then act on its verdict.
+    Decide(Prepared),
 }
