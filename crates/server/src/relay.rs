@@ -205,12 +205,17 @@ impl Conn {
             loop {
                 if !self.inbuf.is_empty() {
                     let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
-                    match httparse::Request::new(&mut h).parse(&self.inbuf) {
-                        Ok(httparse::Status::Complete(_)) => break,
-                        Ok(httparse::Status::Partial) => {}
+                    let too_large = match httparse::Request::new(&mut h).parse(&self.inbuf) {
+                        Ok(httparse::Status::Complete(n)) if n <= self.limits.max_header_bytes => {
+                            break;
+                        }
+                        Ok(httparse::Status::Complete(_)) => true,
+                        Ok(httparse::Status::Partial) => {
+                            self.inbuf.len() > self.limits.max_header_bytes
+                        }
                         Err(_) => return End::Fallback(self.inbuf.split().freeze()),
-                    }
-                    if self.inbuf.len() > self.limits.max_header_bytes {
+                    };
+                    if too_large {
                         self.write_problem(
                             client,
                             StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,

@@ -1,0 +1,290 @@
+//! The proxy listener's relay, over raw sockets: pipelining, framing, keep-alive, and the
+//! requests it hands to the hyper path.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+fn proxy_config(upstream: SocketAddr, extra: &str) -> String {
+    format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\ntimeout = \"2s\"\n\n{extra}"
+    )
+}
+
+const LIMITED: &str = "[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nkey = [\"header:x-api-key\"]\nmatch = { path = \"/v1/**\" }\n";
+
+/// Writes `bytes`, then reads until the proxy closes the connection.
+async fn exchange(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut out))
+        .await
+        .expect("the proxy closes the connection")
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The status codes of the responses in `text`, in order.
+fn statuses(text: &str) -> Vec<u16> {
+    text.match_indices("HTTP/1.")
+        .filter_map(|(i, _)| text.get(i + 9..i + 12)?.parse().ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_with_their_bodies() {
+    let up = upstream().await;
+    let s = start_text(&proxy_config(up, LIMITED)).await;
+    let addr = s.proxy.unwrap();
+    let chunked = "POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nchunk-\r\n4;x=y\r\nbody\r\n0\r\n\r\n";
+    let text = exchange(
+        addr,
+        format!(
+            "GET /v1/items HTTP/1.1\r\nHost: a\r\nX-Api-Key: k\r\n\r\n\
+             POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\nhello world\
+             HEAD /echo HTTP/1.1\r\nHost: a\r\n\r\n\
+             GET /v1/items HTTP/1.1\r\nHost: a\r\nX-Api-Key: k\r\n\r\n\
+             {chunked}\
+             GET /echo HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_eq!(statuses(&text), [200, 200, 200, 429, 200, 200], "{text}");
+    let lower = text.to_ascii_lowercase();
+    assert!(text.contains("hello world"), "{text}");
+    // The chunked body went up and came back framed as it was sent.
+    assert!(text.contains("chunk-") && text.contains("body"), "{text}");
+    assert!(lower.contains("x-ratelimit-remaining: 0"), "{text}");
+    assert!(lower.contains("retry-after:"), "{text}");
+    assert!(lower.contains("application/problem+json"), "{text}");
+    assert!(lower.contains("x-seen-xff: 127.0.0.1"), "{text}");
+    assert!(lower.contains("connection: close"), "{text}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn http10_and_expect_continue_go_through_the_hyper_path() {
+    let up = upstream().await;
+    let s = start_text(&proxy_config(up, "")).await;
+    let addr = s.proxy.unwrap();
+    // HTTP/1.0 without Host: the upstream gets its own authority as Host.
+    let text = exchange(addr, b"GET /echo HTTP/1.0\r\n\r\n").await;
+    assert_eq!(statuses(&text).first(), Some(&200), "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains(&format!("x-seen-host: {up}")),
+        "{text}"
+    );
+    // Expect: 100-continue: the interim answer comes before the body is sent.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"POST /echo HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 4\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf))
+        .await
+        .expect("an interim answer")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    c.write_all(b"ping").await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut rest))
+        .await
+        .expect("the final answer")
+        .unwrap();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.contains("HTTP/1.1 200") && rest.ends_with("ping"),
+        "{rest}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn oversized_heads_get_431() {
+    let up = upstream().await;
+    let s = start_text(&proxy_config(up, "")).await;
+    let addr = s.proxy.unwrap();
+    let big = "a".repeat(100 * 1024);
+    let text = exchange(
+        addr,
+        format!("GET / HTTP/1.1\r\nHost: a\r\nX-Big: {big}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert_eq!(statuses(&text), [431], "{text}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn garbage_gets_400() {
+    let up = upstream().await;
+    let s = start_text(&proxy_config(up, "")).await;
+    let addr = s.proxy.unwrap();
+    let text = exchange(addr, b"NOT HTTP AT ALL\r\n\r\n").await;
+    assert_eq!(statuses(&text), [400], "{text}");
+    s.stop().await;
+}
+
+/// A raw upstream: answers each connection's first request with `reply`, then closes.
+async fn one_shot_upstream(reply: &'static [u8]) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = c.write_all(reply).await;
+                let _ = c.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_upstream_that_closes_idle_connections_is_retried_on_a_fresh_one() {
+    // Keep-alive by its headers, yet it closes after each answer: the second request finds
+    // the pooled connection dead and goes out again on a new one.
+    let up = one_shot_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await;
+    let s = start_text(&proxy_config(up, "")).await;
+    let addr = s.proxy.unwrap();
+    for _ in 0..3 {
+        let text = exchange(
+            addr,
+            b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert_eq!(statuses(&text), [200], "{text}");
+        assert!(text.ends_with("ok"), "{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_close_delimited_upstream_body_reaches_the_client_chunked() {
+    let up = one_shot_upstream(b"HTTP/1.1 200 OK\r\nX-Up: 1\r\n\r\nuntil the end").await;
+    let s = start_text(&proxy_config(up, "")).await;
+    let addr = s.proxy.unwrap();
+    let text = exchange(
+        addr,
+        b"GET /x HTTP/1.1\r\nHost: a\r\n\r\nGET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    // Both answered on one client connection, each re-framed as chunked.
+    assert_eq!(statuses(&text), [200, 200], "{text}");
+    assert_eq!(
+        text.matches("d\r\nuntil the end\r\n0\r\n\r\n").count(),
+        2,
+        "{text}"
+    );
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "{text}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_upstream_answer_is_a_502() {
+    let up = one_shot_upstream(b"this is not http\r\n\r\n").await;
+    let s = start_text(&proxy_config(up, "")).await;
+    let text = exchange(
+        s.proxy.unwrap(),
+        b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(statuses(&text), [502], "{text}");
+    assert!(text.contains("\"status\":502"), "{text}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_request_with_an_unread_body_closes_the_connection() {
+    let up = upstream().await;
+    let s = start_text(&proxy_config(up, LIMITED)).await;
+    let addr = s.proxy.unwrap();
+    let first = exchange(
+        addr,
+        b"GET /v1/a HTTP/1.1\r\nHost: a\r\nX-Api-Key: z\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(statuses(&first), [200], "{first}");
+    // Refused, with 10 bytes announced and 3 sent: answered, then closed (the next request
+    // on this connection would otherwise be read from the middle of the body).
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"POST /v1/a HTTP/1.1\r\nHost: a\r\nX-Api-Key: z\r\nContent-Length: 10\r\n\r\nabc")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut out))
+        .await
+        .expect("closed after the answer")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(statuses(&text), [429], "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn the_proxy_cuts_slow_loris_clients() {
+    let up = upstream().await;
+    let config =
+        tollgate_server::Config::parse("t.toml", &with_ports(&proxy_config(up, ""))).unwrap();
+    let listeners = tollgate_server::Listeners::bind(&config).await.unwrap();
+    let proxy = listeners.proxy.as_ref().unwrap().local_addr().unwrap();
+    let limits = tollgate_server::Limits {
+        header_read_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(tollgate_server::run_with(
+        config,
+        listeners,
+        async {
+            let _ = rx.await;
+        },
+        limits,
+    ));
+    // Half a head, then silence; and a connection that never sends anything.
+    let partial = exchange(proxy, b"GET /echo HTTP/1.1\r\nHost: x\r\n").await;
+    assert!(
+        statuses(&partial).is_empty(),
+        "closed unanswered: {partial}"
+    );
+    let silent = exchange(proxy, b"").await;
+    assert!(silent.is_empty(), "{silent}");
+    // A whole request on a new connection is still served.
+    let ok = exchange(
+        proxy,
+        b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(statuses(&ok), [200], "{ok}");
+    let _ = tx.send(());
+    task.await.unwrap().unwrap();
+}
