@@ -5,11 +5,23 @@
 #   (b) 90% refused: 9 in 10 requests carry an exhausted API key, 1 in 10 a fresh one;
 #   (c) POST /v1/check decisions per second with the memory store.
 # Needs wrk and nginx (Debian: apt-get install -y wrk nginx-light); installs them when missing
-# and running as root. Usage: scripts/bench-proxy.sh [SECONDS per run, default 10]
+# and running as root.
+# Usage: scripts/bench-proxy.sh [SECONDS per run, default 10] [--rounds N]
+# With --rounds N, the (a) and (b) runs are repeated N times, interleaved (upstream, nginx,
+# tollgate, nginx, tollgate, ...), and the medians and the per-round tollgate/nginx ratios are
+# printed: on a shared, noisy machine only runs taken side by side compare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION="${1:-10}"
+DURATION=10
+ROUNDS=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) ROUNDS="${2:?--rounds needs a number}"; shift 2 ;;
+    --rounds=*) ROUNDS="${1#--rounds=}"; shift ;;
+    *) DURATION="$1"; shift ;;
+  esac
+done
 THREADS="${BENCH_THREADS:-2}"
 CONNS="${BENCH_CONNECTIONS:-64}"
 # Ports: override with BENCH_PORT_BASE if these are taken.
@@ -148,9 +160,19 @@ request = function()
 end
 EOF
 
+# Latency as wrk prints it (850.00us, 1.20ms, 2.00s) in milliseconds.
+to_ms() {
+  awk -v v="$1" 'BEGIN {
+    n = v + 0
+    if (v ~ /us$/) n = n / 1000; else if (v ~ /ms$/) n = n; else if (v ~ /s$/) n = n * 1000
+    printf "%.3f", n
+  }'
+}
+
 printf '%-44s %12s %10s %10s %10s\n' "run" "req/s" "p50" "p99" "non-2xx"
+# run KEY NAME WRK-ARGS...: one wrk run, printed, and recorded under KEY for the summary.
 run() {
-  local name="$1"; shift
+  local key="$1" name="$2"; shift 2
   local out
   out="$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$@" 2>&1)"
   local rps p50 p99 non2xx
@@ -160,15 +182,38 @@ run() {
   non2xx="$(awk '/Non-2xx/ {print $NF}' <<<"$out")"
   printf '%-44s %12s %10s %10s %10s\n' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}"
   echo "$out" >>"$WORK/wrk.log"
+  echo "${rps:-0} $(to_ms "${p50:-0ms}") $(to_ms "${p99:-0ms}")" >>"$WORK/res.$key"
 }
 
-echo "# (a) admit-all, ${DURATION}s each, $THREADS threads, $CONNS connections"
-run "upstream alone (nginx return 200)" "http://127.0.0.1:$UP/"
-run "nginx proxy_pass + limit_req" "http://127.0.0.1:$NGX/"
-run "tollgate proxy (admit-all policy)" "http://127.0.0.1:$TGP/"
-echo "# (b) 90% refused (9 in 10 requests on an exhausted key)"
-run "nginx limit_req, 90% refused" -s "$WORK/refuse90.lua" "http://127.0.0.1:$NGX/refuse"
-run "tollgate proxy, 90% refused" -s "$WORK/refuse90.lua" "http://127.0.0.1:$TGP90/"
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+# col KEY N: column N of every run recorded under KEY.
+col() { awk -v c="$2" '{ print $c }' "$WORK/res.$1"; }
+# ratios A B: per round, A's req/s over B's.
+ratios() { paste -d' ' <(col "$1" 1) <(col "$2" 1) | awk '{ if ($2 > 0) printf "%.3f\n", $1 / $2 }'; }
+
+for round in $(seq 1 "$ROUNDS"); do
+  [ "$ROUNDS" -gt 1 ] && echo "# round $round of $ROUNDS"
+  echo "# (a) admit-all, ${DURATION}s each, $THREADS threads, $CONNS connections"
+  run up "upstream alone (nginx return 200)" "http://127.0.0.1:$UP/"
+  run ngx "nginx proxy_pass + limit_req" "http://127.0.0.1:$NGX/"
+  run tg "tollgate proxy (admit-all policy)" "http://127.0.0.1:$TGP/"
+  echo "# (b) 90% refused (9 in 10 requests on an exhausted key)"
+  run ngx90 "nginx limit_req, 90% refused" -s "$WORK/refuse90.lua" "http://127.0.0.1:$NGX/refuse"
+  run tg90 "tollgate proxy, 90% refused" -s "$WORK/refuse90.lua" "http://127.0.0.1:$TGP90/"
+done
 echo "# (c) decision API"
-run "tollgate POST /v1/check (memory store)" -s "$WORK/check.lua" "http://127.0.0.1:$TGA"
+run check "tollgate POST /v1/check (memory store)" -s "$WORK/check.lua" "http://127.0.0.1:$TGA"
+
+if [ "$ROUNDS" -gt 1 ]; then
+  echo "# medians over $ROUNDS interleaved rounds (latencies in ms)"
+  printf '%-44s %12s %10s %10s\n' "run" "req/s" "p50" "p99"
+  for pair in "up:upstream alone" "ngx:nginx proxy_pass + limit_req" "tg:tollgate proxy (admit-all)" \
+              "ngx90:nginx, 90% refused" "tg90:tollgate, 90% refused"; do
+    key="${pair%%:*}"
+    printf '%-44s %12s %10s %10s\n' "${pair#*:}" "$(col "$key" 1 | median)" \
+      "$(col "$key" 2 | median)" "$(col "$key" 3 | median)"
+  done
+  echo "tollgate/nginx req/s per round, admit-all: $(ratios tg ngx | paste -sd' ') -> median $(ratios tg ngx | median)"
+  echo "tollgate/nginx req/s per round, 90% refused: $(ratios tg90 ngx90 | paste -sd' ') -> median $(ratios tg90 ngx90 | median)"
+fi
 echo "(machine: $(nproc) cores; wrk shares them with the servers)"

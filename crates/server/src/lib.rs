@@ -281,15 +281,7 @@ pub async fn run_with(
     if let Some(l) = listeners.proxy {
         let s = Arc::clone(&shared);
         // The relay serves what it can and hands the rest to hyper (`proxy::handle`).
-        tasks.spawn(serve::accept_loop(
-            "proxy",
-            l,
-            move |stream, peer, stop| {
-                relay::serve_connection(Arc::clone(&s), stream, peer, limits, stop)
-            },
-            stop_rx.clone(),
-            limits,
-        ));
+        tasks.spawn(relay::serve_per_core(s, l, stop_rx.clone(), limits));
     }
     if let Some((service, listener)) = envoy {
         let mut stop = stop_rx.clone();
