@@ -17,7 +17,7 @@ use tollgate_http::{
 };
 
 use crate::config::{Action, Config, OnError, PolicyConfig, ResetFormat};
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::{Metrics, Outcome, PolicyCounters};
 use crate::response::policy_name;
 use crate::store::AnyStore;
 
@@ -76,6 +76,9 @@ pub struct Engine {
     /// The request headers a decision can read: the proxy's relay copies only these into the
     /// map it hands the engine, instead of every header of every request.
     reads: Vec<HeaderName>,
+    /// Each policy's name, whether it is shadow, and its decision counters, resolved once here
+    /// rather than by a locked map lookup per decision.
+    counters: Vec<(String, bool, Arc<PolicyCounters>)>,
 }
 
 impl Engine {
@@ -113,7 +116,19 @@ impl Engine {
             builder = builder.jwt(j.verifier.clone());
         }
         let reads = headers_read(&config);
+        let counters = config
+            .policies
+            .iter()
+            .map(|pc| {
+                (
+                    pc.name().to_owned(),
+                    pc.action == Action::Shadow,
+                    metrics.policy_counters(pc.name()),
+                )
+            })
+            .collect();
         Ok(Engine {
+            counters,
             http: builder.build()?,
             config,
             metrics,
@@ -247,13 +262,18 @@ impl Engine {
 
     fn count(&self, decisions: &Decisions) {
         for d in decisions {
-            let shadow = !self.enforced(d);
+            let name = policy_name(d);
+            let known = self.counters.iter().find(|(n, ..)| n == name);
+            let shadow = known.map_or_else(|| !self.enforced(d), |(_, shadow, _)| *shadow);
             let outcome = match (d.allowed, shadow) {
                 (true, _) => Outcome::Allowed,
                 (false, true) => Outcome::Shadow,
                 (false, false) => Outcome::Denied,
             };
-            self.metrics.decision(policy_name(d), outcome);
+            match known {
+                Some((_, _, c)) => c.add(outcome as usize, 1),
+                None => self.metrics.decision(name, outcome),
+            }
         }
     }
 }

@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// How a policy treated a request, as the `outcome` label says it.
@@ -26,17 +26,70 @@ const BUCKETS: [f64; 12] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
 ];
 
-#[derive(Default)]
-struct Histogram {
-    buckets: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
-    sum_nanos: AtomicU64,
+/// Counters spread over cache-line-sized shards, one picked per thread: the proxy's threads
+/// count every request, and one shared line bouncing between cores on each increment would cost
+/// more than the rest of the bookkeeping. Reads add the shards up.
+pub struct Sharded<const N: usize> {
+    shards: [Shard<N>; SHARDS],
 }
+
+const SHARDS: usize = 8;
+
+#[repr(align(128))]
+struct Shard<const N: usize>([AtomicU64; N]);
+
+impl<const N: usize> Default for Sharded<N> {
+    fn default() -> Self {
+        Sharded {
+            shards: std::array::from_fn(|_| Shard(std::array::from_fn(|_| AtomicU64::new(0)))),
+        }
+    }
+}
+
+impl<const N: usize> std::fmt::Debug for Sharded<N> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries((0..N).map(|i| self.get(i))).finish()
+    }
+}
+
+impl<const N: usize> Sharded<N> {
+    /// Adds `v` to counter `i` (ignored past `N`).
+    pub fn add(&self, i: usize, v: u64) {
+        use std::sync::atomic::AtomicUsize;
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static MINE: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;
+        }
+        let shard = MINE.with(|m| *m);
+        if let Some(c) = self.shards[shard].0.get(i) {
+            c.fetch_add(v, Relaxed);
+        }
+    }
+
+    /// Counter `i`, all shards added up.
+    pub fn get(&self, i: usize) -> u64 {
+        self.shards
+            .iter()
+            .filter_map(|s| s.0.get(i))
+            .map(|c| c.load(Relaxed))
+            .sum()
+    }
+}
+
+/// One policy's decision counters, by [`Outcome`].
+pub type PolicyCounters = Sharded<4>;
+
+/// Per-bucket (not cumulative) counts, the last one for +Inf, then the sum in nanoseconds:
+/// one bucket and the sum change per decision; `/metrics` adds them up.
+#[derive(Default)]
+struct Histogram(Sharded<{ BUCKETS.len() + 2 }>);
+
+const SUM: usize = BUCKETS.len() + 1;
 
 /// Every counter the admin `/metrics` endpoint reports.
 #[derive(Default)]
 pub struct Metrics {
-    decisions: RwLock<HashMap<String, [AtomicU64; 4]>>,
+    decisions: RwLock<HashMap<String, Arc<PolicyCounters>>>,
     latency: Histogram,
     store_errors: AtomicU64,
     delayed: AtomicU64,
@@ -55,29 +108,34 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// Counts one decision of `policy`.
     pub fn decision(&self, policy: &str, outcome: Outcome) {
-        let i = outcome as usize;
+        self.policy_counters(policy).add(outcome as usize, 1);
+    }
+
+    /// The counters of `policy`, created on first use: an engine looks them up once per
+    /// configuration instead of once per request.
+    pub fn policy_counters(&self, policy: &str) -> Arc<PolicyCounters> {
         if let Ok(map) = self.decisions.read()
             && let Some(c) = map.get(policy)
         {
-            c[i].fetch_add(1, Relaxed);
-            return;
+            return Arc::clone(c);
         }
-        if let Ok(mut map) = self.decisions.write() {
-            map.entry(policy.to_owned()).or_default()[i].fetch_add(1, Relaxed);
+        match self.decisions.write() {
+            Ok(mut map) => Arc::clone(map.entry(policy.to_owned()).or_default()),
+            // A poisoned map: counted nowhere rather than panicking on the request path.
+            Err(_) => Arc::default(),
         }
     }
 
     /// Records how long a decision took (store round trip included).
     pub fn latency(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        for (b, bound) in self.latency.buckets.iter().zip(BUCKETS) {
-            if secs <= bound {
-                b.fetch_add(1, Relaxed);
-            }
-        }
-        self.latency.count.fetch_add(1, Relaxed);
+        let bucket = BUCKETS
+            .iter()
+            .position(|bound| secs <= *bound)
+            .unwrap_or(BUCKETS.len());
+        self.latency.0.add(bucket, 1);
         let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        self.latency.sum_nanos.fetch_add(nanos, Relaxed);
+        self.latency.0.add(SUM, nanos);
     }
 
     /// Counts a failed store call.
@@ -136,7 +194,7 @@ impl Metrics {
                             out,
                             "tollgate_decisions_total{{policy=\"{}\",outcome=\"{outcome}\"}} {}",
                             escape_label(name),
-                            c[i].load(Relaxed)
+                            c.get(i)
                         );
                     }
                 }
@@ -146,19 +204,20 @@ impl Metrics {
             "# HELP tollgate_decision_duration_seconds Time to decide a request, store included.\n",
         );
         out.push_str("# TYPE tollgate_decision_duration_seconds histogram\n");
-        for (b, bound) in self.latency.buckets.iter().zip(BUCKETS) {
+        let mut count = 0;
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            count += self.latency.0.get(i);
             let _ = writeln!(
                 out,
-                "tollgate_decision_duration_seconds_bucket{{le=\"{bound}\"}} {}",
-                b.load(Relaxed)
+                "tollgate_decision_duration_seconds_bucket{{le=\"{bound}\"}} {count}"
             );
         }
-        let count = self.latency.count.load(Relaxed);
+        count += self.latency.0.get(BUCKETS.len());
         let _ = writeln!(
             out,
             "tollgate_decision_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
         );
-        let sum = self.latency.sum_nanos.load(Relaxed) as f64 / 1e9;
+        let sum = self.latency.0.get(SUM) as f64 / 1e9;
         let _ = writeln!(out, "tollgate_decision_duration_seconds_sum {sum}");
         let _ = writeln!(out, "tollgate_decision_duration_seconds_count {count}");
         counter(
@@ -232,4 +291,65 @@ fn escape_label(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_from_many_threads_add_up_and_buckets_render_cumulative() {
+        let m = Arc::new(Metrics::default());
+        let threads: Vec<_> = (0..SHARDS + 3)
+            .map(|_| {
+                let m = Arc::clone(&m);
+                std::thread::spawn(move || {
+                    m.latency(Duration::from_micros(30));
+                    m.latency(Duration::from_micros(200));
+                    m.latency(Duration::from_secs(2));
+                    m.decision("api", Outcome::Allowed);
+                    m.policy_counters("api").add(Outcome::Denied as usize, 2);
+                })
+            })
+            .collect();
+        for t in threads {
+            assert!(t.join().is_ok());
+        }
+        let n = (SHARDS + 3) as u64;
+        let text = m.render(None, None);
+        for line in [
+            format!("tollgate_decision_duration_seconds_bucket{{le=\"0.00005\"}} {n}"),
+            format!("tollgate_decision_duration_seconds_bucket{{le=\"0.0001\"}} {n}"),
+            format!(
+                "tollgate_decision_duration_seconds_bucket{{le=\"0.00025\"}} {}",
+                2 * n
+            ),
+            format!(
+                "tollgate_decision_duration_seconds_bucket{{le=\"0.5\"}} {}",
+                2 * n
+            ),
+            format!(
+                "tollgate_decision_duration_seconds_bucket{{le=\"+Inf\"}} {}",
+                3 * n
+            ),
+            format!("tollgate_decision_duration_seconds_count {}", 3 * n),
+            format!("tollgate_decisions_total{{policy=\"api\",outcome=\"allowed\"}} {n}"),
+            format!(
+                "tollgate_decisions_total{{policy=\"api\",outcome=\"denied\"}} {}",
+                2 * n
+            ),
+        ] {
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
+        let sum_line = text
+            .lines()
+            .find(|l| l.starts_with("tollgate_decision_duration_seconds_sum "))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok());
+        let expected = n as f64 * (2.0 + 0.00023);
+        assert!(
+            sum_line.is_some_and(|s| (s - expected).abs() < 1e-6),
+            "{sum_line:?}"
+        );
+    }
 }
