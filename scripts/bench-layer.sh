@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What the tower layer costs an axum hello-world, measured with wrk (an efficient load generator
-# in its own process): three servers, each in its own process with 2 runtime workers (plain; with
+# in its own process): four servers, each in its own process with 2 runtime workers (plain; with
 # only the five header lines the layer adds, as fixed values; with the layer and the memory
-# store), loaded in turns for several rounds. Reports per round and as medians:
+# store through `Router::layer`; with the layer wrapped around the whole router), loaded in turns
+# for several rounds. Reports per round and as medians:
 #   - requests/s: what wrk got; wrk shares the 2 cores, so this moves with the machine's load;
 #   - server CPU µs per request (user + system, from /proc): what a server whose clients are
 #     elsewhere pays per request, and so the throughput it would lose; steadier than req/s when
@@ -34,12 +35,12 @@ cleanup() {
 trap cleanup EXIT
 
 declare -A URL PID
-for v in plain headers layer; do
+for v in plain headers layer outer; do
   TOLLGATE_BENCH_SERVE=$v "$BIN" --bench >"$WORK/$v.url" &
   PID[$v]=$!
   PIDS+=($!)
 done
-for v in plain headers layer; do
+for v in plain headers layer outer; do
   for _ in $(seq 100); do [ -s "$WORK/$v.url" ] && break; sleep 0.05; done
   URL[$v]="$(head -1 "$WORK/$v.url")"
 done
@@ -68,31 +69,34 @@ turn() {
     'BEGIN { printf "%.0f %.2f\n", r, t / hz * 1e6 / n }'
 }
 
-for v in plain headers layer; do turn "$v" >/dev/null; done # warm-up
-printf '%-6s %10s %10s %10s   %8s %8s %8s\n' round plain headers layer "µs/req" "" ""
+VARIANTS=(plain headers layer outer)
+for v in "${VARIANTS[@]}"; do turn "$v" >/dev/null; done # warm-up
+echo "req/s and server CPU µs per request; layer = Router::layer, outer = around the router"
+printf '%-6s %8s %8s %8s %8s | %7s %7s %7s %7s\n' round plain headers layer outer plain headers layer outer
 : >"$WORK/rounds"
 for r in $(seq 1 "$ROUNDS"); do
-  order=(plain headers layer)
+  order=("${VARIANTS[@]}")
   # Rotate the order, so that none always gets the quieter moment.
-  for _ in $(seq 1 $((r % 3))); do order=("${order[@]:1}" "${order[0]}"); done
+  for _ in $(seq 1 $((r % 4))); do order=("${order[@]:1}" "${order[0]}"); done
   declare -A RPS CPU
   for v in "${order[@]}"; do
     read -r RPS[$v] CPU[$v] < <(turn "$v")
   done
-  printf '%-6s %10s %10s %10s   %8s %8s %8s\n' "$r" "${RPS[plain]}" "${RPS[headers]}" \
-    "${RPS[layer]}" "${CPU[plain]}" "${CPU[headers]}" "${CPU[layer]}"
-  echo "${RPS[plain]} ${RPS[headers]} ${RPS[layer]} ${CPU[plain]} ${CPU[headers]} ${CPU[layer]}" >>"$WORK/rounds"
+  printf '%-6s %8s %8s %8s %8s | %7s %7s %7s %7s\n' "$r" "${RPS[plain]}" "${RPS[headers]}" \
+    "${RPS[layer]}" "${RPS[outer]}" "${CPU[plain]}" "${CPU[headers]}" "${CPU[layer]}" "${CPU[outer]}"
+  echo "${RPS[plain]} ${RPS[headers]} ${RPS[layer]} ${RPS[outer]} ${CPU[plain]} ${CPU[headers]} ${CPU[layer]} ${CPU[outer]}" >>"$WORK/rounds"
 done
 python3 - "$WORK/rounds" <<'PY'
 import statistics, sys
 rows = [list(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
-med = lambda xs: statistics.median(xs)
-rps_h = med([100 * (1 - r[1] / r[0]) for r in rows])
-rps_l = med([100 * (1 - r[2] / r[0]) for r in rows])
-cpu_h = med([100 * (r[4] / r[3] - 1) for r in rows])
-cpu_l = med([100 * (r[5] / r[3] - 1) for r in rows])
-print(f"median req/s: plain {med([r[0] for r in rows]):.0f}, headers only {med([r[1] for r in rows]):.0f}, layer {med([r[2] for r in rows]):.0f}")
-print(f"median server CPU per request: plain {med([r[3] for r in rows]):.2f} µs, headers only {med([r[4] for r in rows]):.2f} µs, layer {med([r[5] for r in rows]):.2f} µs")
-print(f"throughput lost (median of per-round ratios): headers only {rps_h:.1f}%, layer {rps_l:.1f}%")
-print(f"server CPU added per request (median of per-round ratios): headers only {cpu_h:.1f}%, layer {cpu_l:.1f}%")
+med = statistics.median
+names = ["headers only", "layer", "outer"]
+print("median req/s: plain %.0f, " % med([r[0] for r in rows])
+      + ", ".join("%s %.0f" % (n, med([r[i + 1] for r in rows])) for i, n in enumerate(names)))
+print("median server CPU per request: plain %.2f µs, " % med([r[4] for r in rows])
+      + ", ".join("%s %.2f µs" % (n, med([r[i + 5] for r in rows])) for i, n in enumerate(names)))
+print("throughput lost (median of per-round ratios): "
+      + ", ".join("%s %.1f%%" % (n, med([100 * (1 - r[i + 1] / r[0]) for r in rows])) for i, n in enumerate(names)))
+print("server CPU added per request (median of per-round ratios): "
+      + ", ".join("%s %.1f%%" % (n, med([100 * (r[i + 5] / r[4] - 1) for r in rows])) for i, n in enumerate(names)))
 PY
