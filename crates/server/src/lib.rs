@@ -131,8 +131,6 @@ pub(crate) struct Shared {
     store: AnyStore,
     metrics: Arc<Metrics>,
     client: proxy::UpstreamClient,
-    /// Idle upstream sockets of the proxy's relay.
-    relay_pool: relay::Pool,
     /// Envoy's rate limit service, kept so a reload can swap its descriptors in place.
     envoy: Option<tollgate_envoy::RlsService<AnyStore, SystemClock>>,
 }
@@ -247,7 +245,6 @@ pub async fn run_with(
         store: store.clone(),
         metrics,
         client: proxy::client(),
-        relay_pool: relay::Pool::default(),
         envoy: envoy_handle,
     });
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -38,6 +38,9 @@ use crate::Shared;
 use crate::engine::{Engine, Verdict};
 use crate::serve::Limits;
 
+/// A deadline far enough away to mean "none yet".
+const FAR: std::time::Duration = std::time::Duration::from_secs(86_400);
+
 /// Headers parsed per head; a request with more is handed to hyper (which allows 100).
 const MAX_HEADERS: usize = 64;
 /// Largest upstream response head accepted.
@@ -150,6 +153,9 @@ pub(crate) async fn serve_per_core(
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let shared = Arc::clone(&shared);
         let stop = shutdown.clone();
+        // Each thread its own idle upstream sockets: a socket is registered with the runtime
+        // that opened it, and used from another thread its wake-ups would cross threads.
+        let pool = Arc::new(Pool::default());
         let spawned = std::thread::Builder::new()
             .name(format!("tollgate-proxy-{i}"))
             .spawn(move || {
@@ -166,6 +172,7 @@ pub(crate) async fn serve_per_core(
                                     move |stream, peer, stop| {
                                         serve_connection(
                                             Arc::clone(&shared),
+                                            Arc::clone(&pool),
                                             stream,
                                             peer,
                                             per_thread,
@@ -200,6 +207,7 @@ pub(crate) async fn serve_per_core(
 /// Serves one client connection of the proxy listener.
 pub(crate) async fn serve_connection(
     shared: Arc<Shared>,
+    pool: Arc<Pool>,
     mut client: TcpStream,
     peer: SocketAddr,
     limits: Limits,
@@ -207,6 +215,8 @@ pub(crate) async fn serve_connection(
 ) {
     let mut conn = Conn {
         shared: Arc::clone(&shared),
+        pool,
+        timer: Box::pin(tokio::time::sleep_until(Instant::now() + FAR)),
         peer,
         limits,
         inbuf: BytesMut::with_capacity(READ_CHUNK),
@@ -238,6 +248,11 @@ pub(crate) async fn serve_connection(
 /// The state of one client connection, reused from request to request.
 struct Conn {
     shared: Arc<Shared>,
+    /// This thread's idle upstream sockets.
+    pool: Arc<Pool>,
+    /// The upstream's answer deadline: one timer per connection, moved only when it fires
+    /// early (set for an earlier request), instead of one registered and removed per request.
+    timer: Pin<Box<tokio::time::Sleep>>,
     peer: SocketAddr,
     limits: Limits,
     /// Bytes read from the client and not yet relayed.
@@ -323,6 +338,7 @@ impl Conn {
                 }
                 let idle = self.inbuf.is_empty();
                 self.inbuf.reserve(READ_CHUNK);
+                let spare = self.inbuf.capacity() - self.inbuf.len();
                 let read = client.read_buf(&mut self.inbuf);
                 let n = match deadline {
                     Some(d) => tokio::select! {
@@ -341,6 +357,9 @@ impl Conn {
                 };
                 match n {
                     Ok(0) | Err(_) => return End::Close,
+                    // A short read took all the socket had: the next read would only find it
+                    // empty (one wasted syscall per request), so wait for the next event.
+                    Ok(n) if n < spare => clear_read_readiness(client),
                     Ok(_) => {}
                 }
             }
@@ -463,7 +482,7 @@ impl Conn {
         let deadline = Instant::now() + timeout;
         let mut retried = false;
         loop {
-            let (mut up, reused) = match self.shared.relay_pool.checkout(&authority) {
+            let (mut up, reused) = match self.pool.checkout(&authority) {
                 Some(c) => (c, true),
                 None => {
                     match tokio::time::timeout_at(deadline, crate::proxy::connect_tcp(&authority))
@@ -513,7 +532,10 @@ impl Conn {
                     client_ok,
                 } => {
                     if reusable {
-                        self.shared.relay_pool.checkin(&authority, up);
+                        {
+                            clear_read_readiness(&up);
+                            self.pool.checkin(&authority, up);
+                        }
                     }
                     return Ok(client_ok);
                 }
@@ -571,6 +593,7 @@ impl Conn {
             head.is_head,
             head.close || stopping,
             deadline,
+            &mut self.timer,
         );
         tokio::pin!(upload, download);
         let mut uploaded: Option<bool> = None;
@@ -1142,8 +1165,12 @@ async fn download(
     is_head: bool,
     close: bool,
     deadline: Instant,
+    timer: &mut Pin<Box<tokio::time::Sleep>>,
 ) -> Result<Downloaded, DownloadError> {
     let mut received = false;
+    if timer.deadline() > deadline {
+        timer.as_mut().reset(deadline);
+    }
     let (framing, upstream_close) = loop {
         // Read until a whole head is buffered.
         loop {
@@ -1161,20 +1188,29 @@ async fn download(
                 }
             }
             upbuf.reserve(READ_CHUNK);
-            match tokio::time::timeout_at(deadline, ur.read_buf(upbuf)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => {
-                    return Err(DownloadError::BeforeHead {
-                        nothing_received: !received,
-                        timed_out: false,
-                    });
-                }
-                Ok(Ok(_)) => received = true,
-                Err(_) => {
+            let read = tokio::select! {
+                biased;
+                r = ur.read_buf(upbuf) => r,
+                () = timer.as_mut() => {
+                    if Instant::now() < deadline {
+                        // Set for an earlier request: now for this one.
+                        timer.as_mut().reset(deadline);
+                        continue;
+                    }
                     return Err(DownloadError::BeforeHead {
                         nothing_received: !received,
                         timed_out: true,
                     });
                 }
+            };
+            match read {
+                Ok(0) | Err(_) => {
+                    return Err(DownloadError::BeforeHead {
+                        nothing_received: !received,
+                        timed_out: false,
+                    });
+                }
+                Ok(_) => received = true,
             }
         }
         let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -1347,6 +1383,15 @@ async fn download(
 fn push_chunk_header(out: &mut Vec<u8>, n: usize) {
     use std::io::Write;
     let _ = write!(out, "{n:x}\r\n");
+}
+
+/// Forgets that `s` was readable, without a syscall, so that its next read waits for the
+/// next readiness event: for a socket known to be drained (a short read, or an upstream whose
+/// answer was read to its end). Data that arrived meanwhile raises a new event.
+fn clear_read_readiness(s: &TcpStream) {
+    let _ = s.try_io(tokio::io::Interest::READABLE, || {
+        Err::<(), _>(io::ErrorKind::WouldBlock.into())
+    });
 }
 
 /// A status code (100–999) as its three digits.
