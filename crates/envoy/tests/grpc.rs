@@ -896,3 +896,78 @@ async fn a_descriptor_hits_addend_overrides_the_request_one_zero_included() {
     let r = c.should_rate_limit(huge).await.unwrap();
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 10));
 }
+
+/// The `grpc-status` of one raw HTTP/2 call to `ShouldRateLimit` with `body` as its body.
+async fn raw_call(
+    send: &h2::client::SendRequest<bytes::Bytes>,
+    body: &[u8],
+    encoding: Option<&str>,
+) -> String {
+    let mut send = send.clone().ready().await.unwrap();
+    let mut request = http::Request::post(format!(
+        "http://localhost{}",
+        tollgate_envoy::proto::envoy::service_ratelimit_v3::SHOULD_RATE_LIMIT_PATH
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers");
+    if let Some(e) = encoding {
+        request = request.header("grpc-encoding", e);
+    }
+    let (response, mut stream) = send.send_request(request.body(()).unwrap(), false).unwrap();
+    stream
+        .send_data(bytes::Bytes::copy_from_slice(body), true)
+        .unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    if let Some(status) = response.headers().get("grpc-status") {
+        return status.to_str().unwrap().to_owned();
+    }
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let trailers = body.trailers().await.unwrap().unwrap();
+    trailers["grpc-status"].to_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn malformed_grpc_bodies_get_a_status_and_the_server_carries_on() {
+    use prost::Message as _;
+    let server = start(edge()).await;
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let message = request("edge", &[&[("api_key", "raw")]]).encode_to_vec();
+    let mut good = vec![0, 0, 0, 0, u8::try_from(message.len()).unwrap()];
+    good.extend_from_slice(&message);
+    assert_eq!(raw_call(&send, &good, None).await, "0");
+    assert_eq!(raw_call(&send, &good, Some("identity")).await, "0");
+    // Compressed (flag or header): UNIMPLEMENTED.
+    let mut compressed = good.clone();
+    compressed[0] = 1;
+    assert_eq!(raw_call(&send, &compressed, None).await, "12");
+    assert_eq!(raw_call(&send, &good, Some("gzip")).await, "12");
+    // Cut short, no message at all, not protobuf: INTERNAL, as tonic answers them.
+    assert_eq!(raw_call(&send, &good[..good.len() - 2], None).await, "13");
+    assert_eq!(raw_call(&send, &[], None).await, "13");
+    assert_eq!(
+        raw_call(&send, &[0, 0, 0, 0, 2, 0xff, 0xff], None).await,
+        "13"
+    );
+    // Two messages in a unary call: INVALID_ARGUMENT.
+    let twice = [good.as_slice(), good.as_slice()].concat();
+    assert_eq!(raw_call(&send, &twice, None).await, "3");
+    // Declared over 4 MiB: OUT_OF_RANGE before the body is read.
+    assert_eq!(raw_call(&send, &[0, 0x7f, 0, 0, 0], None).await, "11");
+    // The same connection still answers.
+    assert_eq!(raw_call(&send, &good, None).await, "0");
+    let mut c = server.client().await;
+    let r = c
+        .should_rate_limit(request("edge", &[&[("api_key", "raw")]]))
+        .await
+        .unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 1));
+}
