@@ -49,6 +49,6 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp, TokioClock};
 pub use decision::{Decision, Decisions, Verdict};
 pub use error::{Error, QuotaError, StoreError};
 pub use limiter::{Limiter, LimiterBuilder};
-pub use policy::{MAX_POLICY_NAME, Policy};
+pub use policy::{MAX_POLICY_NAME, Policy, intern};
 pub use quota::{AlgorithmKind, MAX_PERIOD, Quota, Rate, parse_duration};
 pub use store::{Check, MemoryStore, Store};

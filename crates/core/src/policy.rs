@@ -73,11 +73,14 @@ impl fmt::Display for Policy {
     }
 }
 
-/// Policy names live for the whole process: every decision carries its policy's name, and a
-/// `&'static str` costs nothing to copy, where a shared `Arc<str>` would make every decision
-/// touch one reference count that all threads fight over. Each distinct name is stored once, so
-/// reloads that keep their names add nothing.
-fn intern(name: &str) -> &'static str {
+/// `name` stored for the whole process, once per distinct text.
+///
+/// Policy names live this way: every decision carries its policy's name, and a `&'static str`
+/// costs nothing to copy, where a shared `Arc<str>` would make every decision touch one
+/// reference count that all threads fight over. Integrations use it for other per-policy text
+/// that every response repeats (the HTTP layer's `RateLimit-Policy` value). Reloads that keep
+/// their texts add nothing; only configuration text belongs here, never per-request data.
+pub fn intern(name: &str) -> &'static str {
     static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
     let mut names = NAMES
         .get_or_init(Mutex::default)

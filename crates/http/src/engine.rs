@@ -23,13 +23,14 @@ use tollgate::{
 };
 
 use crate::client_ip::{ForwardedHeader, client_ip};
-use crate::headers::{HeaderList, PolicyHeaders, render, retry_after, t_secs};
+use crate::headers::{HeaderList, PolicyHeaders, render, retry_after};
 use crate::key::{KeyBuf, KeyContext, KeyHasher};
 use crate::route::NormalizedPath;
 use crate::{
     ConfigError, HeaderConfig, JwtVerifier, KeyChain, KeySelector, RequestInfo, RouteMatch,
     TrustedProxies, problem,
 };
+use tollgate::headers::t_secs;
 
 /// The key a request without one is counted under (per policy), unless the policy requires a
 /// key. Selector keys always contain a `:`, so no request can claim this one.

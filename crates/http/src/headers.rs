@@ -1,15 +1,18 @@
 //! The rate-limit response headers of SPEC §5: the `X-RateLimit-*` family and the IETF
 //! `RateLimit-Policy` / `RateLimit` structured fields, plus `Retry-After`.
 //!
-//! Everything that depends only on a policy (its quoted name, its `RateLimit-Policy` item) is
-//! rendered once when the engine is built; a request only formats its numbers.
+//! The text itself comes from [`tollgate::headers`], which the server and the Envoy service use
+//! too, so every way into Tollgate writes the same bytes. Everything that depends only on a
+//! policy (its quoted name, its `RateLimit-Policy` item) is rendered once when the engine is
+//! built; a request only formats its numbers, mostly from a table of rendered ones.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
+use tollgate::headers as fields;
 use tollgate::{Decision, Policy, Timestamp};
 
 use crate::ConfigError;
@@ -93,82 +96,50 @@ impl Default for HeaderConfig {
     }
 }
 
-/// A policy's header text, rendered once.
+/// A policy's header text, rendered once by [`tollgate::headers`] and interned: the values are
+/// `'static`, so copying one into a response touches no shared reference count.
 #[derive(Clone, Debug)]
 pub(crate) struct PolicyHeaders {
     /// `"name"`: a structured-field string.
-    pub(crate) quoted_name: Bytes,
+    pub(crate) quoted_name: &'static str,
     /// `"name";q=100;w=60`.
-    pub(crate) policy_item: Bytes,
-    /// The same item as a whole header value, for the common single-policy case.
+    pub(crate) policy_item: &'static str,
+    /// The same item as a whole `RateLimit-Policy` value, for the common single-policy case.
     pub(crate) policy_value: HeaderValue,
     /// The quota's limit, as `X-RateLimit-Limit` writes it.
     pub(crate) limit: u64,
-    /// `limit` as a header value (cloning it is a reference-count update at most).
+    /// `limit` as a header value.
     pub(crate) limit_value: HeaderValue,
 }
 
 impl PolicyHeaders {
     pub(crate) fn new(policy: &Policy) -> Result<Self, ConfigError> {
         let name = policy.name();
-        // A structured-field string holds printable ASCII only.
-        if !name.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
-            return Err(ConfigError::new(
+        let quoted = fields::quoted(name).ok_or_else(|| {
+            ConfigError::new(
                 name,
                 "a policy name must be printable ASCII to appear in RateLimit headers",
-            ));
-        }
-        let mut quoted = BytesMut::with_capacity(name.len() + 2);
-        quoted.put_u8(b'"');
-        for b in name.bytes() {
-            if b == b'"' || b == b'\\' {
-                quoted.put_u8(b'\\');
-            }
-            quoted.put_u8(b);
-        }
-        quoted.put_u8(b'"');
-        let quoted_name = quoted.freeze();
+            )
+        })?;
         let quota = policy.quota();
-        let mut item = BytesMut::with_capacity(quoted_name.len() + 32);
-        item.put_slice(&quoted_name);
-        item.put_slice(b";q=");
-        item.put_slice(itoa::Buffer::new().format(quota.limit()).as_bytes());
-        item.put_slice(b";w=");
-        item.put_slice(
-            itoa::Buffer::new()
-                .format(ceil_secs(quota.window()))
-                .as_bytes(),
-        );
-        let policy_item = item.freeze();
-        let policy_value = HeaderValue::from_maybe_shared(policy_item.clone())
-            .map_err(|_| ConfigError::new(name, "cannot be written as a header value"))?;
+        let mut item = String::with_capacity(quoted.len() + 32);
+        fields::write_policy_item(&mut item, &quoted, quota);
         let limit = u64::from(quota.limit());
+        let mut digits = String::new();
+        fields::write_u64(&mut digits, limit);
+        let policy_item = tollgate::intern(&item);
         Ok(PolicyHeaders {
-            quoted_name,
+            quoted_name: tollgate::intern(&quoted),
             policy_item,
-            policy_value,
+            policy_value: HeaderValue::from_static(policy_item),
             limit,
-            limit_value: number(limit),
+            limit_value: HeaderValue::from_static(tollgate::intern(&digits)),
         })
     }
 }
 
-/// Whole seconds, rounded up.
-pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
-}
-
 /// The headers of one response.
 pub(crate) type HeaderList = smallvec::SmallVec<[(HeaderName, HeaderValue); 6]>;
-
-/// The seconds `RateLimit`'s `t` reports for `d`: until the quota is available again for this
-/// request when it was denied, until it is fully reset otherwise.
-pub(crate) fn t_secs(d: &Decision) -> u64 {
-    match (d.allowed, d.retry_after) {
-        (false, Some(retry)) => ceil_secs(retry).max(1),
-        _ => ceil_secs(d.reset),
-    }
-}
 
 /// Writes the headers for `decisions` (with their policies' rendered text) into `out`.
 pub(crate) fn render(
@@ -177,15 +148,16 @@ pub(crate) fn render(
     items: &[(&Decision, &PolicyHeaders)],
     out: &mut HeaderList,
 ) {
-    let Some(&(worst, worst_text)) = most_restrictive(items) else {
+    let Some(&(worst, worst_text)) = items
+        .iter()
+        .min_by(|(a, _), (b, _)| fields::cmp_restrictive(a, b))
+    else {
         return;
     };
     if config.legacy {
         let reset = match config.reset_format {
-            ResetFormat::Delta => ceil_secs(worst.reset),
-            ResetFormat::Epoch => {
-                ceil_secs(Duration::from_micros(now.as_micros()).saturating_add(worst.reset))
-            }
+            ResetFormat::Delta => fields::reset_delta_secs(worst),
+            ResetFormat::Epoch => fields::reset_epoch_secs(now, worst),
         };
         let limit = if worst.limit == worst_text.limit {
             worst_text.limit_value.clone()
@@ -200,31 +172,36 @@ pub(crate) fn render(
         let policy = if let [(_, only)] = items {
             only.policy_value.clone()
         } else {
-            let mut joined = BytesMut::with_capacity(items.len() * 32);
+            let mut joined = String::with_capacity(items.len() * 32);
             for (i, (_, text)) in items.iter().enumerate() {
                 if i > 0 {
-                    joined.put_slice(b", ");
+                    joined.push_str(fields::LIST_SEPARATOR);
                 }
-                joined.put_slice(&text.policy_item);
+                joined.push_str(text.policy_item);
             }
-            match HeaderValue::from_maybe_shared(joined.freeze()) {
+            match HeaderValue::from_maybe_shared(Bytes::from(joined)) {
                 Ok(v) => v,
                 Err(_) => return,
             }
         };
         out.push((RATELIMIT_POLICY, policy));
-        // Written on the stack and copied once into an exactly sized value: one allocation
-        // per response (a growing Vec would be a second one when frozen).
-        let mut buf = smallvec::SmallVec::<[u8; 96]>::new();
-        buf.extend_from_slice(&worst_text.quoted_name);
-        buf.extend_from_slice(b";r=");
-        buf.extend_from_slice(itoa::Buffer::new().format(worst.remaining).as_bytes());
-        buf.extend_from_slice(b";t=");
-        buf.extend_from_slice(itoa::Buffer::new().format(t_secs(worst)).as_bytes());
-        if let Ok(v) = HeaderValue::from_bytes(&buf) {
+        // Written into this thread's buffer and copied once into an exactly sized value: one
+        // allocation per response.
+        let value = SCRATCH.try_with(|scratch| {
+            let mut scratch = scratch.try_borrow_mut().ok()?;
+            scratch.clear();
+            fields::write_ratelimit_item(&mut scratch, worst_text.quoted_name, worst);
+            HeaderValue::from_str(&scratch).ok()
+        });
+        if let Ok(Some(v)) = value {
             out.push((RATELIMIT, v));
         }
     }
+}
+
+thread_local! {
+    /// Where a `RateLimit` value is written before it becomes a header value.
+    static SCRATCH: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
 
 /// Numbers up to this are rendered once per process: limits, remaining counts and second
@@ -282,19 +259,6 @@ fn recent_number(n: u64) -> HeaderValue {
     .unwrap_or_else(|_| number(n))
 }
 
-/// The SPEC §5 choice: a denying decision first, then the lowest remaining, ties broken by the
-/// latest reset (as [`tollgate::Decisions::most_restrictive`]).
-fn most_restrictive<'a, 'b>(
-    items: &'a [(&'b Decision, &'b PolicyHeaders)],
-) -> Option<&'a (&'b Decision, &'b PolicyHeaders)> {
-    items.iter().min_by(|(a, _), (b, _)| {
-        a.allowed
-            .cmp(&b.allowed)
-            .then(a.remaining.cmp(&b.remaining))
-            .then(b.reset.cmp(&a.reset))
-    })
-}
-
 /// The `Retry-After` value for a wait of `wait`: whole seconds rounded up, at least 1, and not
 /// earlier than `floor_secs` (the `t` the `RateLimit` field reports).
 pub(crate) fn retry_after(
@@ -303,13 +267,13 @@ pub(crate) fn retry_after(
     wait: Duration,
     floor_secs: u64,
 ) -> (u64, HeaderValue) {
-    let secs = ceil_secs(wait).max(1).max(floor_secs);
+    let secs = fields::retry_after_secs(wait, floor_secs);
     let value = match format {
         RetryAfterFormat::Seconds => HeaderValue::from(secs),
         RetryAfterFormat::HttpDate => {
             // Whole seconds after now, rounded up, so the date is never earlier than the wait.
             let at = UNIX_EPOCH
-                + Duration::from_secs(ceil_secs(Duration::from_micros(now.as_micros())))
+                + Duration::from_secs(fields::ceil_secs(Duration::from_micros(now.as_micros())))
                 + Duration::from_secs(secs);
             let text = httpdate::fmt_http_date(at.max(SystemTime::UNIX_EPOCH));
             HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from(secs))
@@ -364,10 +328,7 @@ mod tests {
     }
 
     #[test]
-    fn rounding_up() {
-        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
-        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
-        assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
+    fn retry_after_in_seconds_and_as_a_date() {
         let (secs, v) = retry_after(
             RetryAfterFormat::Seconds,
             Timestamp::from_secs(0),
