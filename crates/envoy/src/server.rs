@@ -166,18 +166,50 @@ where
             return Status::unimplemented("compressed requests are not supported").into_http();
         }
     }
-    let message = match read_message(req.into_body()).await {
-        Ok(m) => m,
-        Err(status) => return status.into_http(),
+    let deadline = req
+        .headers()
+        .get("grpc-timeout")
+        .and_then(|v| grpc_timeout(v.as_bytes()));
+    let answer = async move {
+        let message = read_message(req.into_body()).await?;
+        let request = RateLimitRequest::decode(message)
+            .map_err(|e| Status::internal(format!("cannot decode the request: {e}")))?;
+        service.should_rate_limit(&request).await
     };
-    let request = match RateLimitRequest::decode(message) {
-        Ok(r) => r,
-        Err(e) => return Status::internal(format!("cannot decode the request: {e}")).into_http(),
+    // The client's deadline (Envoy sends its `timeout`): past it nobody waits for the answer,
+    // so the call stops holding a store request, as tonic's server did.
+    let answer = match deadline {
+        Some(d) => match tokio::time::timeout(d, answer).await {
+            Ok(answer) => answer,
+            Err(_) => Err(Status::deadline_exceeded("the call's grpc-timeout passed")),
+        },
+        None => answer.await,
     };
-    match service.should_rate_limit(&request).await {
+    match answer {
         Ok(response) => unary_response(&response),
         Err(status) => status.into_http(),
     }
+}
+
+/// A `grpc-timeout` value (gRPC over HTTP/2: 1 to 8 digits and a unit, `H` `M` `S` `m` `u`
+/// `n`); `None` when malformed, and then the call has no deadline, as tonic reads it.
+fn grpc_timeout(value: &[u8]) -> Option<Duration> {
+    let (&unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = digits
+        .iter()
+        .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3_600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// The one message of a unary call's body, without its 5-byte gRPC prefix. A message longer
@@ -314,5 +346,39 @@ impl UnaryService<HealthCheckRequest> for HealthCheck {
                 status: ServingStatus::Serving as i32,
             }))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_spec_writes_them() {
+        assert_eq!(grpc_timeout(b"250m"), Some(Duration::from_millis(250)));
+        assert_eq!(grpc_timeout(b"1S"), Some(Duration::from_secs(1)));
+        assert_eq!(grpc_timeout(b"2M"), Some(Duration::from_secs(120)));
+        assert_eq!(grpc_timeout(b"1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(
+            grpc_timeout(b"99999999u"),
+            Some(Duration::from_micros(99_999_999))
+        );
+        assert_eq!(grpc_timeout(b"5n"), Some(Duration::from_nanos(5)));
+        for bad in [
+            &b""[..],
+            b"m",
+            b"123456789m",
+            b"12x",
+            b"-1S",
+            b"1.5S",
+            b"10",
+        ] {
+            assert_eq!(
+                grpc_timeout(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 }

@@ -903,6 +903,15 @@ async fn raw_call(
     body: &[u8],
     encoding: Option<&str>,
 ) -> String {
+    raw_call_with(send, body, encoding.map(|e| ("grpc-encoding", e))).await
+}
+
+/// [`raw_call`] with one more request header.
+async fn raw_call_with(
+    send: &h2::client::SendRequest<bytes::Bytes>,
+    body: &[u8],
+    header: Option<(&str, &str)>,
+) -> String {
     let mut send = send.clone().ready().await.unwrap();
     let mut request = http::Request::post(format!(
         "http://localhost{}",
@@ -910,8 +919,8 @@ async fn raw_call(
     ))
     .header("content-type", "application/grpc")
     .header("te", "trailers");
-    if let Some(e) = encoding {
-        request = request.header("grpc-encoding", e);
+    if let Some((name, value)) = header {
+        request = request.header(name, value);
     }
     let (response, mut stream) = send.send_request(request.body(()).unwrap(), false).unwrap();
     stream
@@ -970,4 +979,49 @@ async fn malformed_grpc_bodies_get_a_status_and_the_server_carries_on() {
         .await
         .unwrap();
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 1));
+}
+
+/// A store that never answers.
+struct Stuck;
+
+#[allow(clippy::manual_async_fn)]
+impl Store for Stuck {
+    fn apply(
+        &self,
+        _now: Timestamp,
+        _checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Decisions, StoreError>> + Send {
+        std::future::pending()
+    }
+
+    fn refund(
+        &self,
+        _now: Timestamp,
+        _checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+}
+
+#[tokio::test]
+async fn a_passed_grpc_timeout_is_deadline_exceeded() {
+    use prost::Message as _;
+    let server = start_with(Stuck, edge()).await;
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let message = request("edge", &[&[("api_key", "slow")]]).encode_to_vec();
+    let mut body = vec![0, 0, 0, 0, u8::try_from(message.len()).unwrap()];
+    body.extend_from_slice(&message);
+    // DEADLINE_EXCEEDED is 4.
+    let status = raw_call_with(&send, &body, Some(("grpc-timeout", "20m"))).await;
+    assert_eq!(status, "4");
+    // Unknown domains never reach the store: answered within any deadline.
+    let message = request("nope", &[&[("api_key", "slow")]]).encode_to_vec();
+    let mut body = vec![0, 0, 0, 0, u8::try_from(message.len()).unwrap()];
+    body.extend_from_slice(&message);
+    let status = raw_call_with(&send, &body, Some(("grpc-timeout", "10S"))).await;
+    assert_eq!(status, "0");
 }
