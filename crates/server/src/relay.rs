@@ -116,13 +116,15 @@ enum End {
     Fallback(Bytes),
 }
 
-/// Serves the proxy listener on one single-threaded runtime per core, each accepting from the
-/// same socket, until `shutdown` turns true and their connections have drained.
+/// Serves the proxy listener until `shutdown` turns true and its connections have drained:
+/// the server's runtime accepts, and each connection is handed to the least busy of one
+/// single-threaded runtime per core, where it stays.
 ///
 /// Why not the server's runtime: a proxied request is two short socket round trips, and on a
 /// work-stealing runtime each wake-up may hop threads (a cross-thread wake is a syscall). A
 /// connection that stays on one thread, as an nginx worker does it, costs less per request.
-/// `limits.max_connections` is shared out between the threads.
+/// Why one acceptor: threads racing for `accept` on a shared socket share connections out
+/// unevenly, and the busier thread's connections make the latency tail.
 pub(crate) async fn serve_per_core(
     shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
@@ -130,78 +132,139 @@ pub(crate) async fn serve_per_core(
     limits: Limits,
 ) {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let listener = match listener.into_std() {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(error = %e, "proxy listener unusable");
-            return;
-        }
-    };
-    let per_thread = Limits {
-        max_connections: (limits.max_connections / threads).max(1),
-        ..limits
-    };
-    let mut done = Vec::with_capacity(threads);
+    let mut workers = Vec::with_capacity(threads);
+    let mut finished = Vec::with_capacity(threads);
     for i in 0..threads {
-        let listener = match listener.try_clone() {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(error = %e, "proxy: fewer accepting threads than cores");
-                break;
+        match spawn_worker(i, Arc::clone(&shared), limits) {
+            Ok((worker, done)) => {
+                workers.push(worker);
+                finished.push(done);
             }
-        };
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let shared = Arc::clone(&shared);
-        let stop = shutdown.clone();
-        // Each thread its own idle upstream sockets: a socket is registered with the runtime
-        // that opened it, and used from another thread its wake-ups would cross threads.
-        let pool = Arc::new(Pool::default());
-        let spawned = std::thread::Builder::new()
-            .name(format!("tollgate-proxy-{i}"))
-            .spawn(move || {
-                match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt.block_on(async move {
-                        match tokio::net::TcpListener::from_std(listener) {
-                            Ok(l) => {
-                                crate::serve::accept_loop(
-                                    "proxy",
-                                    l,
-                                    move |stream, peer, stop| {
-                                        serve_connection(
-                                            Arc::clone(&shared),
-                                            Arc::clone(&pool),
-                                            stream,
-                                            peer,
-                                            per_thread,
-                                            stop,
-                                        )
-                                    },
-                                    stop,
-                                    per_thread,
-                                )
-                                .await;
-                            }
-                            Err(e) => tracing::error!(error = %e, "proxy listener unusable"),
-                        }
-                    }),
-                    Err(e) => tracing::error!(error = %e, "cannot start a proxy thread"),
-                }
-                let _ = tx.send(());
-            });
-        match spawned {
-            Ok(_) => done.push(rx),
-            Err(e) => tracing::warn!(error = %e, "proxy: fewer accepting threads than cores"),
+            Err(e) => tracing::warn!(error = %e, "proxy: fewer threads than cores"),
         }
     }
-    if done.is_empty() {
-        tracing::error!("proxy: no thread could be started; the proxy listener is not served");
+    if workers.is_empty() {
+        // No thread could be started: serve on this runtime rather than not at all.
+        let pool = Arc::new(Pool::default());
+        crate::serve::accept_loop(
+            "proxy",
+            listener,
+            move |stream, peer, stop| {
+                serve_connection(
+                    Arc::clone(&shared),
+                    Arc::clone(&pool),
+                    stream,
+                    peer,
+                    limits,
+                    stop,
+                )
+            },
+            shutdown,
+            limits,
+        )
+        .await;
+        return;
     }
-    for rx in done {
-        let _ = rx.await;
+    let workers: Arc<[Worker]> = workers.into();
+    crate::serve::accept_loop(
+        "proxy",
+        listener,
+        move |stream, peer, stop| {
+            // Handed over here, not in the returned future: only the accept loop holds the
+            // workers' senders, so the workers see the end of the channel once it returns.
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+            if let Some(worker) = workers
+                .iter()
+                .min_by_key(|w| w.active.load(Ordering::Relaxed))
+                && let Ok(stream) = stream.into_std()
+            {
+                worker.active.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = worker.tx.send((stream, peer, stop, done_tx)) {
+                    worker.active.fetch_sub(1, Ordering::Relaxed);
+                    drop(e);
+                }
+            }
+            // Holds the connection's permit until the worker is done with it.
+            async move {
+                let _ = done_rx.await;
+            }
+        },
+        shutdown,
+        limits,
+    )
+    .await;
+    // Every connection has drained (or the drain period is over): the workers stop, and
+    // whatever is still open goes with them.
+    for done in finished {
+        let _ = done.await;
     }
+}
+
+/// A connection handed to a worker: the socket, the peer, the shutdown signal, and what to
+/// tell the acceptor when the connection is over.
+type Handoff = (
+    std::net::TcpStream,
+    SocketAddr,
+    watch::Receiver<bool>,
+    tokio::sync::oneshot::Sender<()>,
+);
+
+/// One per-core thread of the proxy.
+struct Worker {
+    tx: tokio::sync::mpsc::UnboundedSender<Handoff>,
+    /// Connections it serves now.
+    active: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Starts worker thread `i`: a single-threaded runtime serving the connections it is handed,
+/// with its own idle upstream sockets (a socket used from another runtime than the one it was
+/// registered with would wake across threads). The receiver completes when the thread ends.
+fn spawn_worker(
+    i: usize,
+    shared: Arc<Shared>,
+    limits: Limits,
+) -> io::Result<(Worker, tokio::sync::oneshot::Receiver<()>)> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Handoff>();
+    let active = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let count = Arc::clone(&active);
+    std::thread::Builder::new()
+        .name(format!("tollgate-proxy-{i}"))
+        .spawn(move || {
+            rt.block_on(async move {
+                let pool = Arc::new(Pool::default());
+                let mut conns = tokio::task::JoinSet::new();
+                loop {
+                    tokio::select! {
+                        next = rx.recv() => {
+                            let Some((stream, peer, stop, done)) = next else { break };
+                            let shared = Arc::clone(&shared);
+                            let pool = Arc::clone(&pool);
+                            let count = Arc::clone(&count);
+                            conns.spawn(async move {
+                                match TcpStream::from_std(stream) {
+                                    Ok(stream) => {
+                                        serve_connection(shared, pool, stream, peer, limits, stop)
+                                            .await;
+                                    }
+                                    Err(e) => tracing::warn!(error = %e, "proxy: connection lost in hand-off"),
+                                }
+                                count.fetch_sub(1, Ordering::Relaxed);
+                                let _ = done.send(());
+                            });
+                        }
+                        Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                    }
+                }
+                // The acceptor has drained (or given up waiting): what remains is cut.
+                conns.shutdown().await;
+            });
+            let _ = done_tx.send(());
+        })?;
+    Ok((Worker { tx, active }, done_rx))
 }
 
 /// Serves one client connection of the proxy listener.
