@@ -184,6 +184,9 @@ impl Shared {
         {
             tracing::warn!("reload: listen address changes take effect on restart");
         }
+        if !same_limits(&old.limits, &config.limits) {
+            tracing::warn!("reload: listener limit changes take effect on restart");
+        }
         let engine = Engine::new(
             Arc::new(config),
             self.store.clone(),
@@ -212,6 +215,7 @@ impl Shared {
 }
 
 /// Runs the server on `listeners` until `shutdown` completes, then drains in-flight requests.
+/// The listeners are bounded by the configuration's [`Config::limits`].
 ///
 /// When the configuration came from a file, it is reloaded on SIGHUP and when the file changes
 /// (checked every second).
@@ -220,10 +224,11 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    run_with(config, listeners, shutdown, Limits::default()).await
+    let limits = config.limits;
+    run_with(config, listeners, shutdown, limits).await
 }
 
-/// [`run`] with explicit listener [`Limits`].
+/// [`run`] with explicit listener [`Limits`], in place of the configuration's.
 pub async fn run_with(
     config: Config,
     listeners: Listeners,
@@ -318,6 +323,14 @@ pub async fn run_with(
     let _ = stop_tx.send(true);
     while tasks.join_next().await.is_some() {}
     Ok(())
+}
+
+/// Whether two sets of listener limits are the same.
+fn same_limits(a: &Limits, b: &Limits) -> bool {
+    a.header_read_timeout == b.header_read_timeout
+        && a.max_header_bytes == b.max_header_bytes
+        && a.max_connections == b.max_connections
+        && a.idle_timeout == b.idle_timeout
 }
 
 /// Envoy's rate limit service over the server's store.

@@ -313,8 +313,9 @@ struct Conn {
     shared: Arc<Shared>,
     /// This thread's idle upstream sockets.
     pool: Arc<Pool>,
-    /// The upstream's answer deadline: one timer per connection, moved only when it fires
-    /// early (set for an earlier request), instead of one registered and removed per request.
+    /// The deadline of the current wait (idle, head, upstream answer): one timer per
+    /// connection, moved only when it fires early (set for an earlier wait), instead of one
+    /// registered and removed per request.
     timer: Pin<Box<tokio::time::Sleep>>,
     peer: SocketAddr,
     limits: Limits,
@@ -366,8 +367,15 @@ impl Conn {
         loop {
             let stopping = *stop.borrow();
             // Wait for a whole head: the header read timeout runs from the connection's start
-            // for its first request, and from a head's first byte for the next ones.
-            let mut deadline = first.then(|| Instant::now() + self.limits.header_read_timeout);
+            // for its first request, and from a head's first byte for the next ones; before
+            // that first byte, the idle timeout.
+            let mut head_started = first || !self.inbuf.is_empty();
+            let mut deadline = Instant::now()
+                + if head_started {
+                    self.limits.header_read_timeout
+                } else {
+                    self.limits.idle_timeout
+                };
             first = false;
             loop {
                 if !self.inbuf.is_empty() {
@@ -400,8 +408,9 @@ impl Conn {
                         .await;
                         return End::Close;
                     }
-                    if deadline.is_none() {
-                        deadline = Some(Instant::now() + self.limits.header_read_timeout);
+                    if !head_started {
+                        head_started = true;
+                        deadline = Instant::now() + self.limits.header_read_timeout;
                     }
                 } else if stopping {
                     return End::Close;
@@ -409,21 +418,24 @@ impl Conn {
                 let idle = self.inbuf.is_empty();
                 self.inbuf.reserve(READ_CHUNK);
                 let spare = self.inbuf.capacity() - self.inbuf.len();
-                let read = client.read_buf(&mut self.inbuf);
-                let n = match deadline {
-                    Some(d) => tokio::select! {
-                        r = tokio::time::timeout_at(d, read) => match r {
-                            Ok(r) => r,
-                            // Slow loris: closed without an answer, as hyper does.
-                            Err(_) => return End::Close,
-                        },
-                        // Shutdown: a connection between requests closes.
-                        _ = &mut shutdown, if idle => return End::Close,
-                    },
-                    None => tokio::select! {
-                        r = read => r,
-                        _ = &mut shutdown => return End::Close,
-                    },
+                // The connection's one timer, moved only when it is due later than this wait
+                // ends, or fires before it does: most requests touch no timer at all.
+                if self.timer.deadline() > deadline {
+                    self.timer.as_mut().reset(deadline);
+                }
+                let n = tokio::select! {
+                    biased;
+                    r = client.read_buf(&mut self.inbuf) => r,
+                    () = self.timer.as_mut() => {
+                        if Instant::now() < deadline {
+                            self.timer.as_mut().reset(deadline);
+                            continue;
+                        }
+                        // Slow loris or idle: closed without an answer, as hyper does.
+                        return End::Close;
+                    }
+                    // Shutdown: a connection between requests closes.
+                    _ = &mut shutdown, if idle => return End::Close,
                 };
                 match n {
                     Ok(0) | Err(_) => return End::Close,

@@ -28,6 +28,8 @@ pub struct Limits {
     pub max_header_bytes: usize,
     /// How long shutdown waits for in-flight requests.
     pub drain: Duration,
+    /// How long a proxy connection may sit idle between requests before it is closed.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -37,6 +39,7 @@ impl Default for Limits {
             header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 64 * 1024,
             drain: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(75),
         }
     }
 }

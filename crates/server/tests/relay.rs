@@ -283,3 +283,21 @@ async fn the_proxy_cuts_slow_loris_clients() {
     let _ = tx.send(());
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+    let up = upstream().await;
+    let s = start_text(&proxy_config(up, "").replace(
+        "timeout = \"2s\"\n",
+        "timeout = \"2s\"\nidle_timeout = \"300ms\"\n",
+    ))
+    .await;
+    // One request on a keep-alive connection, then silence: the proxy closes it.
+    let text = exchange(s.proxy.unwrap(), b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(statuses(&text), [200], "{text}");
+    assert!(
+        !text.to_ascii_lowercase().contains("connection: close"),
+        "kept alive until idle: {text}"
+    );
+    s.stop().await;
+}

@@ -306,6 +306,9 @@ pub struct Config {
     pub grpc_listen: Option<SocketAddr>,
     /// `[server] ipv6_prefix`: leading bits of an IPv6 address that form one client (64).
     pub ipv6_prefix: u8,
+    /// What every listener bounds: `[server] header_read_timeout`, `max_header_bytes`,
+    /// `max_connections` (per listener), and `[proxy] idle_timeout`.
+    pub limits: crate::Limits,
     /// `[admin] listen`.
     pub admin_listen: SocketAddr,
     /// `[admin] token`: a bearer token the admin endpoints require.
@@ -372,6 +375,7 @@ impl Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_listen: None,
             ipv6_prefix: 64,
+            limits: crate::Limits::default(),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,
             store: raw::default_store(),

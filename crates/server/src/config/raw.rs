@@ -71,6 +71,9 @@ struct RawServer {
     listen: Option<S<String>>,
     grpc_listen: Option<S<String>>,
     ipv6_prefix: Option<S<i64>>,
+    header_read_timeout: Option<S<String>>,
+    max_header_bytes: Option<S<i64>>,
+    max_connections: Option<S<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -101,6 +104,7 @@ struct RawProxy {
     trusted_proxies: Option<Vec<S<String>>>,
     forwarded_header: Option<S<String>>,
     timeout: Option<S<String>>,
+    idle_timeout: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -240,7 +244,11 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
         listen: None,
         grpc_listen: None,
         ipv6_prefix: None,
+        header_read_timeout: None,
+        max_header_bytes: None,
+        max_connections: None,
     });
+    let limits = validate_limits(&server, raw.proxy.as_ref().map(|p| p.get_ref()), errs);
     let ipv6_prefix = match &server.ipv6_prefix {
         Some(v) if (0..=128).contains(v.get_ref()) => u8::try_from(*v.get_ref()).ok(),
         Some(v) => {
@@ -377,6 +385,7 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
         listen: listen?,
         grpc_listen: grpc_listen?,
         ipv6_prefix: ipv6_prefix?,
+        limits: limits?,
         admin_listen: admin_listen?,
         admin_token,
         store: store?,
@@ -386,6 +395,68 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
         jwt: jwt?,
         envoy: envoy?,
     })
+}
+
+/// The listener bounds: `[server] header_read_timeout`, `max_header_bytes`, `max_connections`,
+/// and `[proxy] idle_timeout`; each unset one keeps its default.
+fn validate_limits(
+    server: &RawServer,
+    proxy: Option<&RawProxy>,
+    errs: &mut Errors<'_>,
+) -> Option<crate::Limits> {
+    let mut out = crate::Limits::default();
+    let mut ok = true;
+    let mut positive = |v: &S<String>, ctx: &str, field: &str, example: &str| match duration(
+        v, field, ctx, errs,
+    ) {
+        Some(d) if d.is_zero() => {
+            errs.at(
+                v.span().start,
+                format!(
+                    "{ctx}field \"{field}\" must be positive; write e.g. {field} = \"{example}\""
+                ),
+            );
+            None
+        }
+        d => d,
+    };
+    if let Some(v) = &server.header_read_timeout {
+        match positive(v, "[server] ", "header_read_timeout", "10s") {
+            Some(d) => out.header_read_timeout = d,
+            None => ok = false,
+        }
+    }
+    if let Some(v) = proxy.and_then(|p| p.idle_timeout.as_ref()) {
+        match positive(v, "[proxy] ", "idle_timeout", "75s") {
+            Some(d) => out.idle_timeout = d,
+            None => ok = false,
+        }
+    }
+    let mut bounded = |v: &S<i64>, field: &str, min: i64, max: i64, example: &str| {
+        let n = *v.get_ref();
+        if (min..=max).contains(&n) {
+            usize::try_from(n).ok()
+        } else {
+            errs.at(
+                v.span().start,
+                format!("[server] field \"{field}\" must be {min} to {max}, not {n}; write e.g. {field} = {example}"),
+            );
+            None
+        }
+    };
+    if let Some(v) = &server.max_header_bytes {
+        match bounded(v, "max_header_bytes", 1024, 1 << 20, "65536") {
+            Some(n) => out.max_header_bytes = n,
+            None => ok = false,
+        }
+    }
+    if let Some(v) = &server.max_connections {
+        match bounded(v, "max_connections", 1, 1_000_000, "10000") {
+            Some(n) => out.max_connections = n,
+            None => ok = false,
+        }
+    }
+    ok.then_some(out)
 }
 
 fn validate_store(raw: Option<RawStore>, errs: &mut Errors<'_>) -> Option<StoreConfig> {

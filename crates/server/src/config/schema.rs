@@ -20,6 +20,9 @@ const SERVER: &[(&str, Ty)] = &[
     ("listen", Ty::Str),
     ("grpc_listen", Ty::Str),
     ("ipv6_prefix", Ty::Int),
+    ("header_read_timeout", Ty::Str),
+    ("max_header_bytes", Ty::Int),
+    ("max_connections", Ty::Int),
 ];
 const ADMIN: &[(&str, Ty)] = &[("listen", Ty::Str), ("token", Ty::Str)];
 const STORE: &[(&str, Ty)] = &[
@@ -38,6 +41,7 @@ const PROXY: &[(&str, Ty)] = &[
     ("trusted_proxies", Ty::StrArray),
     ("forwarded_header", Ty::Str),
     ("timeout", Ty::Str),
+    ("idle_timeout", Ty::Str),
 ];
 const HEADERS: &[(&str, Ty)] = &[
     ("legacy", Ty::Bool),

@@ -65,3 +65,71 @@ fn semantic_errors_are_collected() {
     assert_eq!(e.len(), 4, "{e:?}");
     assert!(e[0].starts_with("t.toml:2:12:"), "{e:?}");
 }
+
+#[test]
+fn listener_limits_default_and_set() {
+    let c = Config::parse("t.toml", "");
+    let limits = c.map(|c| c.limits).ok();
+    let d = crate::Limits::default();
+    assert_eq!(
+        limits.map(|l| (
+            l.header_read_timeout,
+            l.max_header_bytes,
+            l.max_connections,
+            l.idle_timeout
+        )),
+        Some((
+            d.header_read_timeout,
+            d.max_header_bytes,
+            d.max_connections,
+            d.idle_timeout
+        ))
+    );
+    let c = Config::parse(
+        "t.toml",
+        "[server]\nheader_read_timeout = \"3s\"\nmax_header_bytes = 16384\nmax_connections = 500\n\n[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\nidle_timeout = \"20s\"\n",
+    );
+    let l = c.map(|c| c.limits).ok();
+    assert_eq!(
+        l.map(|l| (
+            l.header_read_timeout,
+            l.max_header_bytes,
+            l.max_connections,
+            l.idle_timeout
+        )),
+        Some((Duration::from_secs(3), 16384, 500, Duration::from_secs(20)))
+    );
+}
+
+#[test]
+fn bad_listener_limits_name_the_field_and_the_fix() {
+    let e = errors(concat!(
+        "[server]\nheader_read_timeout = \"0s\"\nmax_header_bytes = 10\nmax_connections = 0\n",
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\nidle_timeout = \"soon\"\n",
+    ));
+    assert_eq!(e.len(), 4, "{e:?}");
+    assert!(
+        e.iter().any(|m| m.starts_with("t.toml:2:")
+            && m.contains("[server] field \"header_read_timeout\" must be positive; write e.g. header_read_timeout = \"10s\"")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter().any(|m| m.starts_with("t.toml:3:")
+            && m.contains("[server] field \"max_header_bytes\" must be 1024 to 1048576, not 10; write e.g. max_header_bytes = 65536")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter().any(|m| m.starts_with("t.toml:4:")
+            && m.contains("[server] field \"max_connections\" must be 1 to 1000000, not 0; write e.g. max_connections = 10000")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter().any(|m| m.starts_with("t.toml:8:")
+            && m.contains("[proxy] field \"idle_timeout\"")
+            && m.contains("write e.g. idle_timeout = ")),
+        "{e:?}"
+    );
+    // A string where a number belongs is caught by the shape check, with its position.
+    let e = errors("[server]\nmax_connections = \"many\"\n");
+    assert!(e.iter().any(|m| m.starts_with("t.toml:2:")), "{e:?}");
+}
