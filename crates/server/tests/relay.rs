@@ -301,3 +301,39 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     );
     s.stop().await;
 }
+
+#[tokio::test]
+async fn a_held_request_whose_client_leaves_gives_its_slot_back() {
+    let up = upstream().await;
+    let s = start_text(&proxy_config(
+        up,
+        "[[policy]]\nname = \"hooks\"\nalgorithm = \"leaky_bucket\"\nrate = \"1/s\"\nqueue = 1\naction = \"delay\"\nmax_delay = \"5s\"\nkey = [\"header:x-tenant\"]\n",
+    ))
+    .await;
+    let addr = s.proxy.unwrap();
+    let req = |tenant: &str| {
+        format!("GET /echo HTTP/1.1\r\nHost: a\r\nX-Tenant: {tenant}\r\nConnection: close\r\n\r\n")
+    };
+    for (tenant, leaves) in [("stays", false), ("leaves", true)] {
+        // The first passes at once; the second is held for the next slot.
+        let first = exchange(addr, req(tenant).as_bytes()).await;
+        assert_eq!(statuses(&first), [200], "{first}");
+        let mut held = TcpStream::connect(addr).await.unwrap();
+        held.write_all(req(tenant).as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        if leaves {
+            drop(held);
+            // The refund is its own task: give it a moment.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let third = exchange(addr, req(tenant).as_bytes()).await;
+            assert_eq!(statuses(&third), [200], "the slot came back: {third}");
+        } else {
+            let third = exchange(addr, req(tenant).as_bytes()).await;
+            assert_eq!(statuses(&third), [429], "the queue is full: {third}");
+            let mut rest = Vec::new();
+            held.read_to_end(&mut rest).await.unwrap();
+            assert_eq!(statuses(&String::from_utf8_lossy(&rest)), [200]);
+        }
+    }
+    s.stop().await;
+}
