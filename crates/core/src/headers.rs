@@ -170,8 +170,9 @@ pub fn write_u64(out: &mut String, n: u64) {
             break;
         }
     }
-    for &b in &digits[i..] {
-        out.push(char::from(b));
+    // ASCII digits are always UTF-8; one append instead of a char-by-char push.
+    if let Ok(text) = std::str::from_utf8(&digits[i..]) {
+        out.push_str(text);
     }
 }
 
