@@ -893,10 +893,18 @@ fn build_upstream_head(
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    // Names a `Connection` header lists beyond close/keep-alive are hop-by-hop too.
     let has_connection = req
         .headers
         .iter()
-        .any(|h| h.name.eq_ignore_ascii_case("connection"));
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+        .flat_map(|h| h.value.split(|b| *b == b','))
+        .map(trim)
+        .any(|t| {
+            !t.is_empty()
+                && !t.eq_ignore_ascii_case(b"close")
+                && !t.eq_ignore_ascii_case(b"keep-alive")
+        });
     let mut host = false;
     let mut xff: Option<usize> = None;
     for h in req.headers.iter() {
@@ -1253,163 +1261,51 @@ async fn download(
     if timer.deadline() > deadline {
         timer.as_mut().reset(deadline);
     }
+    let before_head = || DownloadError::BeforeHead {
+        nothing_received: false,
+        timed_out: false,
+    };
     let (framing, upstream_close) = loop {
-        // Read until a whole head is buffered.
-        loop {
-            if !upbuf.is_empty() {
-                let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
-                match httparse::Response::new(&mut h).parse(upbuf) {
-                    Ok(httparse::Status::Complete(_)) => break,
-                    Ok(httparse::Status::Partial) if upbuf.len() <= MAX_RESPONSE_HEAD => {}
-                    _ => {
-                        return Err(DownloadError::BeforeHead {
-                            nothing_received: false,
-                            timed_out: false,
-                        });
-                    }
+        // Parse what is buffered; read more while the head is incomplete.
+        match response_head(upbuf, out, rate_limit, is_head, close) {
+            Err(()) => return Err(before_head()),
+            Ok(Some(head)) => {
+                upbuf.advance(head.len);
+                if head.interim {
+                    cw.write_all(out)
+                        .await
+                        .map_err(|_| DownloadError::AfterHead)?;
+                    continue;
                 }
+                break (head.framing, head.upstream_close);
             }
-            upbuf.reserve(READ_CHUNK);
-            let read = tokio::select! {
-                biased;
-                r = ur.read_buf(upbuf) => r,
-                () = timer.as_mut() => {
-                    if Instant::now() < deadline {
-                        // Set for an earlier request: now for this one.
-                        timer.as_mut().reset(deadline);
-                        continue;
-                    }
-                    return Err(DownloadError::BeforeHead {
-                        nothing_received: !received,
-                        timed_out: true,
-                    });
-                }
-            };
-            match read {
-                Ok(0) | Err(_) => {
-                    return Err(DownloadError::BeforeHead {
-                        nothing_received: !received,
-                        timed_out: false,
-                    });
-                }
-                Ok(_) => received = true,
-            }
+            Ok(None) => {}
         }
-        let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut res = httparse::Response::new(&mut h);
-        let Ok(httparse::Status::Complete(head_len)) = res.parse(upbuf) else {
-            return Err(DownloadError::BeforeHead {
-                nothing_received: false,
-                timed_out: false,
-            });
-        };
-        let code = res.code.unwrap_or(0);
-        let before_head = DownloadError::BeforeHead {
-            nothing_received: false,
-            timed_out: false,
-        };
-        if code == 101 || !(100..=999).contains(&code) {
-            return Err(before_head);
-        }
-        let interim = code < 200;
-        let mut length: Option<u64> = None;
-        let mut te_chunked: Option<bool> = None;
-        let mut upstream_close = false;
-        for h in res.headers.iter() {
-            let name = h.name.as_bytes();
-            if name.eq_ignore_ascii_case(b"content-length") {
-                let Some(n) = parse_length(h.value) else {
-                    return Err(before_head);
-                };
-                if length.is_some_and(|l| l != n) {
-                    return Err(before_head);
+        upbuf.reserve(READ_CHUNK);
+        let read = tokio::select! {
+            biased;
+            r = ur.read_buf(upbuf) => r,
+            () = timer.as_mut() => {
+                if Instant::now() < deadline {
+                    // Set for an earlier wait: now for this one.
+                    timer.as_mut().reset(deadline);
+                    continue;
                 }
-                length = Some(n);
-            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-                // Chunked must come last; anything else is read until the upstream closes.
-                let last = h.value.rsplit(|b| *b == b',').next().map(trim);
-                te_chunked = Some(last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")));
-            } else if name.eq_ignore_ascii_case(b"connection") {
-                upstream_close |= h
-                    .value
-                    .split(|b| *b == b',')
-                    .any(|t| trim(t).eq_ignore_ascii_case(b"close"));
-            }
-        }
-        let framing = if interim || is_head || code == 204 || code == 304 {
-            Framing::None
-        } else {
-            match (te_chunked, length) {
-                (Some(true), _) => Framing::Chunked,
-                (Some(false), _) => Framing::Close,
-                (None, Some(n)) => Framing::Length(n),
-                (None, None) => Framing::Close,
+                return Err(DownloadError::BeforeHead {
+                    nothing_received: !received,
+                    timed_out: true,
+                });
             }
         };
-        if framing == Framing::Close {
-            upstream_close = true;
-        }
-        // The head for the client.
-        out.clear();
-        out.extend_from_slice(b"HTTP/1.1 ");
-        out.extend_from_slice(itoa3(code).as_slice());
-        out.push(b' ');
-        match res.reason {
-            Some(r) if !r.is_empty() => out.extend_from_slice(r.as_bytes()),
-            _ => out.extend_from_slice(
-                StatusCode::from_u16(code)
-                    .ok()
-                    .and_then(|s| s.canonical_reason())
-                    .unwrap_or("")
-                    .as_bytes(),
-            ),
-        }
-        out.extend_from_slice(b"\r\n");
-        let has_connection = res
-            .headers
-            .iter()
-            .any(|h| h.name.eq_ignore_ascii_case("connection"));
-        for h in res.headers.iter() {
-            let name = h.name.as_bytes();
-            if hop_by_hop(name)
-                || (has_connection && listed_in_connection(res.headers, name))
-                || (!interim
-                    && rate_limit
-                        .iter()
-                        .any(|(n, _)| name.eq_ignore_ascii_case(n.as_str().as_bytes())))
-                || (framing == Framing::Close && name.eq_ignore_ascii_case(b"transfer-encoding"))
-            {
-                continue;
+        match read {
+            Ok(0) | Err(_) => {
+                return Err(DownloadError::BeforeHead {
+                    nothing_received: !received,
+                    timed_out: false,
+                });
             }
-            out.extend_from_slice(name);
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(h.value);
-            out.extend_from_slice(b"\r\n");
+            Ok(_) => received = true,
         }
-        if interim {
-            out.extend_from_slice(b"\r\n");
-            upbuf.advance(head_len);
-            cw.write_all(out)
-                .await
-                .map_err(|_| DownloadError::AfterHead)?;
-            continue;
-        }
-        for (n, v) in rate_limit.iter() {
-            out.extend_from_slice(n.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(v.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        if framing == Framing::Close {
-            // Re-framed as chunked, so the client connection outlives the upstream one.
-            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-        }
-        if close {
-            out.extend_from_slice(b"connection: close\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
-        upbuf.advance(head_len);
-        break (framing, upstream_close);
     };
 
     // The body, by its framing; its first bytes go out with the head, in one write.
@@ -1460,6 +1356,138 @@ async fn download(
         reusable: !upstream_close && upbuf.is_empty(),
         client_ok: !close,
     })
+}
+
+/// A response head read from the upstream, already rewritten for the client.
+struct ResponseHead {
+    len: usize,
+    /// A 1xx to forward before the final answer.
+    interim: bool,
+    framing: Framing,
+    /// The upstream will close (or must be read to its end): not reusable.
+    upstream_close: bool,
+}
+
+/// Parses the upstream's response head at the start of `upbuf` and writes the client's
+/// version into `out`: hop-by-hop headers dropped, the rate-limit headers in place of any of
+/// the same name, re-framed as chunked when the upstream delimits the body by closing.
+/// `Ok(None)`: incomplete. Kept out of the async code so the parser's header array lives on
+/// the stack, not in every download's future.
+fn response_head(
+    upbuf: &[u8],
+    out: &mut Vec<u8>,
+    rate_limit: &RateLimitHeaders,
+    is_head: bool,
+    close: bool,
+) -> Result<Option<ResponseHead>, ()> {
+    if upbuf.is_empty() {
+        return Ok(None);
+    }
+    let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut h);
+    let len = match res.parse(upbuf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if upbuf.len() <= MAX_RESPONSE_HEAD => return Ok(None),
+        _ => return Err(()),
+    };
+    let code = res.code.unwrap_or(0);
+    if code == 101 || !(100..=999).contains(&code) {
+        return Err(());
+    }
+    let interim = code < 200;
+    let mut length: Option<u64> = None;
+    let mut te_chunked: Option<bool> = None;
+    let mut upstream_close = false;
+    // Names a `Connection` header lists beyond close/keep-alive are hop-by-hop too.
+    let mut listed = false;
+    for h in res.headers.iter() {
+        let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            let n = parse_length(h.value).ok_or(())?;
+            if length.is_some_and(|l| l != n) {
+                return Err(());
+            }
+            length = Some(n);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // Chunked must come last; anything else is read until the upstream closes.
+            let last = h.value.rsplit(|b| *b == b',').next().map(trim);
+            te_chunked = Some(last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")));
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for t in h.value.split(|b| *b == b',').map(trim) {
+                if t.eq_ignore_ascii_case(b"close") {
+                    upstream_close = true;
+                } else if !t.eq_ignore_ascii_case(b"keep-alive") && !t.is_empty() {
+                    listed = true;
+                }
+            }
+        }
+    }
+    let framing = if interim || is_head || code == 204 || code == 304 {
+        Framing::None
+    } else {
+        match (te_chunked, length) {
+            (Some(true), _) => Framing::Chunked,
+            (Some(false), _) | (None, None) => Framing::Close,
+            (None, Some(n)) => Framing::Length(n),
+        }
+    };
+    if framing == Framing::Close {
+        upstream_close = true;
+    }
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(&itoa3(code));
+    out.push(b' ');
+    match res.reason {
+        Some(r) if !r.is_empty() => out.extend_from_slice(r.as_bytes()),
+        _ => out.extend_from_slice(
+            StatusCode::from_u16(code)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+                .unwrap_or("")
+                .as_bytes(),
+        ),
+    }
+    out.extend_from_slice(b"\r\n");
+    for h in res.headers.iter() {
+        let name = h.name.as_bytes();
+        if hop_by_hop(name)
+            || (listed && listed_in_connection(res.headers, name))
+            || (!interim
+                && rate_limit
+                    .iter()
+                    .any(|(n, _)| name.eq_ignore_ascii_case(n.as_str().as_bytes())))
+            || (framing == Framing::Close && name.eq_ignore_ascii_case(b"transfer-encoding"))
+        {
+            continue;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !interim {
+        for (n, v) in rate_limit.iter() {
+            out.extend_from_slice(n.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        if framing == Framing::Close {
+            // Re-framed as chunked, so the client connection outlives the upstream one.
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        }
+        if close {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    Ok(Some(ResponseHead {
+        len,
+        interim,
+        framing,
+        upstream_close,
+    }))
 }
 
 fn push_chunk_header(out: &mut Vec<u8>, n: usize) {
@@ -1575,6 +1603,85 @@ mod tests {
         input.extend_from_slice(b"GET / HTTP/1.1\r\n");
         assert_eq!(scan_all(&input), Ok((body.len(), true)));
         assert_eq!(scan_all(b"0\r\n\r\n"), Ok((5, true)));
+    }
+
+    #[test]
+    fn response_head_rewrites_for_the_client() {
+        let mut out = Vec::new();
+        let none = RateLimitHeaders::default();
+        let raw = b"HTTP/1.1 200 OK\r\nConnection: keep-alive, x-hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\nX-Up: 1\r\n\r\nok";
+        let head = response_head(raw, &mut out, &none, false, false);
+        let Ok(Some(head)) = head else {
+            panic!("a complete head");
+        };
+        assert_eq!(
+            (head.len, head.framing, head.upstream_close),
+            (raw.len() - 2, Framing::Length(2), false)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Up: 1\r\n\r\n"
+        );
+        // No length: read until the upstream closes, and chunked for the client, who closes
+        // when asked to.
+        let head = response_head(
+            b"HTTP/1.1 200 \r\nX-Up: 1\r\n\r\n",
+            &mut out,
+            &none,
+            false,
+            true,
+        );
+        assert!(matches!(
+            head,
+            Ok(Some(ResponseHead {
+                framing: Framing::Close,
+                upstream_close: true,
+                ..
+            }))
+        ));
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "HTTP/1.1 200 OK\r\nX-Up: 1\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+        );
+        // HEAD and 304: no body whatever the length says; 1xx forwarded as interim.
+        let head = response_head(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n",
+            &mut out,
+            &none,
+            true,
+            false,
+        );
+        assert!(matches!(
+            head,
+            Ok(Some(ResponseHead {
+                framing: Framing::None,
+                ..
+            }))
+        ));
+        let head = response_head(
+            b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n",
+            &mut out,
+            &none,
+            false,
+            false,
+        );
+        assert!(matches!(head, Ok(Some(ResponseHead { interim: true, .. }))));
+        // Incomplete, then malformed.
+        assert!(matches!(
+            response_head(b"HTTP/1.1 200 OK\r\n", &mut out, &none, false, false),
+            Ok(None)
+        ));
+        assert!(response_head(b"garbage\r\n\r\n", &mut out, &none, false, false).is_err());
+        assert!(
+            response_head(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                &mut out,
+                &none,
+                false,
+                false
+            )
+            .is_err()
+        );
     }
 
     #[test]
