@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks Tollgate's reverse proxy and decision API against nginx, on loopback only:
 #   (a) admit-all: tollgate proxy vs nginx proxy_pass + limit_req, same tiny upstream
-#       (nginx `return 200`), plus the upstream alone as the ceiling;
+#       (a separate nginx `return 200`), plus the upstream alone as the ceiling;
 #   (b) 90% refused: 9 in 10 requests carry an exhausted API key, 1 in 10 a fresh one;
 #   (c) POST /v1/check decisions per second with the memory store.
 # Needs wrk and nginx (Debian: apt-get install -y wrk nginx-light); installs them when missing
@@ -44,6 +44,7 @@ PIDS=()
 cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
   [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
+  [ -f "$WORK/upstream.pid" ] && kill "$(cat "$WORK/upstream.pid")" 2>/dev/null || true
   sleep 0.3
   rm -rf "$WORK"
 }
@@ -53,8 +54,25 @@ echo "building tollgate (release)..."
 cargo build --release -q -p tollgate-cli
 BIN="${CARGO_TARGET_DIR:-target}/release/tollgate"
 
-# nginx: the upstream (return 200) and the comparison proxy with limit_req.
-mkdir -p "$WORK/nginx/logs"
+# nginx: the upstream (return 200) and the comparison proxy with limit_req, as two instances:
+# in one, the proxy's workers would also serve the upstream, and a request could go from proxy
+# to upstream without leaving its process, which tollgate's requests cannot. Both proxies talk to
+# the same separate upstream.
+mkdir -p "$WORK/nginx/logs" "$WORK/upstream/logs"
+cat >"$WORK/upstream.conf" <<EOF
+worker_processes auto;
+pid $WORK/upstream.pid;
+error_log $WORK/upstream/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  server {
+    listen 127.0.0.1:$UP;
+    location / { return 200 "ok\n"; }
+  }
+}
+EOF
 cat >"$WORK/nginx.conf" <<EOF
 worker_processes auto;
 pid $WORK/nginx.pid;
@@ -66,10 +84,6 @@ http {
   limit_req_zone \$binary_remote_addr zone=all:10m rate=1000000r/s;
   limit_req_zone \$http_x_api_key zone=perkey:10m rate=1r/m;
   upstream backend { server 127.0.0.1:$UP; keepalive 256; }
-  server {
-    listen 127.0.0.1:$UP;
-    location / { return 200 "ok\n"; }
-  }
   server {
     listen 127.0.0.1:$NGX;
     limit_req_status 429;
@@ -90,6 +104,7 @@ http {
   }
 }
 EOF
+"$NGINX" -c "$WORK/upstream.conf" -p "$WORK/upstream" -e "$WORK/upstream/logs/error.log"
 "$NGINX" -c "$WORK/nginx.conf" -p "$WORK/nginx" -e "$WORK/nginx/logs/error.log"
 
 # Tollgate, admit-all: a policy on every request whose quota is never reached.
