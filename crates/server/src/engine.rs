@@ -41,11 +41,10 @@ pub struct Evaluation {
 }
 
 /// The request headers `tollgate_http` reads for `config`'s policies: `header:` key selectors,
-/// `Authorization` for `jwt:` ones, `Host` for route matching, and both forwarding headers (the
-/// client address behind a trusted proxy).
+/// `Authorization` for `jwt:` ones, and both forwarding headers (the client address behind a
+/// trusted proxy). `Host`, for route matching, is handed over on its own.
 fn headers_read(config: &Config) -> Vec<HeaderName> {
     let mut reads = vec![
-        hyper::header::HOST,
         HeaderName::from_static("x-forwarded-for"),
         hyper::header::FORWARDED,
     ];
@@ -142,8 +141,9 @@ impl Engine {
         self.http.headers_for(decisions)
     }
 
-    /// Whether a decision may read request header `name` (any case): a `header:` key, the
-    /// `Authorization` of a `jwt:` key, the forwarding headers, `Host` for routes.
+    /// Whether a decision may read request header `name` (any case) from the header map: a
+    /// `header:` key, the `Authorization` of a `jwt:` key, the forwarding headers. (`Host`, for
+    /// routes, goes to the engine as `RequestInfo::host`.)
     pub(crate) fn reads_header(&self, name: &str) -> bool {
         self.reads
             .iter()

@@ -502,7 +502,15 @@ impl Conn {
             }
         }
         let (rate_limit, verdict) = {
-            let info = RequestInfo::new(&method, target, &self.map).with_peer(Some(self.peer.ip()));
+            // The host for route matching, straight from the head (not through the map).
+            let host = req
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("host"))
+                .and_then(|h| std::str::from_utf8(h.value).ok());
+            let info = RequestInfo::new(&method, target, &self.map)
+                .with_host(host)
+                .with_peer(Some(self.peer.ip()));
             let (_, rate_limit, verdict, _) = engine.evaluate_parts(&info).await;
             (rate_limit, verdict)
         };

@@ -337,3 +337,32 @@ async fn a_held_request_whose_client_leaves_gives_its_slot_back() {
     }
     s.stop().await;
 }
+
+#[tokio::test]
+async fn host_matched_policies_see_the_host_header() {
+    let up = upstream().await;
+    let s = start_text(&proxy_config(
+        up,
+        "[[policy]]\nname = \"api-host\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nkey = [\"ip\"]\nmatch = { host = \"api.example.com\" }\n",
+    ))
+    .await;
+    let addr = s.proxy.unwrap();
+    let text = exchange(
+        addr,
+        b"GET /echo HTTP/1.1\r\nHost: api.example.com\r\n\r\nGET /echo HTTP/1.1\r\nHost: www.example.com\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(statuses(&text), [200, 200], "{text}");
+    let lower = text.to_ascii_lowercase();
+    assert_eq!(
+        lower.matches("x-ratelimit-remaining: 4").count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        lower.matches("x-ratelimit-limit").count(),
+        1,
+        "only the matching host: {text}"
+    );
+    s.stop().await;
+}
