@@ -329,7 +329,8 @@ struct Conn {
     out: Vec<u8>,
     /// The headers the engine reads (keys, JWT, forwarding headers, host), refilled per request.
     map: HeaderMap,
-    /// The engine this connection last used, and the reload generation it came from.
+    /// The engine this connection last used, and the reload generation it came from (out of
+    /// here during an exchange).
     engine: Option<(u64, Arc<Engine>)>,
 }
 
@@ -345,16 +346,20 @@ struct ReqHead {
 
 impl Conn {
     /// The engine of the running configuration: looked up again only after a reload.
-    fn engine(&mut self) -> Arc<Engine> {
+    /// The engine of the running configuration, taken out of the connection for one exchange
+    /// (give it back with [`Conn::put_engine`]): looked up again only after a reload, and
+    /// never cloned per request, as a reference count both cores update would bounce between
+    /// them.
+    fn take_engine(&mut self) -> (u64, Arc<Engine>) {
         let generation = self.shared.generation.load(Ordering::Acquire);
-        match &self.engine {
-            Some((g, e)) if *g == generation => Arc::clone(e),
-            _ => {
-                let e = self.shared.engine();
-                self.engine = Some((generation, Arc::clone(&e)));
-                e
-            }
+        match self.engine.take() {
+            Some((g, e)) if g == generation => (g, e),
+            _ => (generation, self.shared.engine()),
         }
+    }
+
+    fn put_engine(&mut self, engine: (u64, Arc<Engine>)) {
+        self.engine = Some(engine);
     }
 
     async fn run(&mut self, client: &mut TcpStream, stop: &watch::Receiver<bool>) -> End {
@@ -445,7 +450,10 @@ impl Conn {
                     Ok(_) => {}
                 }
             }
-            match self.exchange(client, stopping).await {
+            let engine = self.take_engine();
+            let result = self.exchange(client, &engine.1, stopping).await;
+            self.put_engine(engine);
+            match result {
                 Ok(true) => {}
                 Ok(false) => return End::Close,
                 Err(fallback) => return fallback,
@@ -454,8 +462,12 @@ impl Conn {
     }
 
     /// One request and its response. `Ok(true)`: the connection may carry another request.
-    async fn exchange(&mut self, client: &mut TcpStream, stopping: bool) -> Result<bool, End> {
-        let engine = self.engine();
+    async fn exchange(
+        &mut self,
+        client: &mut TcpStream,
+        engine: &Engine,
+        stopping: bool,
+    ) -> Result<bool, End> {
         let Some(proxy) = engine.config().proxy.as_ref() else {
             self.write_problem(
                 client,
