@@ -366,3 +366,61 @@ async fn host_matched_policies_see_the_host_header() {
     );
     s.stop().await;
 }
+
+/// Sends one keep-alive request on `c` and reads its answer's head (the echo answers a GET
+/// with an empty body).
+async fn head_on(c: &mut TcpStream, path: &str) -> String {
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut byte))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert_eq!(
+            n,
+            1,
+            "closed mid-answer: {}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).to_ascii_lowercase()
+}
+
+#[tokio::test]
+async fn a_reload_reaches_connections_already_open() {
+    let up = upstream().await;
+    let dir = std::env::temp_dir().join(format!("tollgate-relay-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tollgate.toml");
+    let text = |limit: u32| {
+        with_ports(&proxy_config(
+            up,
+            &format!(
+                "[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = {limit}\nwindow = \"1h\"\nkey = [\"ip\"]\n"
+            ),
+        ))
+    };
+    std::fs::write(&path, text(5)).unwrap();
+    let s = start(tollgate_server::Config::load(&path).unwrap()).await;
+    let mut c = TcpStream::connect(s.proxy.unwrap()).await.unwrap();
+    let head = head_on(&mut c, "/echo").await;
+    assert!(head.contains("x-ratelimit-limit: 5"), "{head}");
+    std::fs::write(&path, text(7)).unwrap();
+    // Same connection: once the file is re-read, its next request is decided by the new policy.
+    let mut seen = head;
+    for _ in 0..100 {
+        seen = head_on(&mut c, "/echo").await;
+        if seen.contains("x-ratelimit-limit: 7") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen.contains("x-ratelimit-limit: 7"), "{seen}");
+    s.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
