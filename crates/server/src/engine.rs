@@ -105,7 +105,9 @@ impl Engine {
                 OnError::Deny => FailMode::Deny,
                 OnError::Allow | OnError::Local => FailMode::Allow,
             });
-        builder = builder.ipv6_prefix(config.ipv6_prefix);
+        builder = builder
+            .ipv6_prefix(config.ipv6_prefix)
+            .key_hash_secret(crate::store::key_hash_secret(&config.store));
         if let Some(p) = &config.proxy {
             builder = builder
                 .trusted_proxies(p.trusted_proxies.clone())

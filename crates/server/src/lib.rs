@@ -146,7 +146,7 @@ impl Shared {
     /// Re-reads the configuration file; keeps the running one when the new one is bad.
     fn reload(&self, path: &Path) -> Result<(), String> {
         let current = self.engine();
-        let config = match Config::load(path) {
+        let mut config = match Config::load(path) {
             Ok(c) => c,
             Err(e) => {
                 self.metrics.reload(false);
@@ -158,6 +158,9 @@ impl Shared {
             tracing::warn!(
                 "reload: [store] changes take effect on restart; the running store is kept"
             );
+            // Its settings too (failure mode, key secret): a new key secret would silently
+            // start every counter afresh.
+            config.store = old.store.clone();
         }
         let descriptors = |c: &Config| {
             c.envoy
@@ -236,6 +239,13 @@ pub async fn run_with(
     limits: Limits,
 ) -> Result<(), ServerError> {
     let store = AnyStore::from_config(&config.store).await?;
+    if config.store.kind == config::StoreKind::Redis && config.store.key_secret.is_none() {
+        tracing::warn!(
+            "[store] key_secret_env is not set: keys are hashed with the public built-in secret, so \
+             whoever can read the Redis data can test guessed API keys against it; set \
+             key_secret_env to a variable holding the same secret on every instance"
+        );
+    }
     let metrics = Arc::new(Metrics::default());
     let source = config.source.clone();
     let envoy = match (&config.envoy, listeners.grpc) {

@@ -120,6 +120,36 @@ pub struct StoreConfig {
     pub clock: StoreClock,
     /// `max_keys` for the memory store.
     pub max_keys: Option<usize>,
+    /// `key_secret_env`: the secret (read from that environment variable) under which API keys
+    /// and other credentials are hashed before they become store keys. Every instance sharing a
+    /// Redis must use the same one. Unset: a random secret per process with the memory store
+    /// (its keys never leave the process), the public built-in one with Redis (with a warning).
+    pub key_secret: Option<Secret>,
+}
+
+/// A secret from the environment: compared, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    /// The fewest bytes a key secret may have.
+    pub const MIN_LEN: usize = 16;
+
+    /// Wraps `bytes`.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Secret(bytes.into())
+    }
+
+    /// The secret's bytes.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 /// `[proxy]`.

@@ -13,7 +13,8 @@ use tollgate_http::JwtVerifier;
 
 use super::{
     Action, Config, Envoy, Errors, HeadersConfig, Jwt, OnError, PolicyConfig, ProxyConfig,
-    ResetFormat, StoreClock, StoreConfig, StoreKind, make_policy, parse_algorithm, parse_rate,
+    ResetFormat, Secret, StoreClock, StoreConfig, StoreKind, make_policy, parse_algorithm,
+    parse_rate,
 };
 use tollgate_http::{Cidr, ForwardedHeader, KeyChain, KeySelector, RouteMatch, parse_method};
 
@@ -94,6 +95,7 @@ struct RawStore {
     on_error: Option<S<String>>,
     clock: Option<S<String>>,
     max_keys: Option<S<i64>>,
+    key_secret_env: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -161,6 +163,7 @@ pub(super) fn default_store() -> StoreConfig {
         on_error: OnError::Allow,
         clock: StoreClock::Redis,
         max_keys: None,
+        key_secret: None,
     }
 }
 
@@ -542,6 +545,34 @@ fn validate_store(raw: Option<RawStore>, errs: &mut Errors<'_>) -> Option<StoreC
         match count(v, "max_keys", ctx, 1, errs) {
             Some(n) => out.max_keys = usize::try_from(n).ok(),
             None => ok = false,
+        }
+    }
+    if let Some(v) = &s.key_secret_env {
+        let name = v.get_ref();
+        match std::env::var(name) {
+            Ok(secret) if secret.len() >= Secret::MIN_LEN => {
+                out.key_secret = Some(Secret::new(secret.into_bytes()));
+            }
+            Ok(secret) if !secret.is_empty() => {
+                errs.at(
+                    v.span().start,
+                    format!(
+                        "[store] field \"key_secret_env\": the environment variable {name:?} holds {} bytes; use at least {}, e.g. export {name}=$(openssl rand -hex 32)",
+                        secret.len(),
+                        Secret::MIN_LEN
+                    ),
+                );
+                ok = false;
+            }
+            _ => {
+                errs.at(
+                    v.span().start,
+                    format!(
+                        "[store] field \"key_secret_env\": the environment variable {name:?} is not set (or empty); export it before starting tollgate, e.g. export {name}=$(openssl rand -hex 32)"
+                    ),
+                );
+                ok = false;
+            }
         }
     }
     if ok && out.kind == StoreKind::Redis && (out.url.is_some() || !out.nodes.is_empty()) {

@@ -34,6 +34,7 @@ const STORE: &[(&str, Ty)] = &[
     ("on_error", Ty::Str),
     ("clock", Ty::Str),
     ("max_keys", Ty::Int),
+    ("key_secret_env", Ty::Str),
 ];
 const PROXY: &[(&str, Ty)] = &[
     ("listen", Ty::Str),

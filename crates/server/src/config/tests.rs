@@ -133,3 +133,58 @@ fn bad_listener_limits_name_the_field_and_the_fix() {
     let e = errors("[server]\nmax_connections = \"many\"\n");
     assert!(e.iter().any(|m| m.starts_with("t.toml:2:")), "{e:?}");
 }
+
+#[test]
+fn key_secret_comes_from_the_environment_and_is_never_printed() {
+    // PATH is always set, and longer than the 16 bytes a secret needs.
+    let c = Config::parse("t.toml", "[store]\nkey_secret_env = \"PATH\"\n");
+    let c = c.unwrap_or_else(|e| panic!("{e}"));
+    let secret = c
+        .store
+        .key_secret
+        .clone()
+        .unwrap_or_else(|| panic!("no secret"));
+    let path = std::env::var("PATH").unwrap_or_default();
+    assert_eq!(secret.expose(), path.as_bytes());
+    assert!(
+        !format!("{c:?}").contains(&path),
+        "the secret leaked into Debug"
+    );
+    assert_eq!(crate::store::key_hash_secret(&c.store), path.as_bytes());
+
+    let e = errors("[store]\nkey_secret_env = \"TOLLGATE_TEST_SURELY_UNSET_VARIABLE\"\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].starts_with("t.toml:2:18:"), "{e:?}");
+    assert!(
+        e[0].contains("\"TOLLGATE_TEST_SURELY_UNSET_VARIABLE\" is not set")
+            && e[0].contains("openssl rand -hex 32"),
+        "{e:?}"
+    );
+    // Cargo sets this one for tests; one byte is far too short a secret.
+    if std::env::var("CARGO_PKG_VERSION_MAJOR").is_ok_and(|v| v.len() < Secret::MIN_LEN) {
+        let e = errors("[store]\nkey_secret_env = \"CARGO_PKG_VERSION_MAJOR\"\n");
+        assert!(e.len() == 1 && e[0].contains("use at least 16"), "{e:?}");
+    }
+}
+
+#[test]
+fn without_a_key_secret_memory_draws_one_per_process_and_redis_shares_the_builtin() {
+    let memory = Config::builtin().store;
+    let first = crate::store::key_hash_secret(&memory);
+    assert_eq!(first.len(), 32);
+    assert_eq!(
+        crate::store::key_hash_secret(&memory),
+        first,
+        "stable across reloads"
+    );
+    assert_ne!(first, tollgate_redis::DEFAULT_KEY_SECRET);
+    let redis = StoreConfig {
+        kind: StoreKind::Redis,
+        ..Config::builtin().store
+    };
+    assert_eq!(
+        crate::store::key_hash_secret(&redis),
+        tollgate_redis::DEFAULT_KEY_SECRET,
+        "instances sharing a Redis must hash alike"
+    );
+}
