@@ -2,7 +2,7 @@
 //! limiter type does not change with the configuration.
 
 use tollgate::store::Check;
-use tollgate::{Decisions, MemoryStore, Store, StoreError, Timestamp};
+use tollgate::{Decision, Decisions, MemoryStore, Store, StoreError, Timestamp};
 use tollgate_redis::{ClockSource, RedisConfig, RedisStore, RedisStoreStats};
 
 use crate::config::{OnError, StoreClock, StoreConfig, StoreKind};
@@ -155,10 +155,25 @@ impl Store for AnyStore {
         }
     }
 
+    async fn apply_one(&self, now: Timestamp, check: Check<'_>) -> Result<Decision, StoreError> {
+        // Each store's own single-check path (the memory store's skips the batch machinery).
+        match self {
+            AnyStore::Memory(m) => m.apply_one(now, check).await,
+            AnyStore::Redis(r) => r.apply_one(now, check).await,
+        }
+    }
+
     async fn refund(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(m) => m.refund(now, checks).await,
             AnyStore::Redis(r) => r.refund(now, checks).await,
+        }
+    }
+
+    fn is_immediate(&self) -> bool {
+        match self {
+            AnyStore::Memory(m) => m.is_immediate(),
+            AnyStore::Redis(r) => r.is_immediate(),
         }
     }
 }
