@@ -197,6 +197,8 @@ struct Inner<S, C> {
     resolve_ip: Box<ResolveIp>,
     /// Whether some route matches on the path; if none does, requests skip normalising it.
     reads_path: bool,
+    /// The request headers a decision can read (see [`Engine::headers_read`]).
+    headers_read: Vec<HeaderName>,
 }
 
 impl<S, C> fmt::Debug for Inner<S, C> {
@@ -419,9 +421,24 @@ impl<S, C> EngineBuilder<S, C> {
                 .map(|peer| client_ip(peer, info.headers, &trusted, forwarded))
         });
         let reads_path = compiled.iter().any(|c| c.http.route.reads_path());
+        let mut headers_read = vec![match self.forwarded {
+            ForwardedHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
+            ForwardedHeader::Forwarded => http::header::FORWARDED,
+        }];
+        for selector in compiled.iter().flat_map(|c| c.http.keys.selectors()) {
+            let name = match selector {
+                KeySelector::Header(name) => name.clone(),
+                KeySelector::Jwt(_) => http::header::AUTHORIZATION,
+                _ => continue,
+            };
+            if !headers_read.contains(&name) {
+                headers_read.push(name);
+            }
+        }
         Ok(Engine {
             inner: Arc::new(Inner {
                 reads_path,
+                headers_read,
                 limiter,
                 policies: compiled,
                 headers: self.headers,
@@ -583,6 +600,14 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// The policies, in order.
     pub fn policies(&self) -> impl Iterator<Item = &HttpPolicy> {
         self.inner.policies.iter().map(|c| &c.http)
+    }
+
+    /// The request headers a decision can read: each `header:` key selector's, `Authorization`
+    /// when some key is a `jwt:` claim, and the forwarding header read from trusted proxies.
+    /// (`Host` is [`RequestInfo::host`].) A caller that hands the engine a reduced header map,
+    /// as the server's relay does, copies these and needs nothing else.
+    pub fn headers_read(&self) -> &[HeaderName] {
+        &self.inner.headers_read
     }
 
     /// The header settings.

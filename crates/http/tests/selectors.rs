@@ -564,3 +564,26 @@ async fn peer_from_axum_connect_info() {
     );
     assert_eq!(status(&app, req([2, 2, 2, 2])).await, StatusCode::OK);
 }
+
+#[test]
+fn the_engine_lists_the_headers_its_decisions_read() {
+    let engine = builder(manual_clock())
+        .policy(policy(swc("a", 10, 60), &["header:x-api-key", "ip"], None))
+        .policy(policy(
+            swc("b", 10, 60),
+            &["jwt:sub", "header:X-API-Key", "query:k"],
+            None,
+        ))
+        .jwt(tollgate_http::JwtVerifier::hs256(b"0123456789abcdef0123456789abcdef").unwrap())
+        .build()
+        .unwrap();
+    let names: Vec<&str> = engine.headers_read().iter().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["x-forwarded-for", "x-api-key", "authorization"]);
+    let engine = builder(manual_clock())
+        .forwarded_header(tollgate_http::ForwardedHeader::Forwarded)
+        .policy(policy(swc("a", 10, 60), &["ip"], None))
+        .build()
+        .unwrap();
+    let names: Vec<&str> = engine.headers_read().iter().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["forwarded"]);
+}

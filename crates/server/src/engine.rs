@@ -7,13 +7,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hyper::HeaderMap;
-use hyper::header::HeaderName;
 use sha2::{Digest, Sha256};
 use tollgate::store::Check;
 use tollgate::{Decision, Decisions, Error, SystemClock};
 use tollgate_http::{
-    FailMode, HeaderConfig, KeySelector, NormalizedPath, RateLimitHeaders, RequestInfo,
-    RetryAfterFormat,
+    FailMode, HeaderConfig, NormalizedPath, RateLimitHeaders, RequestInfo, RetryAfterFormat,
 };
 
 use crate::config::{Action, Config, OnError, PolicyConfig, ResetFormat};
@@ -40,29 +38,6 @@ pub struct Evaluation {
     pub fail_open: bool,
 }
 
-/// The request headers `tollgate_http` reads for `config`'s policies: `header:` key selectors,
-/// `Authorization` for `jwt:` ones, and both forwarding headers (the client address behind a
-/// trusted proxy). `Host`, for route matching, is handed over on its own.
-fn headers_read(config: &Config) -> Vec<HeaderName> {
-    let mut reads = vec![
-        HeaderName::from_static("x-forwarded-for"),
-        hyper::header::FORWARDED,
-    ];
-    for pc in config.policies.iter() {
-        for selector in pc.keys.selectors() {
-            let name = match selector {
-                KeySelector::Header(name) => name.clone(),
-                KeySelector::Jwt(_) => hyper::header::AUTHORIZATION,
-                _ => continue,
-            };
-            if !reads.contains(&name) {
-                reads.push(name);
-            }
-        }
-    }
-    reads
-}
-
 /// Keys longer than this are hashed before they reach the store.
 const MAX_RAW_KEY: usize = 256;
 
@@ -72,9 +47,6 @@ pub struct Engine {
     config: Arc<Config>,
     http: HttpEngine,
     metrics: Arc<Metrics>,
-    /// The request headers a decision can read: the proxy's relay copies only these into the
-    /// map it hands the engine, instead of every header of every request.
-    reads: Vec<HeaderName>,
     /// Each policy's name, whether it is shadow, and its decision counters, resolved once here
     /// rather than by a locked map lookup per decision.
     counters: Vec<(String, bool, Arc<PolicyCounters>)>,
@@ -116,7 +88,6 @@ impl Engine {
         if let Some(j) = &config.jwt {
             builder = builder.jwt(j.verifier.clone());
         }
-        let reads = headers_read(&config);
         let counters = config
             .policies
             .iter()
@@ -133,7 +104,6 @@ impl Engine {
             http: builder.build()?,
             config,
             metrics,
-            reads,
         })
     }
 
@@ -143,11 +113,12 @@ impl Engine {
         self.http.headers_for(decisions)
     }
 
-    /// Whether a decision may read request header `name` (any case) from the header map: a
-    /// `header:` key, the `Authorization` of a `jwt:` key, the forwarding headers. (`Host`, for
-    /// routes, goes to the engine as `RequestInfo::host`.)
+    /// Whether a decision may read request header `name` (any case) from the header map, as
+    /// the HTTP engine lists them: the proxy's relay copies only these into the map it hands
+    /// the engine, instead of every header of every request.
     pub(crate) fn reads_header(&self, name: &str) -> bool {
-        self.reads
+        self.http
+            .headers_read()
             .iter()
             .any(|h| h.as_str().eq_ignore_ascii_case(name))
     }
