@@ -158,22 +158,25 @@ pub fn write_ratelimit_item(out: &mut String, quoted_name: &str, d: &Decision) {
 
 /// Appends `n` in decimal, without going through `fmt` (this runs several times per response).
 pub fn write_u64(out: &mut String, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
+    out.push_str(decimal(n, &mut [0; 20]));
+}
+
+/// `n` in decimal, written at the end of `buf`: for writers of bytes rather than `String`s (the
+/// server's relay writes heads into byte buffers).
+pub fn decimal(n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut i = buf.len();
     let mut n = n;
     loop {
         i -= 1;
         // `n % 10` is below 10, so the cast keeps it exactly.
-        digits[i] = b'0' + (n % 10) as u8;
+        buf[i] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
         }
     }
-    // ASCII digits are always UTF-8; one append instead of a char-by-char push.
-    if let Ok(text) = std::str::from_utf8(&digits[i..]) {
-        out.push_str(text);
-    }
+    // ASCII digits are always UTF-8.
+    std::str::from_utf8(&buf[i..]).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -1530,18 +1530,9 @@ fn head_end(buf: &[u8]) -> Option<usize> {
 }
 
 /// `n` in decimal.
-fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
+fn push_decimal(out: &mut Vec<u8>, n: usize) {
+    let n = u64::try_from(n).unwrap_or(u64::MAX);
+    out.extend_from_slice(tollgate::headers::decimal(n, &mut [0; 20]).as_bytes());
 }
 
 /// A status code (100–999) as its three digits.
