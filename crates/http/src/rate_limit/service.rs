@@ -2,6 +2,7 @@
 
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{Either, Full};
 use tollgate::{Clock, MemoryStore, Store, SystemClock};
@@ -86,9 +87,7 @@ where
                         return ResponseFuture::admitted(self.inner.call(request), headers);
                     }
                     Verdict::Respond(response) => {
-                        return ResponseFuture::answered(
-                            response.map(|body| Either::Right(Full::new(body))),
-                        );
+                        return ResponseFuture::answered(answer(response));
                     }
                     Verdict::Hold(hold) => Later::Hold(hold, headers),
                 }
@@ -110,9 +109,7 @@ where
                 Later::Decide(prepared) => {
                     let (_, headers, verdict) = engine.decide(prepared).await.into_parts();
                     match verdict {
-                        Verdict::Respond(response) => {
-                            return Ok(response.map(|body| Either::Right(Full::new(body))));
-                        }
+                        Verdict::Respond(response) => return Ok(answer(response)),
                         Verdict::Hold(hold) => hold.wait().await,
                         Verdict::Pass => {}
                     }
@@ -124,6 +121,11 @@ where
             Ok(response.map(Either::Left))
         }))
     }
+}
+
+/// The engine's own answer (429, 401, 503) as this service's response.
+fn answer<B>(response: Response<Bytes>) -> Response<ResponseBody<B>> {
+    response.map(|body| Either::Right(Full::new(body)))
 }
 
 /// What is left to do for a request `call` could not finish synchronously. Moved once, into
