@@ -85,13 +85,28 @@ impl Pool {
             return None;
         }
         // The most recently returned first: its buffers are warm and it is the least likely
-        // to have been closed by the upstream's idle timeout.
-        idle.conns.pop()
+        // to have been closed by the upstream's idle timeout. One that turned readable while
+        // idle was closed by the upstream (or sent something unasked): it goes, and the next
+        // is tried, so that a pool emptied by an upstream's idle timeout costs no request.
+        while let Some(conn) = idle.conns.pop() {
+            if !read_ready(&conn) {
+                return Some(conn);
+            }
+        }
+        None
     }
 
     fn checkin(&self, authority: &Authority, conn: TcpStream) {
         let mut idle = self.idle();
-        if idle.authority.as_ref() == Some(authority) && idle.conns.len() < MAX_IDLE {
+        if idle.authority.as_ref() != Some(authority) {
+            return;
+        }
+        // The longest idle is the likeliest to be closed by now: reaped as others come back,
+        // so closed sockets do not sit in the pool until a burst reaches down to them.
+        if idle.conns.first().is_some_and(read_ready) {
+            idle.conns.remove(0);
+        }
+        if idle.conns.len() < MAX_IDLE {
             idle.conns.push(conn);
         }
     }
@@ -584,7 +599,14 @@ impl Conn {
         let deadline = Instant::now() + timeout;
         let mut retried = false;
         loop {
-            let (mut up, reused) = match self.pool.checkout(&authority) {
+            // A retry goes out on a new connection: the pool may hold more that the upstream
+            // closed at the same moment.
+            let pooled = if retried {
+                None
+            } else {
+                self.pool.checkout(&authority)
+            };
+            let (mut up, reused) = match pooled {
                 Some(c) => (c, true),
                 None => {
                     match tokio::time::timeout_at(deadline, crate::proxy::connect_tcp(&authority))
@@ -1513,6 +1535,14 @@ fn response_head(
 fn push_chunk_header(out: &mut Vec<u8>, n: usize) {
     use std::io::Write;
     let _ = write!(out, "{n:x}\r\n");
+}
+
+/// Whether the runtime has seen `s` turn readable (data, or the peer's close) since its
+/// readiness was last cleared: an atomic load, no syscall. An idle upstream socket should never
+/// be.
+fn read_ready(s: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    s.poll_read_ready(&mut cx).is_ready()
 }
 
 /// Forgets that `s` was readable, without a syscall, so that its next read waits for the

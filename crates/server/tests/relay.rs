@@ -175,6 +175,102 @@ async fn an_upstream_that_closes_idle_connections_is_retried_on_a_fresh_one() {
     s.stop().await;
 }
 
+/// A keep-alive upstream with a short idle timeout: answers each request after `delay`, and
+/// closes a connection that stays idle for 100 ms.
+async fn idle_timeout_upstream(delay: Duration) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let mut seen = Vec::new();
+                loop {
+                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tokio::time::timeout(Duration::from_millis(100), c.read(&mut buf))
+                            .await
+                        {
+                            Ok(Ok(n)) if n > 0 => seen.extend_from_slice(&buf[..n]),
+                            // Idle for too long, or closed: gone.
+                            _ => return,
+                        }
+                    }
+                    seen.clear();
+                    tokio::time::sleep(delay).await;
+                    if c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_pool_emptied_by_the_upstreams_idle_timeout_costs_no_request() {
+    // Twelve requests at once leave up to twelve pooled connections; the upstream then closes
+    // them all on its idle timeout. Every later request must still be answered by the
+    // upstream: none may fail because the pool held more than one dead connection.
+    let up = idle_timeout_upstream(Duration::from_millis(50)).await;
+    let s = start_text(&proxy_config(up, "")).await;
+    let addr = s.proxy.unwrap();
+    let burst: Vec<_> = (0..12)
+        .map(|_| {
+            tokio::spawn(exchange(
+                addr,
+                b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+            ))
+        })
+        .collect();
+    for b in burst {
+        let text = b.await.unwrap();
+        assert_eq!(statuses(&text), [200], "{text}");
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // On one connection, so that every request lands on the same worker and its pool.
+    let mut c = TcpStream::connect(addr).await.unwrap();
+    for i in 0..12 {
+        c.write_all(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        let head = read_response(&mut c).await;
+        assert_eq!(statuses(&head), [200], "request {i}: {head}");
+    }
+    s.stop().await;
+}
+
+/// Reads one response with a `Content-Length` body from `c`.
+async fn read_response(c: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len = text[..end]
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            if got.len() >= end + 4 + len {
+                return text;
+            }
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf))
+            .await
+            .expect("a response in time")
+            .unwrap();
+        assert!(n > 0, "closed mid-response: {text}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
 #[tokio::test]
 async fn a_close_delimited_upstream_body_reaches_the_client_chunked() {
     let up = one_shot_upstream(b"HTTP/1.1 200 OK\r\nX-Up: 1\r\n\r\nuntil the end").await;
