@@ -69,6 +69,16 @@ struct Idle {
     conns: Vec<TcpStream>,
 }
 
+impl Idle {
+    /// Whether the idle connections go to `authority`: compared as the configured text, byte
+    /// for byte (an `Authority`'s own comparison folds case, byte by byte, on every request).
+    fn same_upstream(&self, authority: &Authority) -> bool {
+        self.authority
+            .as_ref()
+            .is_some_and(|a| a.as_str() == authority.as_str())
+    }
+}
+
 impl Pool {
     fn idle(&self) -> MutexGuard<'_, Idle> {
         match self.idle.lock() {
@@ -79,7 +89,7 @@ impl Pool {
 
     fn checkout(&self, authority: &Authority) -> Option<TcpStream> {
         let mut idle = self.idle();
-        if idle.authority.as_ref() != Some(authority) {
+        if !idle.same_upstream(authority) {
             idle.conns.clear();
             idle.authority = Some(authority.clone());
             return None;
@@ -98,7 +108,7 @@ impl Pool {
 
     fn checkin(&self, authority: &Authority, conn: TcpStream) {
         let mut idle = self.idle();
-        if idle.authority.as_ref() != Some(authority) {
+        if !idle.same_upstream(authority) {
             return;
         }
         // The longest idle is the likeliest to be closed by now: reaped as others come back,
@@ -296,6 +306,7 @@ pub(crate) async fn serve_connection(
         pool,
         timer: Box::pin(tokio::time::sleep_until(Instant::now() + FAR)),
         peer,
+        peer_text: peer.ip().to_string().into_bytes().into_boxed_slice(),
         limits,
         inbuf: BytesMut::with_capacity(READ_CHUNK),
         upbuf: BytesMut::new(),
@@ -333,6 +344,8 @@ struct Conn {
     /// registered and removed per request.
     timer: Pin<Box<tokio::time::Sleep>>,
     peer: SocketAddr,
+    /// The client's address as `X-Forwarded-For` gives it, formatted once per connection.
+    peer_text: Box<[u8]>,
     limits: Limits,
     /// Bytes read from the client and not yet relayed.
     inbuf: BytesMut,
@@ -575,7 +588,7 @@ impl Conn {
                 .answer_upstream_error(client, StatusCode::BAD_GATEWAY, &head, stopping)
                 .await);
         };
-        build_upstream_head(&mut self.uphead, &req, target, &authority, self.peer.ip());
+        build_upstream_head(&mut self.uphead, &req, target, &authority, &self.peer_text);
         self.inbuf.advance(head_len);
 
         if let Some(hold) = hold {
@@ -927,9 +940,8 @@ fn build_upstream_head(
     req: &httparse::Request<'_, '_>,
     target: &str,
     authority: &Authority,
-    ip: std::net::IpAddr,
+    client: &[u8],
 ) {
-    use std::io::Write;
     out.clear();
     out.extend_from_slice(req.method.unwrap_or("GET").as_bytes());
     out.push(b' ');
@@ -986,7 +998,8 @@ fn build_upstream_head(
             }
         }
     }
-    let _ = write!(out, "{ip}\r\n\r\n");
+    out.extend_from_slice(client);
+    out.extend_from_slice(b"\r\n\r\n");
 }
 
 /// A complete response of our own (429, 502, ...): status line, `date`, the given headers,
@@ -1437,6 +1450,12 @@ fn response_head(
         return Err(());
     }
     let interim = code < 200;
+    debug_assert!(
+        rate_limit
+            .iter()
+            .all(|(n, _)| may_be_rate_limit(n.as_str().as_bytes())),
+        "the pre-filter must pass every header Tollgate sets"
+    );
     let mut length: Option<u64> = None;
     let mut te_chunked: Option<bool> = None;
     let mut upstream_close = false;
@@ -1495,10 +1514,7 @@ fn response_head(
         let name = h.name.as_bytes();
         if hop_by_hop(name)
             || (listed && listed_in_connection(res.headers, name))
-            || (!interim
-                && rate_limit
-                    .iter()
-                    .any(|(n, _)| name.eq_ignore_ascii_case(n.as_str().as_bytes())))
+            || (!interim && may_be_rate_limit(name) && replaced_by(rate_limit, name))
             || (framing == Framing::Close && name.eq_ignore_ascii_case(b"transfer-encoding"))
         {
             continue;
@@ -1530,6 +1546,20 @@ fn response_head(
         framing,
         upstream_close,
     }))
+}
+
+/// Whether `name` could be one of the headers Tollgate sets (`ratelimit*`, `retry-after`,
+/// `x-ratelimit-*`): most upstream headers are ruled out by their first byte, before any
+/// comparison with the list.
+fn may_be_rate_limit(name: &[u8]) -> bool {
+    matches!(name.first(), Some(b'r' | b'R' | b'x' | b'X'))
+}
+
+/// Whether the rate-limit headers replace the upstream's header `name`.
+fn replaced_by(rate_limit: &RateLimitHeaders, name: &[u8]) -> bool {
+    rate_limit
+        .iter()
+        .any(|(n, _)| name.eq_ignore_ascii_case(n.as_str().as_bytes()))
 }
 
 fn push_chunk_header(out: &mut Vec<u8>, n: usize) {
@@ -1829,7 +1859,7 @@ mod tests {
             &req,
             "/a?b=1",
             &authority,
-            "10.0.0.7".parse().unwrap_or_else(|_| unreachable!()),
+            b"10.0.0.7",
         );
         assert_eq!(
             String::from_utf8_lossy(&out),
@@ -1843,7 +1873,7 @@ mod tests {
             &req,
             "/",
             &authority,
-            "::1".parse().unwrap_or_else(|_| unreachable!()),
+            b"::1",
         );
         assert_eq!(
             String::from_utf8_lossy(&out),
