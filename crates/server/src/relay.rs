@@ -1854,13 +1854,7 @@ mod tests {
         );
         let mut out = Vec::new();
         let authority: Authority = "127.0.0.1:9".parse().unwrap_or_else(|_| unreachable!());
-        build_upstream_head(
-            &mut out,
-            &req,
-            "/a?b=1",
-            &authority,
-            b"10.0.0.7",
-        );
+        build_upstream_head(&mut out, &req, "/a?b=1", &authority, b"10.0.0.7");
         assert_eq!(
             String::from_utf8_lossy(&out),
             "GET /a?b=1 HTTP/1.1\r\nHost: api.example.com\r\nX-Api-Key: k\r\nx-forwarded-for: 192.0.2.1, 192.0.2.2, 10.0.0.7\r\n\r\n"
@@ -1868,13 +1862,7 @@ mod tests {
         // No Host (allowed to reach here only from a lenient client): the upstream's.
         let mut h = [httparse::EMPTY_HEADER; 4];
         let (req, _) = parse(&mut h, b"GET / HTTP/1.1\r\n\r\n");
-        build_upstream_head(
-            &mut out,
-            &req,
-            "/",
-            &authority,
-            b"::1",
-        );
+        build_upstream_head(&mut out, &req, "/", &authority, b"::1");
         assert_eq!(
             String::from_utf8_lossy(&out),
             "GET / HTTP/1.1\r\nhost: 127.0.0.1:9\r\nx-forwarded-for: ::1\r\n\r\n"
