@@ -485,8 +485,65 @@ pub enum Verdict<S: Store, C: Clock> {
     /// gives the request's quota back.
     Hold(Hold<S, C>),
     /// Answer with this response (429, 401 or 503) instead of passing it on. It already carries
-    /// the outcome's headers.
-    Respond(Response<Bytes>),
+    /// the outcome's headers. Boxed: the admitted requests, which are most, then move a small
+    /// verdict around, and a refusal allocates once.
+    Respond(Box<Answer>),
+}
+
+/// A response the engine gives instead of passing the request on: a 429, a 401 (no key for a
+/// policy that requires one) or a 503 (the store failed and the engine fails closed), always
+/// an RFC 9457 `application/problem+json` body.
+///
+/// Kept as its parts rather than an `http::Response`: a server that writes HTTP/1.1 itself
+/// copies them out directly, where a `HeaderMap` would be built, hashed and dropped for every
+/// refusal, which is most of what a refusal costs. [`Answer::into_response`] builds the
+/// response for everyone else.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    status: StatusCode,
+    /// After `Content-Type`: the rate-limit headers and `Retry-After`, when there are any.
+    headers: HeaderList,
+    body: Bytes,
+}
+
+impl Answer {
+    fn new(status: StatusCode, headers: HeaderList, body: Bytes) -> Box<Self> {
+        Box::new(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// 429, 401 or 503.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The headers besides `Content-Type` ([`problem::PROBLEM_JSON`](crate::problem::PROBLEM_JSON)),
+    /// in order: the rate-limit headers, then `Retry-After`.
+    pub fn headers(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        self.headers.iter().map(|(n, v)| (n, v))
+    }
+
+    /// The problem+json body.
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// The answer as a response: `Content-Type` first, then [`Answer::headers`].
+    pub fn into_response(self) -> Response<Bytes> {
+        let mut response = Response::new(self.body);
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        // Sized once: growing the map midway would rehash it.
+        headers.reserve(self.headers.len() + 1);
+        headers.insert(http::header::CONTENT_TYPE, problem::PROBLEM_JSON);
+        for (name, value) in self.headers {
+            headers.insert(name, value);
+        }
+        response
+    }
 }
 
 /// The result of evaluating a request.
@@ -692,11 +749,15 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 policy = name,
                 "request without a key for a policy that requires one"
             );
-            let response = problem::response(StatusCode::UNAUTHORIZED, problem::key_required(name));
+            let answer = Answer::new(
+                StatusCode::UNAUTHORIZED,
+                HeaderList::new(),
+                problem::key_required(name),
+            );
             return self.outcome(
                 Decisions::new(),
                 HeaderList::new(),
-                Verdict::Respond(response),
+                Verdict::Respond(answer),
             );
         }
         if prepared.entries.is_empty() {
@@ -898,14 +959,11 @@ impl<S: Store, C: Clock> Engine<S, C> {
             .map(|(d, _)| d.policy);
         tracing::debug!(policies = ?violated.clone().collect::<SmallVec<[&str; 4]>>(), "rate limited");
         let body = problem::quota_exceeded(violated, retry.as_ref().map(|(s, _)| *s));
-        let mut response = problem::response(StatusCode::TOO_MANY_REQUESTS, body);
         if let Some((_, value)) = retry {
             headers.push((http::header::RETRY_AFTER, value));
         }
-        for (name, value) in &headers {
-            response.headers_mut().insert(name.clone(), value.clone());
-        }
-        self.outcome(decisions, headers, Verdict::Respond(response))
+        let answer = Answer::new(StatusCode::TOO_MANY_REQUESTS, headers.clone(), body);
+        self.outcome(decisions, headers, Verdict::Respond(answer))
     }
 
     fn failed(&self, error: Error, entries: &[Entry]) -> Outcome<S, C> {
@@ -914,11 +972,11 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 // Cannot happen for configured costs (the builder refuses them); answered as
                 // the SPEC says: 429 with no Retry-After, since waiting never helps.
                 let body = problem::quota_exceeded([policy.as_str()].into_iter(), None);
-                let response = problem::response(StatusCode::TOO_MANY_REQUESTS, body);
+                let answer = Answer::new(StatusCode::TOO_MANY_REQUESTS, HeaderList::new(), body);
                 self.outcome(
                     Decisions::new(),
                     HeaderList::new(),
-                    Verdict::Respond(response),
+                    Verdict::Respond(answer),
                 )
             }
             error => {
@@ -932,17 +990,17 @@ impl<S: Store, C: Clock> Engine<S, C> {
                         self.outcome(Decisions::new(), HeaderList::new(), Verdict::Pass)
                     }
                     FailMode::Deny => {
-                        let mut response = problem::response(
+                        let mut retry = HeaderList::new();
+                        retry.push((http::header::RETRY_AFTER, HeaderValue::from_static("1")));
+                        let answer = Answer::new(
                             StatusCode::SERVICE_UNAVAILABLE,
+                            retry,
                             problem::unavailable(),
                         );
-                        response
-                            .headers_mut()
-                            .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
                         self.outcome(
                             Decisions::new(),
                             HeaderList::new(),
-                            Verdict::Respond(response),
+                            Verdict::Respond(answer),
                         )
                     }
                 };

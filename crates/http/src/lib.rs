@@ -74,8 +74,8 @@ mod route;
 pub use cidr::{Cidr, TrustedProxies};
 pub use client_ip::ForwardedHeader;
 pub use engine::{
-    ANONYMOUS_KEY, Action, DEFAULT_MAX_DELAY, Engine, EngineBuilder, FailMode, Hold, HttpPolicy,
-    Outcome, Prepared, RateLimitHeaders, Verdict,
+    ANONYMOUS_KEY, Action, Answer, DEFAULT_MAX_DELAY, Engine, EngineBuilder, FailMode, Hold,
+    HttpPolicy, Outcome, Prepared, RateLimitHeaders, Verdict,
 };
 pub use error::ConfigError;
 pub use headers::{HeaderConfig, ResetFormat, RetryAfterFormat};

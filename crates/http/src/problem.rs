@@ -3,8 +3,7 @@
 //! 503 when the store fails and the engine is set to deny. None of them carries internals.
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue};
-use http::{Response, StatusCode};
+use http::header::HeaderValue;
 
 /// `application/problem+json`.
 pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
@@ -65,14 +64,6 @@ pub(crate) fn unavailable() -> Bytes {
         b"{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\
           \"detail\":\"Rate limiting is temporarily unavailable; try again shortly.\"}",
     )
-}
-
-/// A response with `status` and a problem+json `body`.
-pub(crate) fn response(status: StatusCode, body: Bytes) -> Response<Bytes> {
-    let mut response = Response::new(body);
-    *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
-    response
 }
 
 fn push_json_string(out: &mut String, s: &str) {

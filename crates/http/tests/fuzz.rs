@@ -61,8 +61,8 @@ proptest! {
         let method = Method::GET;
         let info = RequestInfo::new(&method, &target, &map).with_peer(Some(peer));
         let outcome = rt.block_on(engine.evaluate(&info));
-        if let Verdict::Respond(response) = outcome.verdict() {
-            let s = response.status().as_u16();
+        if let Verdict::Respond(answer) = outcome.verdict() {
+            let s = answer.status().as_u16();
             prop_assert!(s == 429 || s == 401, "status {}", s);
         }
     }

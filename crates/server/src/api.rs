@@ -204,9 +204,9 @@ async fn check_by_attributes(
         .with_client_ip(ip);
     let eval = engine.evaluate(&info).await;
     let status = match eval.verdict {
-        Verdict::Respond(r) if r.status() != StatusCode::TOO_MANY_REQUESTS => {
+        Verdict::Respond(a) if a.status() != StatusCode::TOO_MANY_REQUESTS => {
             // 401 (no key for a require_key policy) or 503 (store down, on_error = "deny").
-            return r.map(full);
+            return a.into_response().map(full);
         }
         Verdict::Respond(_) => StatusCode::TOO_MANY_REQUESTS,
         Verdict::Hold(hold) => {
@@ -307,7 +307,7 @@ async fn forward_auth(engine: &Engine, peer: SocketAddr, req: Request<Incoming>)
         .with_client_ip(Some(ip));
     let eval = engine.evaluate(&info).await;
     match eval.verdict {
-        Verdict::Respond(r) => r.map(full),
+        Verdict::Respond(a) => a.into_response().map(full),
         verdict => {
             if let Verdict::Hold(hold) = verdict {
                 hold.wait().await;

@@ -176,10 +176,10 @@ impl Engine {
             }
         }
         match &verdict {
-            Verdict::Respond(r) if r.status() == hyper::StatusCode::UNAUTHORIZED => {
+            Verdict::Respond(a) if a.status() == hyper::StatusCode::UNAUTHORIZED => {
                 self.metrics.missing_key();
             }
-            Verdict::Respond(r) if r.status() == hyper::StatusCode::SERVICE_UNAVAILABLE => {
+            Verdict::Respond(a) if a.status() == hyper::StatusCode::SERVICE_UNAVAILABLE => {
                 self.metrics.store_error();
             }
             Verdict::Hold(_) => self.metrics.delayed(),

@@ -279,7 +279,7 @@ pub(crate) async fn handle(
         (rate_limit, verdict)
     };
     match verdict {
-        Verdict::Respond(r) => return r.map(full),
+        Verdict::Respond(a) => return a.into_response().map(full),
         // If the client goes away while held, the hold is dropped and its slot given back.
         Verdict::Hold(hold) => hold.wait().await,
         Verdict::Pass => {}

@@ -571,9 +571,15 @@ impl Conn {
                     Framing::Chunked | Framing::Close => false,
                 };
                 let close = head.close || stopping || !body_here;
-                let (parts, body) = r.into_parts();
                 self.out.clear();
-                write_response(&mut self.out, parts.status, &parts.headers, &body, close);
+                write_response(
+                    &mut self.out,
+                    r.status(),
+                    &tollgate_http::problem::PROBLEM_JSON,
+                    r.headers(),
+                    r.body(),
+                    close,
+                );
                 if client.write_all(&self.out).await.is_err() {
                     return Ok(false);
                 }
@@ -809,13 +815,15 @@ impl Conn {
         close: bool,
     ) -> bool {
         let body = crate::response::problem_body(status, title, detail);
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            hyper::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
         self.out.clear();
-        write_response(&mut self.out, status, &headers, body.as_bytes(), close);
+        write_response(
+            &mut self.out,
+            status,
+            &tollgate_http::problem::PROBLEM_JSON,
+            std::iter::empty(),
+            body.as_bytes(),
+            close,
+        );
         client.write_all(&self.out).await.is_ok()
     }
 }
@@ -1002,12 +1010,14 @@ fn build_upstream_head(
     out.extend_from_slice(b"\r\n\r\n");
 }
 
-/// A complete response of our own (429, 502, ...): status line, `date`, the given headers,
-/// `content-length`, `connection: close` when closing, and the body, in one buffer.
-fn write_response(
+/// A complete response of our own (429, 502, ...): status line, `date`, `content-type`, the
+/// given headers, `content-length`, `connection: close` when closing, and the body, in one
+/// buffer.
+fn write_response<'h>(
     out: &mut Vec<u8>,
     status: StatusCode,
-    headers: &HeaderMap,
+    content_type: &HeaderValue,
+    headers: impl Iterator<Item = (&'h HeaderName, &'h HeaderValue)>,
     body: &[u8],
     close: bool,
 ) {
@@ -1018,6 +1028,8 @@ fn write_response(
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\ndate: ");
     push_date(out);
+    out.extend_from_slice(b"\r\ncontent-type: ");
+    out.extend_from_slice(content_type.as_bytes());
     out.extend_from_slice(b"\r\n");
     for (name, value) in headers {
         if name == hyper::header::CONTENT_LENGTH || name == hyper::header::CONNECTION {

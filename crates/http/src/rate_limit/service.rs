@@ -2,7 +2,6 @@
 
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{Either, Full};
 use tollgate::{Clock, MemoryStore, Store, SystemClock};
@@ -10,7 +9,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::{PeerFn, ResponseBody};
-use crate::{Engine, Hold, Prepared, RateLimitHeaders, RequestInfo, Verdict};
+use crate::{Answer, Engine, Hold, Prepared, RateLimitHeaders, RequestInfo, Verdict};
 
 /// The rate-limited service. Clones share the engine (and so the counters).
 #[derive(Debug)]
@@ -124,8 +123,10 @@ where
 }
 
 /// The engine's own answer (429, 401, 503) as this service's response.
-fn answer<B>(response: Response<Bytes>) -> Response<ResponseBody<B>> {
-    response.map(|body| Either::Right(Full::new(body)))
+fn answer<B>(answer: Box<Answer>) -> Response<ResponseBody<B>> {
+    answer
+        .into_response()
+        .map(|body| Either::Right(Full::new(body)))
 }
 
 /// What is left to do for a request `call` could not finish synchronously. Moved once, into
