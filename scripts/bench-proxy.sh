@@ -140,9 +140,9 @@ window = "1h"
 key = ["header:x-api-key", "ip"]
 EOF
 TOLLGATE_LOG=warn "$BIN" serve --config "$WORK/admit-all.toml" >/dev/null &
-PIDS+=($!)
+PIDS+=($!); TG_PID=$!
 TOLLGATE_LOG=warn "$BIN" serve --config "$WORK/refuse.toml" >/dev/null &
-PIDS+=($!)
+PIDS+=($!); TG90_PID=$!
 for port in $UP $NGX $TGP $TGA $TGP90; do
   for _ in $(seq 1 100); do
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
@@ -184,51 +184,79 @@ to_ms() {
   }'
 }
 
-printf '%-44s %12s %10s %10s %10s\n' "run" "req/s" "p50" "p99" "non-2xx"
-# run KEY NAME WRK-ARGS...: one wrk run, printed, and recorded under KEY for the summary.
+# The proxy's own CPU time per request is the figure the machine's noise moves least: wrk, the
+# upstream and the proxy share two cores, so a run's req/s also depends on how the scheduler
+# happened to share them out.
+NGX_WORKERS="$(pgrep -P "$(cat "$WORK/nginx.pid")" | paste -sd' ')"
+# cpu_ticks PID...: user + system clock ticks used so far by the processes PIDS (all threads).
+cpu_ticks() {
+  local p t=0 f
+  for p in "$@"; do
+    f="$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null)" || continue
+    t=$((t + $(awk '{print $12 + $13}' <<<"$f")))
+  done
+  echo "$t"
+}
+TICK="$(getconf CLK_TCK)"
+
+printf '%-44s %12s %10s %10s %10s %10s\n' "run" "req/s" "p50" "p99" "non-2xx" "cpu/req"
+# run KEY NAME PIDS WRK-ARGS...: one wrk run, printed, and recorded under KEY for the summary;
+# PIDS (space-separated, may be empty) are the processes whose CPU time per request is shown.
 run() {
-  local key="$1" name="$2"; shift 2
-  local out
+  local key="$1" name="$2" pids="$3"; shift 3
+  local out before after
+  # shellcheck disable=SC2086
+  before="$(cpu_ticks $pids)"
   out="$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$@" 2>&1)"
-  local rps p50 p99 non2xx
+  # shellcheck disable=SC2086
+  after="$(cpu_ticks $pids)"
+  local rps p50 p99 non2xx reqs cpu="-"
   rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
   p50="$(awk '$1=="50%" {print $2}' <<<"$out")"
   p99="$(awk '$1=="99%" {print $2}' <<<"$out")"
   non2xx="$(awk '/Non-2xx/ {print $NF}' <<<"$out")"
-  printf '%-44s %12s %10s %10s %10s\n' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}"
+  reqs="$(awk '/requests in/ {print $1}' <<<"$out")"
+  if [ -n "$pids" ] && [ "${reqs:-0}" -gt 0 ]; then
+    cpu="$(awk -v t=$((after - before)) -v hz="$TICK" -v n="$reqs" 'BEGIN { printf "%.2fus", t * 1e6 / hz / n }')"
+  fi
+  printf '%-44s %12s %10s %10s %10s %10s\n' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}" "$cpu"
   echo "$out" >>"$WORK/wrk.log"
-  echo "${rps:-0} $(to_ms "${p50:-0ms}") $(to_ms "${p99:-0ms}")" >>"$WORK/res.$key"
+  echo "${rps:-0} $(to_ms "${p50:-0ms}") $(to_ms "${p99:-0ms}") ${cpu%us}" >>"$WORK/res.$key"
 }
 
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 # col KEY N: column N of every run recorded under KEY.
 col() { awk -v c="$2" '{ print $c }' "$WORK/res.$1"; }
-# ratios A B: per round, A's req/s over B's.
-ratios() { paste -d' ' <(col "$1" 1) <(col "$2" 1) | awk '{ if ($2 > 0) printf "%.3f\n", $1 / $2 }'; }
+# ratios A B N: per round, column N of A's runs over B's (1 req/s, 3 p99, 4 cpu/req).
+ratios() { paste -d' ' <(col "$1" "$3") <(col "$2" "$3") | awk '{ if ($2 > 0) printf "%.3f\n", $1 / $2 }'; }
 
 for round in $(seq 1 "$ROUNDS"); do
   [ "$ROUNDS" -gt 1 ] && echo "# round $round of $ROUNDS"
   echo "# (a) admit-all, ${DURATION}s each, $THREADS threads, $CONNS connections"
-  run up "upstream alone (nginx return 200)" "http://127.0.0.1:$UP/"
-  run ngx "nginx proxy_pass + limit_req" "http://127.0.0.1:$NGX/"
-  run tg "tollgate proxy (admit-all policy)" "http://127.0.0.1:$TGP/"
+  run up "upstream alone (nginx return 200)" "" "http://127.0.0.1:$UP/"
+  run ngx "nginx proxy_pass + limit_req" "$NGX_WORKERS" "http://127.0.0.1:$NGX/"
+  run tg "tollgate proxy (admit-all policy)" "$TG_PID" "http://127.0.0.1:$TGP/"
   echo "# (b) 90% refused (9 in 10 requests on an exhausted key)"
-  run ngx90 "nginx limit_req, 90% refused" -s "$WORK/refuse90.lua" "http://127.0.0.1:$NGX/refuse"
-  run tg90 "tollgate proxy, 90% refused" -s "$WORK/refuse90.lua" "http://127.0.0.1:$TGP90/"
+  run ngx90 "nginx limit_req, 90% refused" "$NGX_WORKERS" -s "$WORK/refuse90.lua" "http://127.0.0.1:$NGX/refuse"
+  run tg90 "tollgate proxy, 90% refused" "$TG90_PID" -s "$WORK/refuse90.lua" "http://127.0.0.1:$TGP90/"
 done
 echo "# (c) decision API"
-run check "tollgate POST /v1/check (memory store)" -s "$WORK/check.lua" "http://127.0.0.1:$TGA"
+run check "tollgate POST /v1/check (memory store)" "$TG_PID" -s "$WORK/check.lua" "http://127.0.0.1:$TGA"
 
 if [ "$ROUNDS" -gt 1 ]; then
-  echo "# medians over $ROUNDS interleaved rounds (latencies in ms)"
-  printf '%-44s %12s %10s %10s\n' "run" "req/s" "p50" "p99"
+  echo "# medians over $ROUNDS interleaved rounds (latencies in ms; cpu/req: the proxy's own CPU time per request)"
+  printf '%-44s %12s %10s %10s %10s\n' "run" "req/s" "p50" "p99" "cpu/req"
   for pair in "up:upstream alone" "ngx:nginx proxy_pass + limit_req" "tg:tollgate proxy (admit-all)" \
               "ngx90:nginx, 90% refused" "tg90:tollgate, 90% refused"; do
     key="${pair%%:*}"
-    printf '%-44s %12s %10s %10s\n' "${pair#*:}" "$(col "$key" 1 | median)" \
-      "$(col "$key" 2 | median)" "$(col "$key" 3 | median)"
+    printf '%-44s %12s %10s %10s %10s\n' "${pair#*:}" "$(col "$key" 1 | median)" \
+      "$(col "$key" 2 | median)" "$(col "$key" 3 | median)" "$(col "$key" 4 | median)"
   done
-  echo "tollgate/nginx req/s per round, admit-all: $(ratios tg ngx | paste -sd' ') -> median $(ratios tg ngx | median)"
-  echo "tollgate/nginx req/s per round, 90% refused: $(ratios tg90 ngx90 | paste -sd' ') -> median $(ratios tg90 ngx90 | median)"
+  for pair in "tg:ngx:admit-all" "tg90:ngx90:90% refused"; do
+    IFS=: read -r a b label <<<"$pair"
+    echo "tollgate/nginx, $label: req/s per round $(ratios "$a" "$b" 1 | paste -sd' ') -> median $(ratios "$a" "$b" 1 | median)"
+    echo "  p99 per round $(ratios "$a" "$b" 3 | paste -sd' ') -> median $(ratios "$a" "$b" 3 | median) (below 1: tollgate's tail is shorter)"
+    echo "  cpu/req per round $(ratios "$a" "$b" 4 | paste -sd' ') -> median $(ratios "$a" "$b" 4 | median) (below 1: tollgate spends less)"
+  done
 fi
 echo "(machine: $(nproc) cores; wrk shares them with the servers)"
