@@ -1,0 +1,1466 @@
+//! Adversarial tests of the proxy relay over raw sockets, against raw upstreams that send
+//! exactly the bytes each test wants: interim responses, bodiless statuses, conflicting
+//! framing, chunk extensions and trailers, large and abandoned bodies, smuggling attempts,
+//! hop-by-hop headers, pooled connections left out of step, and timeouts.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, watch};
+
+/// The longest any single wait may take: only there to turn a hang into a failure.
+const T: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------------
+// Reading HTTP/1.1 off a socket, for both sides.
+
+/// A read half with what was read from it and not yet consumed.
+struct Wire {
+    r: OwnedReadHalf,
+    buf: Vec<u8>,
+    eof: bool,
+    /// Each read fails the test past this (the client side); none upstream.
+    limit: Option<Duration>,
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+impl Wire {
+    fn new(r: OwnedReadHalf, limit: Option<Duration>) -> Self {
+        Wire {
+            r,
+            buf: Vec::new(),
+            eof: false,
+            limit,
+        }
+    }
+
+    /// Reads more; `false` at the end of the stream (a close or a reset).
+    async fn fill(&mut self) -> bool {
+        if self.eof {
+            return false;
+        }
+        let mut b = vec![0u8; 64 * 1024];
+        let read = match self.limit {
+            Some(l) => tokio::time::timeout(l, self.r.read(&mut b))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "nothing more within {l:?}; unconsumed so far: {:?}",
+                        lossy(&self.buf)
+                    )
+                }),
+            None => self.r.read(&mut b).await,
+        };
+        match read {
+            Ok(0) | Err(_) => {
+                self.eof = true;
+                false
+            }
+            Ok(n) => {
+                self.buf.extend_from_slice(&b[..n]);
+                true
+            }
+        }
+    }
+
+    /// Up to and including `delim`.
+    async fn until(&mut self, delim: &[u8]) -> Result<Vec<u8>, String> {
+        loop {
+            if let Some(i) = find(&self.buf, delim) {
+                return Ok(self.buf.drain(..i + delim.len()).collect());
+            }
+            if !self.fill().await {
+                return Err(format!("closed; unconsumed: {:?}", lossy(&self.buf)));
+            }
+        }
+    }
+
+    /// One line, without its CRLF.
+    async fn line(&mut self) -> Result<Vec<u8>, String> {
+        let mut l = self.until(b"\r\n").await?;
+        l.truncate(l.len() - 2);
+        Ok(l)
+    }
+
+    async fn take(&mut self, n: usize) -> Result<Vec<u8>, String> {
+        while self.buf.len() < n {
+            if !self.fill().await {
+                return Err(format!(
+                    "closed after {} of {n} bytes: {:?}",
+                    self.buf.len(),
+                    lossy(&self.buf)
+                ));
+            }
+        }
+        Ok(self.buf.drain(..n).collect())
+    }
+
+    /// A chunked body: (decoded data, trailer section lower-cased, the raw bytes).
+    async fn chunked(&mut self) -> Result<(Vec<u8>, String, Vec<u8>), String> {
+        let mut data = Vec::new();
+        let mut raw = Vec::new();
+        let mut trailers = String::new();
+        loop {
+            let line = self.line().await?;
+            raw.extend_from_slice(&line);
+            raw.extend_from_slice(b"\r\n");
+            let text = lossy(&line);
+            let size = text.split(';').next().unwrap_or("").trim();
+            let size = usize::from_str_radix(size, 16)
+                .map_err(|_| format!("bad chunk size line {text:?}"))?;
+            if size == 0 {
+                loop {
+                    let t = self.line().await?;
+                    raw.extend_from_slice(&t);
+                    raw.extend_from_slice(b"\r\n");
+                    if t.is_empty() {
+                        return Ok((data, trailers, raw));
+                    }
+                    trailers.push_str(&lossy(&t).to_ascii_lowercase());
+                    trailers.push('\n');
+                }
+            }
+            let chunk = self.take(size + 2).await?;
+            if !chunk.ends_with(b"\r\n") {
+                return Err(format!("chunk not followed by CRLF: {:?}", lossy(&chunk)));
+            }
+            raw.extend_from_slice(&chunk);
+            data.extend_from_slice(&chunk[..size]);
+        }
+    }
+
+    /// Everything until the peer closes.
+    async fn drain_all(&mut self) -> Vec<u8> {
+        while self.fill().await {}
+        std::mem::take(&mut self.buf)
+    }
+}
+
+/// The values of header `name` in `head` (a whole head, any case), trimmed.
+fn header_values<'a>(head: &'a str, name: &str) -> Vec<&'a str> {
+    head.split("\r\n")
+        .skip(1)
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+        .collect()
+}
+
+/// The request target of a request head.
+fn target(head: &str) -> &str {
+    head.split(' ').nth(1).unwrap_or("")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The client side.
+
+struct Client {
+    wire: Wire,
+    w: Option<OwnedWriteHalf>,
+}
+
+/// One response as the client read it.
+struct Resp {
+    status: u16,
+    /// The head, lower-cased.
+    head: String,
+    body: Vec<u8>,
+    /// A chunked body's trailer section, lower-cased.
+    trailers: String,
+    /// The 1xx statuses that came before it.
+    interim: Vec<u16>,
+}
+
+impl std::fmt::Debug for Resp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} interim {:?}, body {:?}, trailers {:?}",
+            self.head,
+            self.interim,
+            self.body(),
+            self.trailers
+        )
+    }
+}
+
+impl Resp {
+    fn header(&self, name: &str) -> Option<&str> {
+        header_values(&self.head, name).first().copied()
+    }
+    fn body(&self) -> String {
+        lossy(&self.body)
+    }
+}
+
+impl Client {
+    async fn connect(addr: SocketAddr) -> Self {
+        let s = TcpStream::connect(addr).await.unwrap();
+        let (r, w) = s.into_split();
+        Client {
+            wire: Wire::new(r, Some(T)),
+            w: Some(w),
+        }
+    }
+
+    async fn send(&mut self, bytes: impl AsRef<[u8]>) {
+        self.w
+            .as_mut()
+            .unwrap()
+            .write_all(bytes.as_ref())
+            .await
+            .unwrap();
+    }
+
+    /// The next final response (1xx ones before it collected), read by its framing;
+    /// `Err` when the proxy closes before it is whole.
+    async fn try_response(&mut self, is_head: bool) -> Result<Resp, String> {
+        let mut interim = Vec::new();
+        loop {
+            let head = lossy(&self.wire.until(b"\r\n\r\n").await?).to_ascii_lowercase();
+            assert!(head.starts_with("http/1.1 "), "not a status line: {head:?}");
+            let status: u16 = head
+                .get(9..12)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| panic!("no status: {head:?}"));
+            if (100..200).contains(&status) {
+                interim.push(status);
+                continue;
+            }
+            let mut resp = Resp {
+                status,
+                head,
+                body: Vec::new(),
+                trailers: String::new(),
+                interim,
+            };
+            if is_head || status == 204 || status == 304 {
+                return Ok(resp);
+            }
+            let te = header_values(&resp.head, "transfer-encoding").join(",");
+            let length = resp.header("content-length").map(str::to_owned);
+            if !te.is_empty() {
+                if te.rsplit(',').next().unwrap_or("").trim() == "chunked" {
+                    let (data, trailers, _) = self
+                        .wire
+                        .chunked()
+                        .await
+                        .map_err(|e| format!("{}{e}", resp.head))?;
+                    resp.body = data;
+                    resp.trailers = trailers;
+                } else {
+                    resp.body = self.wire.drain_all().await;
+                }
+            } else if let Some(n) = length {
+                let n: usize = n.parse().unwrap_or_else(|_| panic!("{}", resp.head));
+                resp.body = self
+                    .wire
+                    .take(n)
+                    .await
+                    .map_err(|e| format!("{}{e}", resp.head))?;
+            } else {
+                resp.body = self.wire.drain_all().await;
+            }
+            return Ok(resp);
+        }
+    }
+
+    async fn response(&mut self) -> Resp {
+        self.try_response(false)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Sends a keep-alive GET for `path` and reads its answer.
+    async fn get(&mut self, path: &str) -> Resp {
+        self.send(format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n"))
+            .await;
+        self.response().await
+    }
+
+    /// What arrives within `d`, and whether the proxy closed the connection by then.
+    async fn rest_within(&mut self, d: Duration) -> (String, bool) {
+        let limit = self.wire.limit.take();
+        let closed = tokio::time::timeout(d, async { while self.wire.fill().await {} })
+            .await
+            .is_ok();
+        self.wire.limit = limit;
+        (lossy(&std::mem::take(&mut self.wire.buf)), closed)
+    }
+
+    /// What is left until the proxy closes the connection (fails the test if it stays open).
+    async fn rest(&mut self) -> String {
+        lossy(&self.wire.drain_all().await)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw upstreams.
+
+/// A raw upstream: every connection is handed to one handler.
+struct Up {
+    addr: SocketAddr,
+    /// Every request head received, with the index of the connection it came on.
+    seen: Arc<watch::Sender<Vec<(usize, String)>>>,
+}
+
+impl Up {
+    fn heads(&self) -> Vec<(usize, String)> {
+        self.seen.borrow().clone()
+    }
+
+    /// Waits until `n` request heads have arrived.
+    async fn wait_heads(&self, n: usize) {
+        let mut rx = self.seen.subscribe();
+        tokio::time::timeout(T, rx.wait_for(|v| v.len() >= n))
+            .await
+            .expect("the upstream got the request")
+            .unwrap();
+    }
+}
+
+/// One upstream connection, as its handler sees it.
+struct UpConn {
+    wire: Wire,
+    w: OwnedWriteHalf,
+    /// Which connection this is (0 for the first accepted).
+    n: usize,
+    seen: Arc<watch::Sender<Vec<(usize, String)>>>,
+}
+
+impl UpConn {
+    /// The next request head (recorded); `None` when the proxy closed.
+    async fn head(&mut self) -> Option<String> {
+        let head = lossy(&self.wire.until(b"\r\n\r\n").await.ok()?);
+        let n = self.n;
+        self.seen.send_modify(|v| v.push((n, head.clone())));
+        Some(head)
+    }
+
+    /// The request body by the head's framing: (decoded, trailers, raw).
+    async fn body(&mut self, head: &str) -> Option<(Vec<u8>, String, Vec<u8>)> {
+        let te = header_values(head, "transfer-encoding").join(",");
+        if te.to_ascii_lowercase().contains("chunked") {
+            return self.wire.chunked().await.ok();
+        }
+        let n = header_values(head, "content-length")
+            .first()
+            .map_or(0, |v| v.parse::<usize>().unwrap());
+        let data = self.wire.take(n).await.ok()?;
+        Some((data.clone(), String::new(), data))
+    }
+
+    async fn send(&mut self, bytes: impl AsRef<[u8]>) -> bool {
+        self.w.write_all(bytes.as_ref()).await.is_ok()
+    }
+
+    /// Keeps the connection open, reading nothing more, until the test ends.
+    async fn hold(self) {
+        std::future::pending::<()>().await;
+        drop(self);
+    }
+}
+
+async fn upstream<F, Fut>(handler: F) -> Up
+where
+    F: Fn(UpConn) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(watch::Sender::new(Vec::new()));
+    let up = Up {
+        addr,
+        seen: Arc::clone(&seen),
+    };
+    let count = AtomicUsize::new(0);
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let _ = s.set_nodelay(true);
+            let (r, w) = s.into_split();
+            let conn = UpConn {
+                wire: Wire::new(r, None),
+                w,
+                n: count.fetch_add(1, Ordering::SeqCst),
+                seen: Arc::clone(&seen),
+            };
+            tokio::spawn(handler(conn));
+        }
+    });
+    up
+}
+
+/// A 200 with `body` by Content-Length.
+fn ok(body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Answers every request (its body read first) with `answer(connection, head, body)` until
+/// the proxy closes.
+async fn serve(mut c: UpConn, answer: impl Fn(usize, &str, &[u8]) -> Vec<u8>) {
+    while let Some(head) = c.head().await {
+        let Some((body, _, _)) = c.body(&head).await else {
+            return;
+        };
+        let reply = answer(c.n, &head, &body);
+        if !c.send(reply).await {
+            return;
+        }
+    }
+}
+
+/// A keep-alive upstream answering `{target}:{body}`.
+async fn echo_upstream() -> Up {
+    upstream(|c| {
+        serve(c, |_, head, body| {
+            ok(&format!("{}:{}", target(head), lossy(body)))
+        })
+    })
+    .await
+}
+
+/// The proxy in front of `up`, with one policy every request matches (so every relayed
+/// answer carries rate-limit headers).
+async fn proxy(up: &Up, timeout: &str) -> (Running, SocketAddr) {
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{}\"\ntimeout = \"{timeout}\"\n\n\
+         [[policy]]\nname = \"all\"\nalgorithm = \"fixed_window\"\nlimit = 1000000\nwindow = \"1h\"\nkey = [\"ip\"]\n",
+        up.addr
+    );
+    let s = start_text(&text).await;
+    let addr = s.proxy.unwrap();
+    (s, addr)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Interim responses.
+
+#[tokio::test]
+async fn interim_responses_before_the_final_one_keep_the_stream_framed() {
+    let up = upstream(|mut c| async move {
+        while let Some(head) = c.head().await {
+            match target(&head) {
+                "/hints" => {
+                    // 103 and an unsolicited 100, in one write with the final answer.
+                    c.send(
+                        b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n\
+                          HTTP/1.1 100 Continue\r\n\r\n\
+                          HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal",
+                    )
+                    .await;
+                }
+                "/split" => {
+                    c.send(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")
+                        .await;
+                    c.send(b"HTTP/1.1 100 Continue\r\n\r\n").await;
+                    c.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                        .await;
+                    c.send(b"5\r\nsplit\r\n0\r\n\r\n").await;
+                }
+                _ => {
+                    c.send(ok("next")).await;
+                }
+            }
+        }
+    })
+    .await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    for (path, body) in [("/hints", "final"), ("/split", "split"), ("/n", "next")] {
+        let r = c.get(path).await;
+        assert_eq!((r.status, r.body().as_str()), (200, body), "{r:?}");
+        assert!(r.header("x-ratelimit-limit").is_some(), "{r:?}");
+        assert!(
+            r.interim.iter().all(|s| [100, 103].contains(s)),
+            "only the upstream's 1xx: {r:?}"
+        );
+    }
+    // Pipelined: the interim answers do not shift the next request's answer.
+    c.send("GET /hints HTTP/1.1\r\nHost: a\r\n\r\nGET /n HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    assert_eq!(c.response().await.body(), "final");
+    assert_eq!(c.response().await.body(), "next");
+    drop(c);
+    s.stop().await;
+}
+
+// 2, 3. Responses without a body whatever their headers say.
+
+#[tokio::test]
+async fn a_head_answer_with_a_length_is_not_waited_on() {
+    let up = upstream(|c| {
+        serve(c, |_, head, _| {
+            if head.starts_with("HEAD /chunked") {
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec()
+            } else if head.starts_with("HEAD ") {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\nContent-Type: text/plain\r\n\r\n"
+                    .to_vec()
+            } else {
+                ok("after")
+            }
+        })
+    })
+    .await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    for path in ["/len", "/chunked"] {
+        c.send(format!("HEAD {path} HTTP/1.1\r\nHost: a\r\n\r\n"))
+            .await;
+        let r = c.try_response(true).await.unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        if path == "/len" {
+            assert_eq!(r.header("content-length"), Some("1000"), "{r:?}");
+        }
+        let next = c.get("/after").await;
+        assert_eq!((next.status, next.body().as_str()), (200, "after"));
+    }
+    drop(c);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn no_content_and_not_modified_have_no_body() {
+    let up = upstream(|c| {
+        serve(c, |_, head, _| match target(head) {
+            "/204" => b"HTTP/1.1 204 No Content\r\nX-A: 1\r\n\r\n".to_vec(),
+            "/304" => b"HTTP/1.1 304 Not Modified\r\nContent-Length: 1234\r\nETag: \"v1\"\r\n\r\n"
+                .to_vec(),
+            _ => ok("after"),
+        })
+    })
+    .await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    let r = c.get("/204").await;
+    assert_eq!(r.status, 204, "{r:?}");
+    assert!(
+        r.header("transfer-encoding").is_none() && r.header("content-length").is_none(),
+        "a 204 carries no framing headers: {r:?}"
+    );
+    let r = c.get("/304").await;
+    assert_eq!(r.status, 304, "{r:?}");
+    assert_eq!(r.header("etag"), Some("\"v1\""), "{r:?}");
+    assert!(r.header("transfer-encoding").is_none(), "{r:?}");
+    assert_eq!(c.get("/x").await.body(), "after");
+    // The same, pipelined.
+    c.send(
+        "GET /204 HTTP/1.1\r\nHost: a\r\n\r\nGET /304 HTTP/1.1\r\nHost: a\r\n\r\nGET /x HTTP/1.1\r\nHost: a\r\n\r\n",
+    )
+    .await;
+    assert_eq!(c.response().await.status, 204);
+    assert_eq!(c.response().await.status, 304);
+    assert_eq!(c.response().await.body(), "after");
+    drop(c);
+    s.stop().await;
+}
+
+// 4. Conflicting framing in a response.
+
+/// Answers `/both` with Content-Length and chunked together (the chunked body is the real
+/// one), everything else with which connection it came on.
+async fn both_framings_upstream() -> Up {
+    upstream(|c| {
+        serve(c, |n, head, _| match target(head) {
+            "/both" => b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+                .to_vec(),
+            _ => ok(&format!("conn{n}")),
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_response_with_length_and_chunked_is_read_as_chunked() {
+    let up = both_framings_upstream().await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    c.send("GET /both HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let r = c.try_response(false).await.unwrap();
+    assert!(
+        r.status == 502 || (r.status == 200 && r.body() == "hello"),
+        "chunked wins, or the answer is refused: {r:?}"
+    );
+    if r.header("connection") != Some("close") {
+        // The next answer is this request's own, not a leftover of the last one.
+        let next = c.get("/next").await;
+        assert!(next.body().starts_with("conn"), "{next:?}");
+    }
+    drop(c);
+    s.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "BUG: a response with both Transfer-Encoding and Content-Length is forwarded with both (RFC 9112 §6.3 requires removing Content-Length)"]
+async fn a_response_with_length_and_chunked_loses_its_length_on_the_way() {
+    let up = both_framings_upstream().await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    c.send("GET /both HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let r = c.try_response(false).await.unwrap();
+    if r.status == 200 {
+        assert!(
+            r.header("content-length").is_none(),
+            "a client that believes the length reads 3 bytes and then junk: {r:?}"
+        );
+    }
+    drop(c);
+    s.stop().await;
+}
+
+// 5. Chunk extensions and trailers, both ways.
+
+const CHUNKED_WITH_TRAILERS: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n\
+4;name=\"quoted;value\"\r\nwiki\r\n5 ; ext\r\npedia\r\n0;last\r\nX-Checksum: abc\r\nX-Other: 2\r\n\r\n";
+
+#[tokio::test]
+async fn chunked_responses_keep_extensions_and_trailers() {
+    let up = upstream(|mut c| async move {
+        while let Some(head) = c.head().await {
+            match target(&head) {
+                "/whole" => {
+                    c.send(CHUNKED_WITH_TRAILERS).await;
+                }
+                "/bytewise" => {
+                    // One byte a write: every boundary of the chunk scanner gets crossed.
+                    for b in CHUNKED_WITH_TRAILERS {
+                        c.send([*b]).await;
+                        tokio::task::yield_now().await;
+                    }
+                }
+                _ => {
+                    c.send(ok("next")).await;
+                }
+            }
+        }
+    })
+    .await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    for path in ["/whole", "/bytewise"] {
+        let r = c.get(path).await;
+        assert_eq!((r.status, r.body().as_str()), (200, "wikipedia"), "{r:?}");
+        assert!(r.trailers.contains("x-checksum: abc"), "{r:?}");
+        assert!(r.trailers.contains("x-other: 2"), "{r:?}");
+        assert!(r.header("x-ratelimit-limit").is_some(), "{r:?}");
+        assert_eq!(c.get("/n").await.body(), "next");
+    }
+    drop(c);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn chunked_requests_keep_extensions_and_trailers() {
+    let raw: &[u8] = b"3;x=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n";
+    let up = upstream(|mut c| async move {
+        while let Some(head) = c.head().await {
+            let Some((data, trailers, raw)) = c.body(&head).await else {
+                return;
+            };
+            let text = format!("{}|{}|{}", lossy(&data), trailers.trim(), lossy(&raw));
+            c.send(ok(&text)).await;
+        }
+    })
+    .await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    let mut req = b"POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    req.extend_from_slice(raw);
+    req.extend_from_slice(b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n");
+    c.send(&req).await;
+    let r = c.response().await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        r.body(),
+        format!("abcde|x-trailer: t|{}", lossy(raw)),
+        "relayed byte for byte"
+    );
+    let next = c.response().await;
+    assert_eq!((next.status, next.body().as_str()), (200, "||"), "{next:?}");
+    drop(c);
+    s.stop().await;
+}
+
+// 6. Large bodies, and an upstream that refuses one without reading it.
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8).collect()
+}
+
+fn checksum(b: &[u8]) -> u64 {
+    b.iter().enumerate().fold(0u64, |a, (i, x)| {
+        a.wrapping_mul(31).wrapping_add(*x as u64 ^ i as u64)
+    })
+}
+
+#[tokio::test]
+async fn multi_megabyte_request_bodies_arrive_whole() {
+    let up = upstream(|c| {
+        serve(c, |_, _, body| {
+            ok(&format!("{} {}", body.len(), checksum(body)))
+        })
+    })
+    .await;
+    let (s, addr) = proxy(&up, "5s").await;
+    let mut c = Client::connect(addr).await;
+    let body = pattern(4 * 1024 * 1024 + 7);
+    let want = format!("{} {}", body.len(), checksum(&body));
+
+    // By length, written while the answer is read.
+    let mut w = c.w.take().unwrap();
+    let sent = body.clone();
+    let writer = tokio::spawn(async move {
+        w.write_all(
+            format!(
+                "POST /len HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n",
+                sent.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        w.write_all(&sent).await.unwrap();
+        w
+    });
+    let r = c.response().await;
+    assert_eq!((r.status, r.body()), (200, want.clone()));
+    c.w = Some(writer.await.unwrap());
+
+    // Chunked, in 64 KiB chunks with an odd last one.
+    let mut w = c.w.take().unwrap();
+    let sent = body.clone();
+    let writer = tokio::spawn(async move {
+        w.write_all(b"POST /chunked HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .await
+            .unwrap();
+        for chunk in sent.chunks(64 * 1024) {
+            w.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                .await
+                .unwrap();
+            w.write_all(chunk).await.unwrap();
+            w.write_all(b"\r\n").await.unwrap();
+        }
+        w.write_all(b"0\r\n\r\n").await.unwrap();
+        w
+    });
+    let r = c.response().await;
+    assert_eq!((r.status, r.body()), (200, want));
+    c.w = Some(writer.await.unwrap());
+    drop(c);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn an_early_413_reaches_the_client_and_the_connection_closes() {
+    let up = upstream(|mut c| async move {
+        let Some(head) = c.head().await else { return };
+        if target(&head) == "/upload" {
+            // Refused at once; the body is never read (and the socket stays open).
+            c.send(b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 8\r\n\r\ntoo big!")
+                .await;
+            c.hold().await;
+        } else {
+            c.send(ok("after")).await;
+        }
+    })
+    .await;
+    let (s, addr) = proxy(&up, "5s").await;
+    let mut c = Client::connect(addr).await;
+    let mut w = c.w.take().unwrap();
+    let writer = tokio::spawn(async move {
+        let body = pattern(8 * 1024 * 1024);
+        let head = format!(
+            "POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        // The proxy stops reading: these writes may fail.
+        if w.write_all(head.as_bytes()).await.is_ok() {
+            let _ = w.write_all(&body).await;
+        }
+    });
+    let r = c.response().await;
+    assert_eq!((r.status, r.body().as_str()), (413, "too big!"), "{r:?}");
+    // The rest of the body is still on its way: the connection cannot carry another request.
+    let rest = c.rest().await;
+    assert!(rest.is_empty(), "nothing after the 413: {rest:?}");
+    writer.abort();
+    // That upstream connection is not reused either.
+    let mut fresh = Client::connect(addr).await;
+    let r = fresh.get("/after").await;
+    assert_eq!((r.status, r.body().as_str()), (200, "after"), "{r:?}");
+    drop(fresh);
+    s.stop().await;
+}
+
+// 7. Pipelining right behind a body.
+
+#[tokio::test]
+async fn a_request_pipelined_behind_a_body_is_read_from_the_right_byte() {
+    let up = echo_upstream().await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    // The next request arrives in the same packet as the body's end.
+    c.send("POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nhello")
+        .await;
+    c.send("worldGET /b HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(c.response().await.body(), "/a:helloworld");
+    assert_eq!(c.response().await.body(), "/b:");
+    // A chunked body cut before its last CRLF, the rest arriving with the next request.
+    c.send("POST /c HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n")
+        .await;
+    c.send("\r\nPOST /d HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nyoGET /e HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    assert_eq!(c.response().await.body(), "/c:hi");
+    assert_eq!(c.response().await.body(), "/d:yo");
+    assert_eq!(c.response().await.body(), "/e:");
+    drop(c);
+    s.stop().await;
+}
+
+// 8. An upstream that dies mid-body.
+
+#[tokio::test]
+async fn an_upstream_closing_mid_body_closes_the_client_connection() {
+    let up = upstream(|mut c| async move {
+        while let Some(head) = c.head().await {
+            match target(&head) {
+                "/cut" => {
+                    c.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part")
+                        .await;
+                    return;
+                }
+                "/cut-chunked" => {
+                    c.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n10\r\nabc")
+                        .await;
+                    return;
+                }
+                _ => {
+                    c.send(ok("fresh")).await;
+                }
+            }
+        }
+    })
+    .await;
+    let (s, addr) = proxy(&up, "2s").await;
+    for path in ["/cut", "/cut-chunked"] {
+        let mut c = Client::connect(addr).await;
+        // With a request pipelined behind: it must not be answered on this connection.
+        c.send(format!(
+            "GET {path} HTTP/1.1\r\nHost: a\r\n\r\nGET /p HTTP/1.1\r\nHost: a\r\n\r\n"
+        ))
+        .await;
+        let r = c.try_response(false).await;
+        assert!(r.is_err(), "a truncated body must not look whole: {r:?}");
+        // The pipelined request was never answered here.
+        let rest = c.rest().await;
+        assert!(!rest.contains("HTTP/1.1"), "{path}: {rest:?}");
+        let mut fresh = Client::connect(addr).await;
+        let r = fresh.get("/after").await;
+        assert_eq!((r.status, r.body().as_str()), (200, "fresh"), "{r:?}");
+    }
+    s.stop().await;
+}
+
+// 9. Connection: close from either side.
+
+#[tokio::test]
+async fn an_upstream_connection_close_is_honoured_even_if_the_socket_stays_open() {
+    let up = upstream(|mut c| async move {
+        if c.n == 0 {
+            if c.head().await.is_some() {
+                c.send(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+            }
+            // Said close, but lingers without reading.
+            c.hold().await;
+        } else {
+            serve(c, |n, _, _| ok(&format!("conn{n}"))).await;
+        }
+    })
+    .await;
+    let (s, addr) = proxy(&up, "1s").await;
+    let mut c = Client::connect(addr).await;
+    let r = c.get("/1").await;
+    assert_eq!((r.status, r.body().as_str()), (200, "ok"), "{r:?}");
+    // The upstream's close is for its hop: the client connection goes on.
+    let r = c.get("/2").await;
+    assert_eq!((r.status, r.body().as_str()), (200, "conn1"), "{r:?}");
+    drop(c);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_connection_close_ends_the_connection_after_its_answer() {
+    let up = echo_upstream().await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    c.send(
+        "GET /a HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n",
+    )
+    .await;
+    let r = c.response().await;
+    assert_eq!((r.status, r.body().as_str()), (200, "/a:"), "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    let rest = c.rest().await;
+    assert!(rest.is_empty(), "nothing answered after close: {rest:?}");
+    assert!(
+        up.heads().iter().all(|(_, h)| target(h) != "/b"),
+        "{:?}",
+        up.heads()
+    );
+    s.stop().await;
+}
+
+// 10. Request smuggling.
+
+const POST: &str = "POST /s HTTP/1.1\r\nHost: a\r\n";
+const SMUGGLED: &str = "GET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n";
+
+/// Sends `req` on a new connection: the statuses answered within half a second, and whether
+/// the proxy had closed the connection by then.
+async fn attempt(addr: SocketAddr, req: &str) -> (Vec<u16>, bool, String) {
+    let mut c = Client::connect(addr).await;
+    c.send(req).await;
+    let (text, closed) = c.rest_within(Duration::from_millis(500)).await;
+    let statuses = text
+        .match_indices("HTTP/1.1 ")
+        .filter_map(|(i, _)| text.get(i + 9..i + 12)?.parse().ok())
+        .collect();
+    (statuses, closed, text)
+}
+
+#[tokio::test]
+async fn ambiguous_request_framing_gets_400_and_nothing_reaches_the_upstream() {
+    let up = echo_upstream().await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let cases = [
+        (
+            "two lengths",
+            format!("{POST}Content-Length: 3\r\nContent-Length: 41\r\n\r\nabc{SMUGGLED}"),
+        ),
+        (
+            "a length list",
+            format!("{POST}Content-Length: 3, 41\r\n\r\nabc{SMUGGLED}"),
+        ),
+        (
+            "a signed length",
+            format!("{POST}Content-Length: +3\r\n\r\nabc{SMUGGLED}"),
+        ),
+        (
+            "chunked, identity",
+            format!("{POST}Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n{SMUGGLED}"),
+        ),
+        (
+            "identity",
+            format!("{POST}Transfer-Encoding: identity\r\nContent-Length: 3\r\n\r\nabc{SMUGGLED}"),
+        ),
+        (
+            "an unknown coding",
+            format!("{POST}Transfer-Encoding: xchunked\r\n\r\n0\r\n\r\n{SMUGGLED}"),
+        ),
+        (
+            "space before the colon",
+            format!("{POST}Content-Length : 3\r\n\r\nabc{SMUGGLED}"),
+        ),
+        (
+            "space before the colon, chunked",
+            format!(
+                "{POST}Transfer-Encoding : chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n{SMUGGLED}"
+            ),
+        ),
+        (
+            "a folded Transfer-Encoding",
+            format!(
+                "{POST}Transfer-Encoding:\r\n chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n{SMUGGLED}"
+            ),
+        ),
+    ];
+    for (name, req) in cases {
+        let (statuses, closed, text) = attempt(addr, &req).await;
+        assert_eq!((statuses, closed), (vec![400], true), "{name}: {text}");
+    }
+    let heads = up.heads();
+    assert!(heads.is_empty(), "nothing reaches the upstream: {heads:?}");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn length_and_chunked_together_are_refused_or_read_as_chunked_and_closed() {
+    let up = echo_upstream().await;
+    let (s, addr) = proxy(&up, "2s").await;
+    for (name, req) in [
+        (
+            "length then chunked",
+            format!(
+                "{POST}Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{SMUGGLED}"
+            ),
+        ),
+        (
+            "chunked then length",
+            format!(
+                "{POST}Transfer-Encoding: chunked\r\nContent-Length: 40\r\n\r\n0\r\n\r\n{SMUGGLED}"
+            ),
+        ),
+    ] {
+        // RFC 9112 §6.1: reject, or process by Transfer-Encoding alone; either way close.
+        let (statuses, closed, text) = attempt(addr, &req).await;
+        assert!(
+            (statuses == [400] || statuses == [200]) && closed,
+            "{name}: {text}"
+        );
+        for (_, head) in up.heads() {
+            assert_eq!(target(&head), "/s", "{name}: {head}");
+            assert!(
+                header_values(&head, "content-length").is_empty()
+                    && header_values(&head, "transfer-encoding") == ["chunked"],
+                "{name}: one framing upstream: {head}"
+            );
+        }
+        up.seen.send_modify(Vec::clear);
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "BUG (minor, hyper path): `Transfer-Encoding: chunked` twice is accepted and forwarded with both headers instead of 400"]
+async fn chunked_applied_twice_gets_400() {
+    let up = echo_upstream().await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let req = format!(
+        "{POST}Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{SMUGGLED}"
+    );
+    let (statuses, closed, text) = attempt(addr, &req).await;
+    assert_eq!((statuses, closed), (vec![400], true), "{text}");
+    assert!(up.heads().is_empty(), "{:?}", up.heads());
+    s.stop().await;
+}
+
+// 11. Headers the hop owns.
+
+#[tokio::test]
+async fn hop_by_hop_headers_stay_on_their_hop_and_forwarded_for_grows() {
+    let up = upstream(|c| {
+        serve(c, |_, _, _| {
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Resp-Hop\r\nX-Resp-Hop: 1\r\nKeep-Alive: timeout=5\r\nX-Resp-End: 1\r\nContent-Length: 2\r\n\r\nok"
+                .to_vec()
+        })
+    })
+    .await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    c.send(
+        "GET /h HTTP/1.1\r\nHost: api.example\r\nConnection: keep-alive, X-Secret\r\nConnection: x-other\r\n\
+         X-Secret: 1\r\nX-Other: 2\r\nKeep-Alive: 5\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\n\
+         Upgrade-Insecure-Requests: 1\r\nX-Forwarded-For: 192.0.2.1\r\nX-Forwarded-For: 198.51.100.2\r\nX-Keep: 3\r\n\r\n",
+    )
+    .await;
+    let r = c.response().await;
+    assert_eq!((r.status, r.body().as_str()), (200, "ok"), "{r:?}");
+    assert!(r.header("x-resp-hop").is_none(), "{r:?}");
+    assert!(r.header("keep-alive").is_none(), "{r:?}");
+    assert_eq!(r.header("x-resp-end"), Some("1"), "{r:?}");
+    let heads = up.heads();
+    let head = &heads[0].1;
+    for gone in [
+        "connection",
+        "x-secret",
+        "x-other",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+    ] {
+        assert!(header_values(head, gone).is_empty(), "{gone}: {head}");
+    }
+    assert_eq!(header_values(head, "x-keep"), ["3"], "{head}");
+    assert_eq!(header_values(head, "host"), ["api.example"], "{head}");
+    assert_eq!(
+        header_values(head, "upgrade-insecure-requests"),
+        ["1"],
+        "{head}"
+    );
+    assert_eq!(
+        header_values(head, "x-forwarded-for"),
+        ["192.0.2.1, 198.51.100.2, 127.0.0.1"],
+        "{head}"
+    );
+    drop(c);
+    s.stop().await;
+}
+
+// 12. Upstream bytes past the end of an answer.
+
+#[tokio::test]
+async fn bytes_past_an_answer_keep_that_connection_out_of_the_pool() {
+    let wrote_stale = Arc::new(Notify::new());
+    let notify = Arc::clone(&wrote_stale);
+    let stale = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nWRONG";
+    let up = upstream(move |mut c| {
+        let notify = Arc::clone(&notify);
+        async move {
+            while let Some(head) = c.head().await {
+                let first = ok("first");
+                match target(&head) {
+                    "/same-write" => {
+                        c.send([first.as_slice(), stale.as_bytes()].concat()).await;
+                    }
+                    "/later" => {
+                        c.send(&first).await;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        c.send(stale).await;
+                        notify.notify_one();
+                    }
+                    "/head-body" => {
+                        // A HEAD answered with a body anyway.
+                        c.send(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nWRONG")
+                            .await;
+                    }
+                    "/no-content-body" => {
+                        c.send(b"HTTP/1.1 204 No Content\r\n\r\nWRONG").await;
+                    }
+                    _ => {
+                        c.send(ok(&format!("own{}", c.n))).await;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    let (s, addr) = proxy(&up, "1s").await;
+    let mut c = Client::connect(addr).await;
+
+    assert_eq!(c.get("/same-write").await.body(), "first");
+    let r = c.get("/next").await;
+    assert!(r.body().starts_with("own"), "{r:?}");
+
+    assert_eq!(c.get("/later").await.body(), "first");
+    tokio::time::timeout(T, wrote_stale.notified())
+        .await
+        .unwrap();
+    let r = c.get("/next").await;
+    assert!(r.body().starts_with("own"), "{r:?}");
+
+    c.send("HEAD /head-body HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(c.try_response(true).await.unwrap().status, 200);
+    let r = c.get("/next").await;
+    assert!(r.body().starts_with("own"), "{r:?}");
+
+    assert_eq!(c.get("/no-content-body").await.status, 204);
+    let r = c.get("/next").await;
+    assert!(r.body().starts_with("own"), "{r:?}");
+    drop(c);
+    s.stop().await;
+}
+
+// 13. Timeouts.
+
+#[tokio::test]
+async fn an_upstream_slower_than_the_timeout_gets_504_and_the_connection_goes_on() {
+    let up = upstream(|mut c| async move {
+        while let Some(head) = c.head().await {
+            if target(&head) == "/never" {
+                c.hold().await;
+                return;
+            }
+            c.send(ok("after")).await;
+        }
+    })
+    .await;
+    let (s, addr) = proxy(&up, "500ms").await;
+    let mut c = Client::connect(addr).await;
+    let r = c.get("/never").await;
+    assert_eq!(r.status, 504, "{r:?}");
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/problem+json"),
+        "{r:?}"
+    );
+    assert!(r.body().contains("\"status\":504"), "{r:?}");
+    // A body-less request: the client connection can carry the next one.
+    let r = c.get("/after").await;
+    assert_eq!((r.status, r.body().as_str()), (200, "after"), "{r:?}");
+    drop(c);
+    s.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "BUG: after the response head, upstream body reads have no timeout: a stalled upstream hangs the client connection forever"]
+async fn an_upstream_stalling_mid_body_is_cut_off() {
+    let up = upstream(|mut c| async move {
+        if c.head().await.is_some() {
+            c.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart")
+                .await;
+        }
+        c.hold().await;
+    })
+    .await;
+    let (_s, addr) = proxy(&up, "500ms").await;
+    let mut c = Client::connect(addr).await;
+    c.send("GET /stall HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    // The proxy gives up on the upstream (as nginx does after proxy_read_timeout) and closes.
+    let r = c.try_response(false).await;
+    assert!(r.is_err(), "{r:?}");
+}
+
+// 14. Clients that leave mid-exchange.
+
+#[tokio::test]
+async fn a_client_leaving_mid_upload_or_mid_download_leaves_the_pool_clean() {
+    let up = upstream(|mut c| async move {
+        while let Some(head) = c.head().await {
+            match target(&head) {
+                "/big" => {
+                    let body = pattern(8 * 1024 * 1024);
+                    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                    if !c.send(head).await || !c.send(&body).await {
+                        return;
+                    }
+                }
+                _ => {
+                    // An upload the client abandons ends here: the proxy closed.
+                    if c.body(&head).await.is_none() {
+                        return;
+                    }
+                    c.send(ok(&format!("{}:{}", target(&head), c.n))).await;
+                }
+            }
+        }
+    })
+    .await;
+    let (s, addr) = proxy(&up, "2s").await;
+    // Warm the pool with one connection.
+    let mut c = Client::connect(addr).await;
+    assert!(c.get("/warm").await.body().starts_with("/warm:"));
+
+    // Mid-upload: a head and part of a megabyte, then gone.
+    let mut gone = Client::connect(addr).await;
+    gone.send("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 1000000\r\n\r\n")
+        .await;
+    gone.send(pattern(10_000)).await;
+    up.wait_heads(2).await;
+    drop(gone);
+    for i in 0..3 {
+        let r = c.get(&format!("/after-upload-{i}")).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(r.body().starts_with("/after-upload"), "{r:?}");
+    }
+
+    // Mid-download: the head and a little of 8 MiB, then gone.
+    let mut gone = Client::connect(addr).await;
+    gone.send("GET /big HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    gone.wire.until(b"\r\n\r\n").await.unwrap();
+    drop(gone);
+    for i in 0..3 {
+        let r = c.get(&format!("/after-download-{i}")).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(r.body().starts_with("/after-download"), "{r:?}");
+    }
+    drop(c);
+    s.stop().await;
+}
+
+// 15. The rest.
+
+#[tokio::test]
+#[ignore = "BUG: a retry after a reused upstream connection closed on receipt sends an empty request head (upload cleared uphead), so it waits for the timeout and answers 504"]
+async fn a_reused_connection_closed_on_receipt_is_retried_with_the_whole_request() {
+    // The first request on each connection is answered (keep-alive); a second one on the
+    // same connection is read and then the connection is closed unanswered (an upstream
+    // whose keep-alive timeout fires just as the request arrives).
+    let up = upstream(|mut c| async move {
+        if c.head().await.is_none() {
+            return;
+        }
+        c.send(ok(&format!("conn{}", c.n))).await;
+        let _ = c.head().await;
+    })
+    .await;
+    let (s, addr) = proxy(&up, "1s").await;
+    let mut c = Client::connect(addr).await;
+    assert_eq!(c.get("/1").await.body(), "conn0");
+    // A GET may be sent again: the proxy retries it on a fresh connection.
+    let r = c.get("/2").await;
+    assert_eq!((r.status, r.body().as_str()), (200, "conn1"), "{r:?}");
+    let heads = up.heads();
+    assert_eq!(heads.len(), 3, "{heads:?}");
+    assert_eq!(
+        target(&heads[2].1),
+        "/2",
+        "the retry is the whole request: {heads:?}"
+    );
+    drop(c);
+    s.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "BUG: an HTTP/1.0 response without keep-alive is pooled as if persistent; the next request goes to a connection the upstream is done with"]
+async fn an_http10_answer_without_keep_alive_is_not_pooled() {
+    let up = upstream(|mut c| async move {
+        if c.n == 0 {
+            if c.head().await.is_some() {
+                c.send(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+            }
+            // An HTTP/1.0 exchange is over: nothing more is read.
+            c.hold().await;
+        } else {
+            serve(c, |n, _, _| ok(&format!("conn{n}"))).await;
+        }
+    })
+    .await;
+    let (s, addr) = proxy(&up, "1s").await;
+    let mut c = Client::connect(addr).await;
+    assert_eq!(c.get("/1").await.body(), "ok");
+    let r = c.get("/2").await;
+    assert_eq!((r.status, r.body().as_str()), (200, "conn1"), "{r:?}");
+    drop(c);
+    s.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "BUG: an upstream response with more than 64 header fields is answered 502 (httparse TooManyHeaders); hyper's client takes 100, nginx only bounds bytes"]
+async fn an_answer_with_many_headers_is_relayed() {
+    let up = upstream(|c| {
+        serve(c, |_, _, _| {
+            let mut r = String::from("HTTP/1.1 200 OK\r\n");
+            for i in 0..80 {
+                r.push_str(&format!("Set-Cookie: c{i}=v\r\n"));
+            }
+            r.push_str("Content-Length: 2\r\n\r\nok");
+            r.into_bytes()
+        })
+    })
+    .await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    let r = c.get("/many").await;
+    assert_eq!((r.status, r.body().as_str()), (200, "ok"), "{r:?}");
+    assert_eq!(header_values(&r.head, "set-cookie").len(), 80, "{r:?}");
+    drop(c);
+    s.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "BUG: a close-delimited response with Transfer-Encoding: gzip loses the coding: the header is dropped and the gzip bytes re-chunked as if identity"]
+async fn a_transfer_coding_other_than_chunked_is_not_silently_dropped() {
+    let up = upstream(|mut c| async move {
+        if c.head().await.is_some() {
+            c.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n\x1f\x8b\x08\x00gz")
+                .await;
+        }
+    })
+    .await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    c.send("GET /gz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await;
+    let r = c.response().await;
+    // Refused (nginx: "upstream sent unknown Transfer-Encoding"), or relayed with its coding.
+    assert!(
+        r.status == 502
+            || header_values(&r.head, "transfer-encoding")
+                .join(",")
+                .contains("gzip"),
+        "{r:?}"
+    );
+    drop(c);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_chunked_request_body_closes_the_connection_and_not_the_pool() {
+    let up = echo_upstream().await;
+    let (s, addr) = proxy(&up, "2s").await;
+    let mut c = Client::connect(addr).await;
+    assert_eq!(c.get("/warm").await.body(), "/warm:");
+    for bad in [
+        "zz\r\nab\r\n0\r\n\r\n",
+        "2\r\nabc\r\n0\r\n\r\n",
+        "ffffffffffffffffff\r\n",
+    ] {
+        let mut b = Client::connect(addr).await;
+        b.send(format!(
+            "POST /bad HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n{bad}GET /p HTTP/1.1\r\nHost: a\r\n\r\n"
+        ))
+        .await;
+        let text = b.rest().await;
+        assert!(
+            !text.contains("HTTP/1.1 2"),
+            "{bad:?}: not answered as a success: {text}"
+        );
+        let r = c.get("/next").await;
+        assert_eq!((r.status, r.body().as_str()), (200, "/next:"), "{r:?}");
+    }
+    drop(c);
+    s.stop().await;
+}
+
+#[tokio::test]
+#[ignore = "BUG: a bare LF ending a chunked request's trailer section is scanned as the start of a trailer line: a lenient upstream ends the body there and runs the rest as a request the limiter never saw"]
+async fn a_bare_lf_in_chunked_trailers_cannot_smuggle_a_request() {
+    // An upstream that takes a bare LF as a line end (RFC 9112 §2.2 allows it; Go's net/http
+    // does): it answers at every empty line, and keeps every byte it got.
+    let raw = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = Arc::clone(&raw);
+    let up = upstream(move |mut c| {
+        let kept = Arc::clone(&kept);
+        async move {
+            if c.head().await.is_none() {
+                return;
+            }
+            let mut got = std::mem::take(&mut c.wire.buf);
+            loop {
+                if got.ends_with(b"\r\n\r\n") || got.ends_with(b"0\r\n\n") {
+                    kept.lock().unwrap().extend_from_slice(&got);
+                    got.clear();
+                    if !c.send(ok("a")).await {
+                        return;
+                    }
+                }
+                if !c.wire.fill().await {
+                    return;
+                }
+                got.append(&mut c.wire.buf);
+            }
+        }
+    })
+    .await;
+    let (s, addr) = proxy(&up, "1s").await;
+    let smuggled = "GET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n";
+    for trailers in ["\n", "X-T: 1\n\n"] {
+        let mut c = Client::connect(addr).await;
+        c.send(format!(
+            "POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n{trailers}{smuggled}"
+        ))
+        .await;
+        let (text, _) = c.rest_within(Duration::from_millis(300)).await;
+        let got = lossy(&raw.lock().unwrap());
+        // Refused, or ended where the upstream ends it, with /smuggled then relayed (and
+        // rate limited) as a request of its own, with the proxy's own head.
+        assert!(
+            !got.contains(smuggled),
+            "{trailers:?}: the upstream got a request the proxy never parsed: {got:?}; client: {text:?}"
+        );
+    }
+    s.stop().await;
+}
