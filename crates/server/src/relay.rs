@@ -45,6 +45,9 @@ const FAR: std::time::Duration = std::time::Duration::from_secs(86_400);
 const MAX_HEADERS: usize = 64;
 /// Largest upstream response head accepted.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+/// Most headers in an upstream response head (hyper's client allows 100; a response setting
+/// many cookies can have more).
+const MAX_RESPONSE_HEADERS: usize = 1024;
 /// Idle upstream connections kept for reuse.
 const MAX_IDLE: usize = 256;
 /// What one read asks for; also the most body bytes batched with a head in one write.
@@ -516,8 +519,23 @@ impl Conn {
             Ok(httparse::Status::Complete(n)) => n,
             _ => return Err(End::Fallback(self.inbuf.split().freeze())),
         };
-        let Some(head) = classify(&req) else {
-            return Err(End::Fallback(self.inbuf.split().freeze()));
+        let head = match classify(&req) {
+            Class::Relay(head) => head,
+            Class::Fallback => return Err(End::Fallback(self.inbuf.split().freeze())),
+            Class::Ambiguous => {
+                // Where this request's body ends is a matter of opinion: one the upstream
+                // might not share is never forwarded (request smuggling), and the connection
+                // ends, as its next bytes cannot be trusted to start a request.
+                self.write_problem(
+                    client,
+                    StatusCode::BAD_REQUEST,
+                    "Ambiguous message framing",
+                    Some("send one Content-Length, or Transfer-Encoding: chunked alone, not both"),
+                    true,
+                )
+                .await;
+                return Ok(false);
+            }
         };
         let (Some(method), Some(target)) = (
             req.method
@@ -667,7 +685,14 @@ impl Conn {
             }
             self.upbuf.clear();
             let outcome = self
-                .relay(client, &mut up, &head, &rate_limit, deadline, stopping)
+                .relay(
+                    client,
+                    &mut up,
+                    &head,
+                    &rate_limit,
+                    (deadline, timeout),
+                    stopping,
+                )
                 .await;
             match outcome {
                 Relayed::Done {
@@ -715,7 +740,7 @@ impl Conn {
         up: &mut TcpStream,
         head: &ReqHead,
         rate_limit: &RateLimitHeaders,
-        deadline: Instant,
+        (deadline, gap): (Instant, std::time::Duration),
         stopping: bool,
     ) -> Relayed {
         let (mut cr, mut cw) = client.split();
@@ -735,7 +760,7 @@ impl Conn {
             rate_limit,
             head.is_head,
             head.close || stopping,
-            deadline,
+            (deadline, gap),
             &mut self.timer,
         );
         tokio::pin!(upload, download);
@@ -844,30 +869,42 @@ enum Relayed {
     Broken,
 }
 
-/// Reads the framing and connection options of a request; `None` for what the relay leaves to
-/// hyper.
-fn classify(req: &httparse::Request<'_, '_>) -> Option<ReqHead> {
-    if req.version != Some(1) {
-        return None;
+/// What the relay makes of a request head.
+enum Class {
+    /// It relays the request.
+    Relay(ReqHead),
+    /// hyper's path takes the connection over (HTTP/1.0, `Expect`, `Upgrade`, `CONNECT`,
+    /// absolute-form targets).
+    Fallback,
+    /// Its body's end is ambiguous (two lengths, a malformed length, both framings, a coding
+    /// other than one `chunked`): answered 400, never forwarded.
+    Ambiguous,
+}
+
+/// Reads the framing and connection options of a request.
+fn classify(req: &httparse::Request<'_, '_>) -> Class {
+    if req.version != Some(1) || !req.path.is_some_and(|p| p.starts_with('/')) {
+        return Class::Fallback;
     }
-    if !req.path.is_some_and(|p| p.starts_with('/')) {
-        return None;
-    }
-    let method = req.method?;
+    let Some(method) = req.method else {
+        return Class::Fallback;
+    };
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut close = false;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         if name.eq_ignore_ascii_case(b"content-length") {
-            let n = parse_length(h.value)?;
+            let Some(n) = parse_length(h.value) else {
+                return Class::Ambiguous;
+            };
             if length.is_some_and(|l| l != n) {
-                return None;
+                return Class::Ambiguous;
             }
             length = Some(n);
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             if chunked || !trim(h.value).eq_ignore_ascii_case(b"chunked") {
-                return None;
+                return Class::Ambiguous;
             }
             chunked = true;
         } else if name.eq_ignore_ascii_case(b"connection") {
@@ -876,23 +913,23 @@ fn classify(req: &httparse::Request<'_, '_>) -> Option<ReqHead> {
                 if token.eq_ignore_ascii_case(b"close") {
                     close = true;
                 } else if token.eq_ignore_ascii_case(b"upgrade") {
-                    return None;
+                    return Class::Fallback;
                 }
             }
         } else if name.eq_ignore_ascii_case(b"expect") || name.eq_ignore_ascii_case(b"upgrade") {
-            return None;
+            return Class::Fallback;
         }
     }
     let framing = match (chunked, length) {
-        (true, Some(_)) => return None,
+        (true, Some(_)) => return Class::Ambiguous,
         (true, None) => Framing::Chunked,
         (false, Some(0) | None) => Framing::None,
         (false, Some(n)) => Framing::Length(n),
     };
     if method == "CONNECT" {
-        return None;
+        return Class::Fallback;
     }
-    Some(ReqHead {
+    Class::Relay(ReqHead {
         framing,
         close,
         is_head: method == "HEAD",
@@ -1089,7 +1126,8 @@ async fn upload(
     uw.write_all(head)
         .await
         .map_err(|_| UploadError::Upstream)?;
-    head.clear();
+    // `head` is left whole: a request without a body that a reused connection loses is sent
+    // again from it, on a new connection (the next request's head replaces it).
     inbuf.advance(take);
     body.consumed(take);
     while !body.done() {
@@ -1190,6 +1228,8 @@ enum ChunkState {
     /// At the start of a trailer line (or of the final empty line).
     TrailerStart,
     Trailer,
+    /// A trailer line's CR seen: its LF must follow.
+    TrailerLf,
     FinalLf,
     Done,
 }
@@ -1261,22 +1301,33 @@ impl ChunkedScanner {
                     }
                     self.state = ChunkState::Size;
                 }
-                ChunkState::TrailerStart => {
-                    if b == b'\r' {
-                        self.state = ChunkState::FinalLf;
-                    } else {
+                // Lines end in CRLF here, never a bare LF: a recipient that accepts bare LF
+                // (RFC 9112 §2.2 lets it) would end the body earlier than this scanner, and what
+                // it then reads as a second request would never have been rate limited.
+                ChunkState::TrailerStart => match b {
+                    b'\r' => self.state = ChunkState::FinalLf,
+                    b'\n' => return Err(()),
+                    _ => {
                         self.state = ChunkState::Trailer;
                         self.line += 1;
                     }
-                }
+                },
                 ChunkState::Trailer => {
                     self.line += 1;
                     if self.line > MAX_TRAILERS {
                         return Err(());
                     }
-                    if b == b'\n' {
-                        self.state = ChunkState::TrailerStart;
+                    match b {
+                        b'\r' => self.state = ChunkState::TrailerLf,
+                        b'\n' => return Err(()),
+                        _ => {}
                     }
+                }
+                ChunkState::TrailerLf => {
+                    if b != b'\n' {
+                        return Err(());
+                    }
+                    self.state = ChunkState::TrailerStart;
                 }
                 ChunkState::FinalLf => {
                     if b != b'\n' {
@@ -1321,7 +1372,7 @@ async fn download(
     rate_limit: &RateLimitHeaders,
     is_head: bool,
     close: bool,
-    deadline: Instant,
+    (deadline, gap): (Instant, std::time::Duration),
     timer: &mut Pin<Box<tokio::time::Sleep>>,
 ) -> Result<Downloaded, DownloadError> {
     let mut received = false;
@@ -1339,9 +1390,10 @@ async fn download(
             Ok(Some(head)) => {
                 upbuf.advance(head.len);
                 if head.interim {
-                    cw.write_all(out)
+                    within(timer, gap, cw.write_all(out))
                         .await
-                        .map_err(|_| DownloadError::AfterHead)?;
+                        .and_then(Result::ok)
+                        .ok_or(DownloadError::AfterHead)?;
                     continue;
                 }
                 break (head.framing, head.upstream_close);
@@ -1388,15 +1440,21 @@ async fn download(
         } else if !out.is_empty() {
             out.extend_from_slice(&upbuf[..take]);
         }
+        // Past the head, neither side may stall the exchange for longer than `gap` at a time
+        // (nginx's proxy_read_timeout and send_timeout): an upstream that stops mid-body or a
+        // client that stops reading would otherwise hold the connection, its task and its
+        // place under max_connections for ever.
         if !out.is_empty() {
-            cw.write_all(out)
+            within(timer, gap, cw.write_all(out))
                 .await
-                .map_err(|_| DownloadError::AfterHead)?;
+                .and_then(Result::ok)
+                .ok_or(DownloadError::AfterHead)?;
             out.clear();
         } else if take > 0 {
-            cw.write_all(&upbuf[..take])
+            within(timer, gap, cw.write_all(&upbuf[..take]))
                 .await
-                .map_err(|_| DownloadError::AfterHead)?;
+                .and_then(Result::ok)
+                .ok_or(DownloadError::AfterHead)?;
         }
         upbuf.advance(take);
         body.consumed(take);
@@ -1404,11 +1462,15 @@ async fn download(
             break;
         }
         upbuf.reserve(READ_CHUNK);
-        match ur.read_buf(upbuf).await {
+        let Some(read) = within(timer, gap, ur.read_buf(upbuf)).await else {
+            return Err(DownloadError::AfterHead);
+        };
+        match read {
             Ok(0) if framing == Framing::Close => {
-                cw.write_all(b"0\r\n\r\n")
+                within(timer, gap, cw.write_all(b"0\r\n\r\n"))
                     .await
-                    .map_err(|_| DownloadError::AfterHead)?;
+                    .and_then(Result::ok)
+                    .ok_or(DownloadError::AfterHead)?;
                 return Ok(Downloaded {
                     reusable: false,
                     client_ok: !close,
@@ -1423,6 +1485,33 @@ async fn download(
         reusable: !upstream_close && upbuf.is_empty(),
         client_ok: !close,
     })
+}
+
+/// Runs `io` until it completes or `gap` passes, on the connection's one timer; `None` when the
+/// time ran out. The timer is moved only when it is due later than this wait ends, or fires
+/// before it does, so a run of quick reads does not touch it.
+async fn within<F: std::future::Future>(
+    timer: &mut Pin<Box<tokio::time::Sleep>>,
+    gap: std::time::Duration,
+    io: F,
+) -> Option<F::Output> {
+    let deadline = Instant::now() + gap;
+    if timer.deadline() > deadline {
+        timer.as_mut().reset(deadline);
+    }
+    tokio::pin!(io);
+    loop {
+        tokio::select! {
+            biased;
+            r = &mut io => return Some(r),
+            () = timer.as_mut() => {
+                if Instant::now() >= deadline {
+                    return None;
+                }
+                timer.as_mut().reset(deadline);
+            }
+        }
+    }
 }
 
 /// A response head read from the upstream, already rewritten for the client.
@@ -1452,11 +1541,37 @@ fn response_head(
     }
     let mut h = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut res = httparse::Response::new(&mut h);
-    let len = match res.parse(upbuf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if upbuf.len() <= MAX_RESPONSE_HEAD => return Ok(None),
-        _ => return Err(()),
-    };
+    match res.parse(upbuf) {
+        Ok(httparse::Status::Complete(n)) => {
+            rewrite_response_head(&res, n, out, rate_limit, is_head, close)
+        }
+        Ok(httparse::Status::Partial) if upbuf.len() <= MAX_RESPONSE_HEAD => Ok(None),
+        // Many cookies, say: parsed again with room for as many as the size limit allows
+        // in practice, on the heap, as this is rare.
+        Err(httparse::Error::TooManyHeaders) => {
+            let mut h = vec![httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+            let mut res = httparse::Response::new(&mut h);
+            match res.parse(upbuf) {
+                Ok(httparse::Status::Complete(n)) => {
+                    rewrite_response_head(&res, n, out, rate_limit, is_head, close)
+                }
+                Ok(httparse::Status::Partial) if upbuf.len() <= MAX_RESPONSE_HEAD => Ok(None),
+                _ => Err(()),
+            }
+        }
+        _ => Err(()),
+    }
+}
+
+/// [`response_head`] once the head is parsed (`len` bytes).
+fn rewrite_response_head(
+    res: &httparse::Response<'_, '_>,
+    len: usize,
+    out: &mut Vec<u8>,
+    rate_limit: &RateLimitHeaders,
+    is_head: bool,
+    close: bool,
+) -> Result<Option<ResponseHead>, ()> {
     let code = res.code.unwrap_or(0);
     if code == 101 || !(100..=999).contains(&code) {
         return Err(());
@@ -1471,6 +1586,7 @@ fn response_head(
     let mut length: Option<u64> = None;
     let mut te_chunked: Option<bool> = None;
     let mut upstream_close = false;
+    let mut keep_alive = false;
     // Names a `Connection` header lists beyond close/keep-alive are hop-by-hop too.
     let mut listed = false;
     for h in res.headers.iter() {
@@ -1489,18 +1605,35 @@ fn response_head(
             for t in h.value.split(|b| *b == b',').map(trim) {
                 if t.eq_ignore_ascii_case(b"close") {
                     upstream_close = true;
-                } else if !t.eq_ignore_ascii_case(b"keep-alive") && !t.is_empty() {
+                } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                    keep_alive = true;
+                } else if !t.is_empty() {
                     listed = true;
                 }
             }
         }
     }
+    // HTTP/1.0 closes after each response unless it says keep-alive.
+    if res.version == Some(0) && !keep_alive {
+        upstream_close = true;
+    }
+    // A coding other than chunked (gzip, say) cannot be passed on without the header that
+    // names it, and the client connection cannot be re-framed around it: 502, as nginx does.
+    if te_chunked == Some(false) && !(interim || is_head || code == 204 || code == 304) {
+        return Err(());
+    }
+    // Both framings: chunked wins, the length goes (RFC 9112 §6.3), and the connection that
+    // sent such a response is not trusted with another request.
+    let drop_length = te_chunked == Some(true);
+    if drop_length && length.is_some() {
+        upstream_close = true;
+    }
     let framing = if interim || is_head || code == 204 || code == 304 {
         Framing::None
     } else {
         match (te_chunked, length) {
-            (Some(true), _) => Framing::Chunked,
-            (Some(false), _) | (None, None) => Framing::Close,
+            (Some(_), _) => Framing::Chunked,
+            (None, None) => Framing::Close,
             (None, Some(n)) => Framing::Length(n),
         }
     };
@@ -1528,6 +1661,7 @@ fn response_head(
             || (listed && listed_in_connection(res.headers, name))
             || (!interim && may_be_rate_limit(name) && replaced_by(rate_limit, name))
             || (framing == Framing::Close && name.eq_ignore_ascii_case(b"transfer-encoding"))
+            || (drop_length && name.eq_ignore_ascii_case(b"content-length"))
         {
             continue;
         }
@@ -1812,49 +1946,64 @@ mod tests {
     }
 
     #[test]
-    fn classify_leaves_the_unusual_to_hyper() {
-        let cases: [(&[u8], bool); 8] = [
-            (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", true),
-            (b"GET / HTTP/1.0\r\n\r\n", false),
-            (b"GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", false),
+    fn classify_leaves_the_unusual_to_hyper_and_refuses_the_ambiguous() {
+        // 'r' relayed, 'f' handed to hyper, 'a' ambiguous (400).
+        let cases: [(&[u8], char); 11] = [
+            (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", 'r'),
+            (b"GET / HTTP/1.0\r\n\r\n", 'f'),
+            (b"GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", 'f'),
             (
                 b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
-                false,
+                'f',
             ),
             (
                 b"GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
-                false,
+                'f',
             ),
             (
                 b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
-                false,
+                'a',
             ),
             (
                 b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
-                false,
+                'a',
+            ),
+            (
+                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+                'a',
             ),
             (
                 b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
-                false,
+                'a',
+            ),
+            (b"POST / HTTP/1.1\r\nContent-Length: +3\r\n\r\n", 'a'),
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\n",
+                'r',
             ),
         ];
-        for (raw, relayed) in cases {
+        for (raw, want) in cases {
             let mut h = [httparse::EMPTY_HEADER; 16];
             let (req, _) = parse(&mut h, raw);
-            assert_eq!(
-                classify(&req).is_some(),
-                relayed,
-                "{}",
-                String::from_utf8_lossy(raw)
-            );
+            let got = match classify(&req) {
+                Class::Relay(_) => 'r',
+                Class::Fallback => 'f',
+                Class::Ambiguous => 'a',
+            };
+            assert_eq!(got, want, "{}", String::from_utf8_lossy(raw));
         }
         let mut h = [httparse::EMPTY_HEADER; 16];
         let (req, _) = parse(
             &mut h,
             b"POST /x HTTP/1.1\r\ncontent-length: 12\r\nconnection: close\r\n\r\n",
         );
-        let head = classify(&req).map(|h| (h.framing, h.close, h.idempotent));
-        assert_eq!(head, Some((Framing::Length(12), true, false)));
+        let Class::Relay(head) = classify(&req) else {
+            panic!("a plain POST is relayed");
+        };
+        assert_eq!(
+            (head.framing, head.close, head.idempotent),
+            (Framing::Length(12), true, false)
+        );
     }
 
     #[test]
