@@ -91,10 +91,12 @@ impl UpstreamClient {
 
     /// Sends `req` (origin-form) to `authority`, on an idle connection when there is one. A
     /// request that a reused connection could not even start is retried on another.
+    /// `gap`: the longest wait for a piece of the response body.
     async fn send(
         &self,
         authority: &Authority,
         mut req: Request<Incoming>,
+        gap: Duration,
     ) -> Result<Response<PooledBody>, BoxError> {
         loop {
             let (mut conn, reused) = match self.checkout(authority) {
@@ -115,6 +117,8 @@ impl UpstreamClient {
                         inner,
                         done: false,
                         conn: Some((conn, client, authority)),
+                        gap,
+                        idle: None,
                     }));
                 }
                 Err(mut e) => match e.take_message() {
@@ -178,21 +182,52 @@ struct PooledBody {
     inner: Incoming,
     done: bool,
     conn: Option<(SendRequest<Incoming>, UpstreamClient, Authority)>,
+    /// No frame for this long ends the body in an error (nginx's `proxy_read_timeout`): an
+    /// upstream that stalls mid-body does not hold the client connection for ever.
+    gap: Duration,
+    /// Armed while a frame is awaited; boxed, as hyper moves bodies around.
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// An upstream that sent nothing for the proxy `timeout` in the middle of a body.
+#[derive(Debug)]
+struct StalledUpstream;
+
+impl std::fmt::Display for StalledUpstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the upstream stalled mid-body")
+    }
+}
+
+impl std::error::Error for StalledUpstream {}
 
 impl hyper::body::Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let r = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(None) = r {
-            self.done = true;
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(r) => {
+                self.idle = None;
+                if r.is_none() {
+                    self.done = true;
+                }
+                Poll::Ready(r.map(|f| f.map_err(BoxError::from)))
+            }
+            Poll::Pending => {
+                let gap = self.gap;
+                let idle = self
+                    .idle
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(gap)));
+                match idle.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(StalledUpstream)))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
-        r
     }
 
     fn is_end_stream(&self) -> bool {
@@ -248,13 +283,20 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// `prev, ip` (or `ip`) as a header value.
-fn forwarded_for(prev: Option<&HeaderValue>, ip: std::net::IpAddr) -> Option<HeaderValue> {
+/// Every earlier hop, in order, then `ip`, as one header value: the relay writes the same
+/// (`X-Forwarded-For` may arrive on several lines).
+fn forwarded_for<'a>(
+    prev: impl Iterator<Item = &'a HeaderValue>,
+    ip: std::net::IpAddr,
+) -> Option<HeaderValue> {
     use std::io::Write;
-    let mut buf: Vec<u8> = Vec::with_capacity(prev.map_or(0, |p| p.len() + 2) + 39);
-    if let Some(p) = prev {
-        buf.extend_from_slice(p.as_bytes());
-        buf.extend_from_slice(b", ");
+    let mut buf: Vec<u8> = Vec::with_capacity(64);
+    for p in prev {
+        let p = p.as_bytes().trim_ascii();
+        if !p.is_empty() {
+            buf.extend_from_slice(p);
+            buf.extend_from_slice(b", ");
+        }
     }
     write!(buf, "{ip}").ok()?;
     HeaderValue::from_maybe_shared(Bytes::from(buf)).ok()
@@ -308,12 +350,20 @@ pub(crate) async fn handle(
     *req.version_mut() = Version::HTTP_11;
     let headers = req.headers_mut();
     strip_hop_by_hop(headers);
-    let prev = headers.get(&X_FORWARDED_FOR).filter(|v| v.to_str().is_ok());
+    let prev = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter(|v| v.to_str().is_ok());
     if let Some(v) = forwarded_for(prev, peer.ip()) {
         headers.insert(X_FORWARDED_FOR, v);
     }
 
-    match tokio::time::timeout(proxy.timeout, shared.client.send(authority, req)).await {
+    match tokio::time::timeout(
+        proxy.timeout,
+        shared.client.send(authority, req, proxy.timeout),
+    )
+    .await
+    {
         Err(_) => {
             shared.metrics.upstream_error();
             problem(

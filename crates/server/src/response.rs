@@ -12,8 +12,9 @@ use hyper::{Response, StatusCode};
 use serde_json::{Value, json};
 use tollgate::Decision;
 
-/// The body type of every response the server writes.
-pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
+/// The body type of every response the server writes. Its error is boxed: a proxied body can
+/// also end in the proxy's own error (an upstream that stalls mid-body).
+pub(crate) type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 /// A body of bytes.
 pub(crate) fn full(b: impl Into<Bytes>) -> Body {

@@ -236,7 +236,10 @@ impl Client {
         let mut interim = Vec::new();
         loop {
             let head = lossy(&self.wire.until(b"\r\n\r\n").await?).to_ascii_lowercase();
-            assert!(head.starts_with("http/1.1 "), "not a status line: {head:?}");
+            assert!(
+                head.starts_with("http/1.1 ") || head.starts_with("http/1.0 "),
+                "not a status line: {head:?}"
+            );
             let status: u16 = head
                 .get(9..12)
                 .and_then(|s| s.parse().ok())
@@ -1103,6 +1106,21 @@ async fn hop_by_hop_headers_stay_on_their_hop_and_forwarded_for_grows() {
         "{head}"
     );
     drop(c);
+    // The hyper path (HTTP/1.0) joins the hops the same way.
+    let mut c = Client::connect(addr).await;
+    c.send(
+        "GET /h HTTP/1.0\r\nHost: api.example\r\nX-Forwarded-For: 192.0.2.1\r\nX-Forwarded-For: 198.51.100.2\r\n\r\n",
+    )
+    .await;
+    let r = c.response().await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let heads = up.heads();
+    let head = &heads[heads.len() - 1].1;
+    assert_eq!(
+        header_values(head, "x-forwarded-for"),
+        ["192.0.2.1, 198.51.100.2, 127.0.0.1"],
+        "{head}"
+    );
     s.stop().await;
 }
 
@@ -1212,11 +1230,18 @@ async fn an_upstream_stalling_mid_body_is_cut_off() {
     })
     .await;
     let (_s, addr) = proxy(&up, "500ms").await;
-    let mut c = Client::connect(addr).await;
-    c.send("GET /stall HTTP/1.1\r\nHost: a\r\n\r\n").await;
-    // The proxy gives up on the upstream (as nginx does after proxy_read_timeout) and closes.
-    let r = c.try_response(false).await;
-    assert!(r.is_err(), "{r:?}");
+    // The relay, and the hyper path (which takes HTTP/1.0).
+    for request in [
+        "GET /stall HTTP/1.1\r\nHost: a\r\n\r\n",
+        "GET /stall HTTP/1.0\r\nHost: a\r\n\r\n",
+    ] {
+        let mut c = Client::connect(addr).await;
+        c.send(request).await;
+        // The proxy gives up on the upstream (as nginx does after proxy_read_timeout) and
+        // closes.
+        let r = c.try_response(false).await;
+        assert!(r.is_err(), "{request:?}: {r:?}");
+    }
 }
 
 // 14. Clients that leave mid-exchange.
