@@ -1,5 +1,6 @@
 //! The server over a real Redis: two instances share one count, `/readyz` follows Redis, and
-//! `on_error = "allow"` keeps serving when Redis goes away. Needs `redis-server` (scripts/test.sh installs it).
+//! `on_error = "allow"` keeps serving when Redis goes away. Needs `redis-server`
+//! (`scripts/test.sh` installs it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
