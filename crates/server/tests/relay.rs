@@ -132,27 +132,45 @@ async fn garbage_gets_400() {
     s.stop().await;
 }
 
-/// A raw upstream: answers each connection's first request with `reply`, then closes.
-async fn one_shot_upstream(reply: &'static [u8]) -> SocketAddr {
+/// A raw upstream: runs `serve` on every connection it accepts.
+async fn raw_upstream<F, Fut>(serve: F) -> SocketAddr
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        while let Ok((mut c, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 65536];
-                let mut seen = Vec::new();
-                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match c.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => seen.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let _ = c.write_all(reply).await;
-                let _ = c.shutdown().await;
-            });
+        while let Ok((c, _)) = listener.accept().await {
+            tokio::spawn(serve(c));
         }
     });
     addr
+}
+
+/// Reads from `c` until a request head has arrived; `false` when the peer closed first or sent
+/// nothing for `idle`.
+async fn read_head(c: &mut TcpStream, idle: Duration) -> bool {
+    let mut buf = vec![0u8; 65536];
+    let mut seen = Vec::new();
+    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+        match tokio::time::timeout(idle, c.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => seen.extend_from_slice(&buf[..n]),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// A raw upstream: answers each connection's first request with `reply`, then closes.
+async fn one_shot_upstream(reply: &'static [u8]) -> SocketAddr {
+    raw_upstream(move |mut c| async move {
+        if read_head(&mut c, Duration::from_secs(10)).await {
+            let _ = c.write_all(reply).await;
+            let _ = c.shutdown().await;
+        }
+    })
+    .await
 }
 
 #[tokio::test]
@@ -178,36 +196,18 @@ async fn an_upstream_that_closes_idle_connections_is_retried_on_a_fresh_one() {
 /// A keep-alive upstream with a short idle timeout: answers each request after `delay`, and
 /// closes a connection that stays idle for 100 ms.
 async fn idle_timeout_upstream(delay: Duration) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut c, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 65536];
-                let mut seen = Vec::new();
-                loop {
-                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match tokio::time::timeout(Duration::from_millis(100), c.read(&mut buf))
-                            .await
-                        {
-                            Ok(Ok(n)) if n > 0 => seen.extend_from_slice(&buf[..n]),
-                            // Idle for too long, or closed: gone.
-                            _ => return,
-                        }
-                    }
-                    seen.clear();
-                    tokio::time::sleep(delay).await;
-                    if c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
+    raw_upstream(move |mut c| async move {
+        while read_head(&mut c, Duration::from_millis(100)).await {
+            tokio::time::sleep(delay).await;
+            if c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .await
+                .is_err()
+            {
+                return;
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 #[tokio::test]

@@ -886,15 +886,15 @@ async fn an_upstream_closing_mid_body_closes_the_client_connection() {
 
 // 9. Connection: close from either side.
 
-#[tokio::test]
-async fn an_upstream_connection_close_is_honoured_even_if_the_socket_stays_open() {
-    let up = upstream(|mut c| async move {
+/// The upstream's first connection answers once with `answer`, which ends that connection's
+/// use, and then lingers without reading; the next request through the same client connection
+/// must go out on a second upstream connection (and the client connection must go on).
+async fn the_first_upstream_connection_is_not_reused_after(answer: &'static [u8]) {
+    let up = upstream(move |mut c| async move {
         if c.n == 0 {
             if c.head().await.is_some() {
-                c.send(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
-                    .await;
+                c.send(answer).await;
             }
-            // Said close, but lingers without reading.
             c.hold().await;
         } else {
             serve(c, |n, _, _| ok(&format!("conn{n}"))).await;
@@ -905,11 +905,19 @@ async fn an_upstream_connection_close_is_honoured_even_if_the_socket_stays_open(
     let mut c = Client::connect(addr).await;
     let r = c.get("/1").await;
     assert_eq!((r.status, r.body().as_str()), (200, "ok"), "{r:?}");
-    // The upstream's close is for its hop: the client connection goes on.
     let r = c.get("/2").await;
     assert_eq!((r.status, r.body().as_str()), (200, "conn1"), "{r:?}");
     drop(c);
     s.stop().await;
+}
+
+#[tokio::test]
+async fn an_upstream_connection_close_is_honoured_even_if_the_socket_stays_open() {
+    // Said close, but lingers: the close is for its hop, the client connection goes on.
+    the_first_upstream_connection_is_not_reused_after(
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -1335,26 +1343,11 @@ async fn a_reused_connection_closed_on_receipt_is_retried_with_the_whole_request
 
 #[tokio::test]
 async fn an_http10_answer_without_keep_alive_is_not_pooled() {
-    let up = upstream(|mut c| async move {
-        if c.n == 0 {
-            if c.head().await.is_some() {
-                c.send(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                    .await;
-            }
-            // An HTTP/1.0 exchange is over: nothing more is read.
-            c.hold().await;
-        } else {
-            serve(c, |n, _, _| ok(&format!("conn{n}"))).await;
-        }
-    })
+    // An HTTP/1.0 exchange is over once answered.
+    the_first_upstream_connection_is_not_reused_after(
+        b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    )
     .await;
-    let (s, addr) = proxy(&up, "1s").await;
-    let mut c = Client::connect(addr).await;
-    assert_eq!(c.get("/1").await.body(), "ok");
-    let r = c.get("/2").await;
-    assert_eq!((r.status, r.body().as_str()), (200, "conn1"), "{r:?}");
-    drop(c);
-    s.stop().await;
 }
 
 #[tokio::test]
