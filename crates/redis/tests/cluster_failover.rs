@@ -41,6 +41,15 @@ async fn master_killed_then_replica_promoted() {
         .parse()
         .unwrap();
     let old_master = cluster.master_of(slot).port;
+    // Replication is asynchronous: writes acknowledged by the master but not yet on its replica
+    // are lost when it dies, as Redis documents. The test is about the limiter across a
+    // failover, so it waits until the replica has everything the master has before the crash.
+    let synced = common::eventually(Duration::from_secs(10), || {
+        let info = cluster.master_of(slot).command(&["INFO", "replication"]);
+        async move { info.as_deref().is_some_and(replica_caught_up) }
+    })
+    .await;
+    assert!(synced, "the replica never caught up with its master");
     tokio::task::block_in_place(|| cluster.master_of(slot).kill());
 
     // The limiter keeps answering throughout; Redis decides again once a replica took over.
@@ -77,4 +86,23 @@ async fn master_killed_then_replica_promoted() {
         remaining <= 1_000_000 - 11,
         "the count restarted from scratch: remaining {remaining}"
     );
+}
+
+/// Whether a master's `INFO replication` shows a replica at the master's own offset.
+fn replica_caught_up(info: &str) -> bool {
+    let field = |line: &str, key: &str| -> Option<u64> {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let master = info
+        .lines()
+        .find_map(|l| l.strip_prefix("master_repl_offset:"))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let replica = info
+        .lines()
+        .filter(|l| l.starts_with("slave"))
+        .filter_map(|l| field(l, "offset="))
+        .max();
+    matches!((master, replica), (Some(m), Some(r)) if r >= m)
 }
