@@ -745,12 +745,17 @@ impl Conn {
     ) -> Relayed {
         let (mut cr, mut cw) = client.split();
         let (mut ur, mut uw) = up.split();
+        // Set once the whole request is upstream: an answer that comes before (an early 413,
+        // say) leaves the rest of the body on the client connection, which then closes, and
+        // says so in the answer's head.
+        let sent = std::sync::atomic::AtomicBool::new(false);
         let upload = upload(
             &mut cr,
             &mut self.inbuf,
             &mut uw,
             &mut self.uphead,
             head.framing,
+            &sent,
         );
         let download = download(
             &mut ur,
@@ -759,7 +764,7 @@ impl Conn {
             &mut self.out,
             rate_limit,
             head.is_head,
-            head.close || stopping,
+            (head.close || stopping, &sent),
             (deadline, gap),
             &mut self.timer,
         );
@@ -1118,6 +1123,7 @@ async fn upload(
     uw: &mut WriteHalf<'_>,
     head: &mut Vec<u8>,
     framing: Framing,
+    sent: &std::sync::atomic::AtomicBool,
 ) -> Result<(), UploadError> {
     let mut body = Body::new(framing);
     // The head goes out with whatever body bytes are already here, in one write.
@@ -1145,6 +1151,7 @@ async fn upload(
         inbuf.advance(take);
         body.consumed(take);
     }
+    sent.store(true, Ordering::Relaxed);
     Ok(())
 }
 
@@ -1371,7 +1378,7 @@ async fn download(
     out: &mut Vec<u8>,
     rate_limit: &RateLimitHeaders,
     is_head: bool,
-    close: bool,
+    (close, sent): (bool, &std::sync::atomic::AtomicBool),
     (deadline, gap): (Instant, std::time::Duration),
     timer: &mut Pin<Box<tokio::time::Sleep>>,
 ) -> Result<Downloaded, DownloadError> {
@@ -1383,8 +1390,10 @@ async fn download(
         nothing_received: false,
         timed_out: false,
     };
-    let (framing, upstream_close) = loop {
-        // Parse what is buffered; read more while the head is incomplete.
+    let (framing, upstream_close, close) = loop {
+        // Parse what is buffered; read more while the head is incomplete. Whether the request
+        // is all upstream is read as the head is written: it may still be going up.
+        let close = close || !sent.load(Ordering::Relaxed);
         match response_head(upbuf, out, rate_limit, is_head, close) {
             Err(()) => return Err(before_head()),
             Ok(Some(head)) => {
@@ -1396,7 +1405,7 @@ async fn download(
                         .ok_or(DownloadError::AfterHead)?;
                     continue;
                 }
-                break (head.framing, head.upstream_close);
+                break (head.framing, head.upstream_close, close);
             }
             Ok(None) => {}
         }

@@ -803,6 +803,11 @@ async fn an_early_413_reaches_the_client_and_the_connection_closes() {
     });
     let r = c.response().await;
     assert_eq!((r.status, r.body().as_str()), (413, "too big!"), "{r:?}");
+    assert_eq!(
+        r.header("connection"),
+        Some("close"),
+        "the answer says the connection ends: {r:?}"
+    );
     // The rest of the body is still on its way: the connection cannot carry another request.
     let rest = c.rest().await;
     assert!(rest.is_empty(), "nothing after the 413: {rest:?}");
