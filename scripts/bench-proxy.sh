@@ -6,19 +6,25 @@
 #   (c) POST /v1/check decisions per second with the memory store.
 # Needs wrk and nginx (Debian: apt-get install -y wrk nginx-light); installs them when missing
 # and running as root.
-# Usage: scripts/bench-proxy.sh [SECONDS per run, default 10] [--rounds N]
+# Usage: scripts/bench-proxy.sh [SECONDS per run, default 10] [--rounds N] [--wire]
 # With --rounds N, the (a) and (b) runs are repeated N times, interleaved (upstream, nginx,
 # tollgate, nginx, tollgate, ...), and the medians and the per-round tollgate/nginx ratios are
 # printed: on a shared, noisy machine only runs taken side by side compare.
+# With --wire, each run is also captured with tcpdump at the port under test, and the latency
+# from a request's arrival to its answer's departure is reported "on the wire": the proxy's own
+# latency (upstream leg included), without the load generator's. On two shared cores, wrk's p99
+# is as much wrk's scheduling as the server's. The capture costs CPU: compare req/s without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=10
 ROUNDS=1
+WIRE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) ROUNDS="${2:?--rounds needs a number}"; shift 2 ;;
     --rounds=*) ROUNDS="${1#--rounds=}"; shift ;;
+    --wire) WIRE=1; shift ;;
     *) DURATION="$1"; shift ;;
   esac
 done
@@ -29,6 +35,14 @@ BASE="${BENCH_PORT_BASE:-18080}"
 UP=$((BASE + 1)); NGX=$((BASE + 2)); TGP=$((BASE + 3)); TGA=$((BASE + 4)); TGM=$((BASE + 5))
 TGP90=$((BASE + 6)); TGA90=$((BASE + 7)); TGM90=$((BASE + 8))
 
+if [ "$WIRE" = 1 ] && ! command -v tcpdump >/dev/null; then
+  if [ "$(id -u)" -eq 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tcpdump >/dev/null
+  else
+    echo "bench-proxy: --wire needs tcpdump, run as root (apt-get install -y tcpdump)" >&2
+    exit 1
+  fi
+fi
 if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then
   if [ "$(id -u)" -eq 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null
@@ -203,17 +217,43 @@ cpu_ticks() {
 }
 TICK="$(getconf CLK_TCK)"
 
-printf '%-44s %12s %10s %10s %10s %10s\n' "run" "req/s" "p50" "p99" "non-2xx" "cpu/req"
+# wire PCAP PORT: "p50 p99" in ms, from each request reaching PORT to its answer leaving it.
+wire() {
+  tcpdump -r "$1" -tt -n 2>/dev/null | awk -v port="$2" '
+    { split($3, s, "."); split($5, d, "."); sp = s[5]; dp = d[5]; sub(":", "", dp)
+      if ($NF + 0 == 0) next
+      if (dp == port) at[sp] = $1
+      else if (sp == port && (dp in at)) { print ($1 - at[dp]) * 1000; delete at[dp] } }' |
+    sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "- -"; else printf "%.3f %.3f\n", a[int(NR * 0.5) + 1], a[int(NR * 0.99) + 1] }'
+}
+
+printf '%-44s %12s %10s %10s %10s %10s' "run" "req/s" "p50" "p99" "non-2xx" "cpu/req"
+[ "$WIRE" = 1 ] && printf ' %10s %10s' "wire p50" "wire p99"
+printf '\n'
+
 # run KEY NAME PIDS WRK-ARGS...: one wrk run, printed, and recorded under KEY for the summary;
 # PIDS (space-separated, may be empty) are the processes whose CPU time per request is shown.
 run() {
   local key="$1" name="$2" pids="$3"; shift 3
-  local out before after
+  local out before after url="${*: -1}" port tp="" w="- -"
+  port="${url#http://127.0.0.1:}"; port="${port%%/*}"
+  if [ "$WIRE" = 1 ]; then
+    rm -f "$WORK/cap.pcap"
+    tcpdump -i lo -s 128 -B 131072 -w "$WORK/cap.pcap" "tcp port $port" >/dev/null 2>&1 &
+    tp=$!
+    sleep 0.5
+  fi
   # shellcheck disable=SC2086
   before="$(cpu_ticks $pids)"
   out="$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$@" 2>&1)"
   # shellcheck disable=SC2086
   after="$(cpu_ticks $pids)"
+  if [ -n "$tp" ]; then
+    sleep 0.2
+    kill -INT "$tp" 2>/dev/null || true
+    wait "$tp" 2>/dev/null || true
+    w="$(wire "$WORK/cap.pcap" "$port")"
+  fi
   local rps p50 p99 non2xx reqs cpu="-"
   rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
   p50="$(awk '$1=="50%" {print $2}' <<<"$out")"
@@ -223,9 +263,11 @@ run() {
   if [ -n "$pids" ] && [ "${reqs:-0}" -gt 0 ]; then
     cpu="$(awk -v t=$((after - before)) -v hz="$TICK" -v n="$reqs" 'BEGIN { printf "%.2fus", t * 1e6 / hz / n }')"
   fi
-  printf '%-44s %12s %10s %10s %10s %10s\n' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}" "$cpu"
+  printf '%-44s %12s %10s %10s %10s %10s' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}" "$cpu"
+  [ "$WIRE" = 1 ] && printf ' %9sms %9sms' ${w}
+  printf '\n'
   echo "$out" >>"$WORK/wrk.log"
-  echo "${rps:-0} $(to_ms "${p50:-0ms}") $(to_ms "${p99:-0ms}") ${cpu%us}" >>"$WORK/res.$key"
+  echo "${rps:-0} $(to_ms "${p50:-0ms}") $(to_ms "${p99:-0ms}") ${cpu%us} ${w}" >>"$WORK/res.$key"
 }
 
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
@@ -261,6 +303,9 @@ if [ "$ROUNDS" -gt 1 ]; then
     echo "tollgate/nginx, $label: req/s per round $(ratios "$a" "$b" 1 | paste -sd' ') -> median $(ratios "$a" "$b" 1 | median)"
     echo "  p99 per round $(ratios "$a" "$b" 3 | paste -sd' ') -> median $(ratios "$a" "$b" 3 | median) (below 1: tollgate's tail is shorter)"
     echo "  cpu/req per round $(ratios "$a" "$b" 4 | paste -sd' ') -> median $(ratios "$a" "$b" 4 | median) (below 1: tollgate spends less)"
+    if [ "$WIRE" = 1 ]; then
+      echo "  wire p99 per round $(ratios "$a" "$b" 6 | paste -sd' ') -> median $(ratios "$a" "$b" 6 | median) (tollgate $(col "$a" 6 | median) ms, nginx $(col "$b" 6 | median) ms)"
+    fi
   done
 fi
 echo "(machine: $(nproc) cores; wrk shares them with the servers)"
