@@ -35,22 +35,23 @@ BASE="${BENCH_PORT_BASE:-18080}"
 UP=$((BASE + 1)); NGX=$((BASE + 2)); TGP=$((BASE + 3)); TGA=$((BASE + 4)); TGM=$((BASE + 5))
 TGP90=$((BASE + 6)); TGA90=$((BASE + 7)); TGM90=$((BASE + 8))
 
-if [ "$WIRE" = 1 ] && ! command -v tcpdump >/dev/null; then
-  if [ "$(id -u)" -eq 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tcpdump >/dev/null
-  else
-    echo "bench-proxy: --wire needs tcpdump, run as root (apt-get install -y tcpdump)" >&2
+# need PACKAGES -- COMMANDS...: installs the Debian PACKAGES when a COMMAND is missing (as root).
+need() {
+  local pkgs=() c
+  while [ "$1" != "--" ]; do pkgs+=("$1"); shift; done
+  shift
+  for c in "$@"; do
+    command -v "$c" >/dev/null && continue
+    if [ "$(id -u)" -eq 0 ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >/dev/null
+      return
+    fi
+    echo "bench-proxy: needs $* (apt-get install -y ${pkgs[*]})" >&2
     exit 1
-  fi
-fi
-if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then
-  if [ "$(id -u)" -eq 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null
-  else
-    echo "bench-proxy: needs wrk and nginx (apt-get install -y wrk nginx-light)" >&2
-    exit 1
-  fi
-fi
+  done
+}
+need wrk nginx-light -- wrk nginx
+[ "$WIRE" = 1 ] && need tcpdump -- tcpdump
 NGINX="$(command -v nginx)"
 
 WORK="$(mktemp -d /tmp/tollgate-bench.XXXXXX)"
@@ -84,8 +85,8 @@ http {
   server {
     # reuseport: the kernel spreads the proxies' upstream connections over the upstream's
     # workers. Without it, a proxy that opens its connections in a burst (as both do when wrk
-    # starts) can find all of them accepted by one worker, whose one core then caps the run
-    # and makes its latency tail: the comparison would measure accept luck.
+    # starts) can find all of them accepted by one worker: the comparison would measure
+    # accept luck.
     listen 127.0.0.1:$UP reuseport;
     location / { return 200 "ok\n"; }
   }
