@@ -158,25 +158,13 @@ pub fn write_ratelimit_item(out: &mut String, quoted_name: &str, d: &Decision) {
 
 /// Appends `n` in decimal, without going through `fmt` (this runs several times per response).
 pub fn write_u64(out: &mut String, n: u64) {
-    out.push_str(decimal(n, &mut [0; 20]));
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
-/// `n` in decimal, written at the end of `buf`: for writers of bytes rather than `String`s (the
+/// Appends `n` in decimal to a byte buffer: for writers of bytes rather than `String`s (the
 /// server's relay writes heads into byte buffers).
-pub fn decimal(n: u64, buf: &mut [u8; 20]) -> &str {
-    let mut i = buf.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        // `n % 10` is below 10, so the cast keeps it exactly.
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // ASCII digits are always UTF-8.
-    std::str::from_utf8(&buf[i..]).unwrap_or_default()
+pub fn write_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 #[cfg(test)]
@@ -202,6 +190,9 @@ mod tests {
             let mut s = String::from("x");
             write_u64(&mut s, n);
             assert_eq!(s, format!("x{n}"));
+            let mut b = b"x".to_vec();
+            write_decimal(&mut b, n);
+            assert_eq!(b, format!("x{n}").into_bytes());
         }
     }
 

@@ -23,7 +23,9 @@ use tollgate::{
 };
 
 use crate::client_ip::{ForwardedHeader, client_ip};
-use crate::headers::{HeaderList, PolicyHeaders, render, retry_after};
+use crate::headers::{
+    HeaderList, PolicyHeaders, render, retry_after, retry_soon, t_of, write_lines,
+};
 use crate::key::{KeyBuf, KeyContext, KeyHasher};
 use crate::route::NormalizedPath;
 use crate::{
@@ -521,9 +523,19 @@ impl Answer {
     }
 
     /// The headers besides `Content-Type` ([`problem::PROBLEM_JSON`](crate::problem::PROBLEM_JSON)),
-    /// in order: the rate-limit headers, then `Retry-After`.
-    pub fn headers(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-        self.headers.iter().map(|(n, v)| (n, v))
+    /// in order: the rate-limit headers, then `Retry-After`. Each value is made as it is
+    /// asked for; [`Answer::write_headers`] writes them without making any.
+    pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
+        self.headers
+            .iter()
+            .map(|f| (f.which.name(), f.header_value()))
+    }
+
+    /// Appends [`Answer::headers`] to `out` as HTTP/1.1 header lines (`name: value` and CRLF
+    /// each, names in lower case), for a server that writes its responses itself: numbers are
+    /// formatted straight into `out`, with no allocation.
+    pub fn write_headers(&self, out: &mut Vec<u8>) {
+        write_lines(&self.headers, out);
     }
 
     /// The problem+json body.
@@ -539,8 +551,8 @@ impl Answer {
         // Sized once: growing the map midway would rehash it.
         headers.reserve(self.headers.len() + 1);
         headers.insert(http::header::CONTENT_TYPE, problem::PROBLEM_JSON);
-        for (name, value) in self.headers {
-            headers.insert(name, value);
+        for f in &self.headers {
+            headers.insert(f.which.name(), f.header_value());
         }
         response
     }
@@ -573,15 +585,17 @@ impl<S: Store, C: Clock> Outcome<S, C> {
         !matches!(self.verdict, Verdict::Respond(_))
     }
 
-    /// The rate-limit headers for the response.
-    pub fn headers(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-        self.headers.iter().map(|(n, v)| (n, v))
+    /// The rate-limit headers for the response (each value made as it is asked for).
+    pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
+        self.headers
+            .iter()
+            .map(|f| (f.which.name(), f.header_value()))
     }
 
     /// Adds the rate-limit headers to `headers`.
     pub fn apply_headers(&self, headers: &mut HeaderMap) {
-        for (name, value) in &self.headers {
-            headers.insert(name.clone(), value.clone());
+        for f in &self.headers {
+            headers.insert(f.which.name(), f.header_value());
         }
     }
 
@@ -601,12 +615,12 @@ impl<S: Store, C: Clock> Outcome<S, C> {
 pub struct RateLimitHeaders(HeaderList);
 
 impl RateLimitHeaders {
-    /// Moves the headers into `headers`, replacing any of the same name.
+    /// Adds the headers to `headers`, replacing any of the same name.
     pub fn apply(self, headers: &mut HeaderMap) {
         // One growth of the map up front rather than a rehash midway.
         headers.reserve(self.0.len());
-        for (name, value) in self.0 {
-            headers.insert(name, value);
+        for f in &self.0 {
+            headers.insert(f.which.name(), f.header_value());
         }
     }
 
@@ -615,9 +629,22 @@ impl RateLimitHeaders {
         self.0.is_empty()
     }
 
-    /// The headers.
-    pub fn iter(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
-        self.0.iter().map(|(n, v)| (n, v))
+    /// The headers, each value made as it is asked for ([`RateLimitHeaders::write`] makes
+    /// none).
+    pub fn iter(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
+        self.0.iter().map(|f| (f.which.name(), f.header_value()))
+    }
+
+    /// The headers' names, in lower case.
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.0.iter().map(|f| f.which.as_str())
+    }
+
+    /// Appends the headers to `out` as HTTP/1.1 header lines (`name: value` and CRLF each,
+    /// names in lower case), for a server that writes its responses itself: the numbers are
+    /// formatted straight into `out`, with no allocation.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        write_lines(&self.0, out);
     }
 }
 
@@ -642,9 +669,9 @@ impl<S: Store, C: Clock> Engine<S, C> {
         }
         let mut headers = self.render_at(decisions, &indexes);
         if !decisions.allowed()
-            && let Some((_, value)) = self.retry_after_at(decisions, &headers, &indexes)
+            && let Some((_, field)) = self.retry_after_at(decisions, &headers, &indexes)
         {
-            headers.push((http::header::RETRY_AFTER, value));
+            headers.push(field);
         }
         RateLimitHeaders(headers)
     }
@@ -918,7 +945,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         decisions: &Decisions,
         headers: &HeaderList,
         indexes: &[usize],
-    ) -> Option<(u64, HeaderValue)> {
+    ) -> Option<(u64, crate::headers::Field)> {
         let now = self.inner.limiter.clock().now();
         let mut wait: Option<Duration> = Some(Duration::ZERO);
         let mut floor = 0;
@@ -933,11 +960,8 @@ impl<S: Store, C: Clock> Engine<S, C> {
             };
         }
         // RateLimit's `t` may come from another denying policy: never answer earlier than it.
-        if let Some((_, v)) = headers
-            .iter()
-            .find(|(n, _)| *n == crate::headers::RATELIMIT)
-        {
-            floor = floor.max(parse_t(v.as_bytes()));
+        if let Some(t) = t_of(headers) {
+            floor = floor.max(t);
         }
         wait.map(|w| retry_after(self.inner.headers.retry_after_format, now, w, floor))
     }
@@ -959,8 +983,8 @@ impl<S: Store, C: Clock> Engine<S, C> {
             .map(|(d, _)| d.policy);
         tracing::debug!(policies = ?violated.clone().collect::<SmallVec<[&str; 4]>>(), "rate limited");
         let body = problem::quota_exceeded(violated, retry.as_ref().map(|(s, _)| *s));
-        if let Some((_, value)) = retry {
-            headers.push((http::header::RETRY_AFTER, value));
+        if let Some((_, field)) = retry {
+            headers.push(field);
         }
         let answer = Answer::new(StatusCode::TOO_MANY_REQUESTS, headers.clone(), body);
         self.outcome(decisions, headers, Verdict::Respond(answer))
@@ -991,7 +1015,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
                     }
                     FailMode::Deny => {
                         let mut retry = HeaderList::new();
-                        retry.push((http::header::RETRY_AFTER, HeaderValue::from_static("1")));
+                        retry.push(retry_soon());
                         let answer = Answer::new(
                             StatusCode::SERVICE_UNAVAILABLE,
                             retry,
@@ -1025,19 +1049,6 @@ fn pending_immediate_store() -> Error {
     Error::Store(tollgate::StoreError::Protocol {
         reason: "an immediate store left a decision pending".to_owned(),
     })
-}
-
-/// The `t` parameter of a `RateLimit` value we rendered.
-fn parse_t(value: &[u8]) -> u64 {
-    let Some(pos) = value.windows(3).rposition(|w| w == b";t=") else {
-        return 0;
-    };
-    value[pos + 3..]
-        .iter()
-        .take_while(|b| b.is_ascii_digit())
-        .fold(0u64, |n, b| {
-            n.saturating_mul(10).saturating_add(u64::from(b - b'0'))
-        })
 }
 
 /// A request held for its leaky-bucket slot.

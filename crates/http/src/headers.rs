@@ -96,20 +96,19 @@ impl Default for HeaderConfig {
     }
 }
 
-/// A policy's header text, rendered once by [`tollgate::headers`] and interned: the values are
-/// `'static`, so copying one into a response touches no shared reference count.
+/// A policy's header text, rendered once by [`tollgate::headers`] and interned: the text is
+/// `'static`, so a response refers to it without copying it or touching a reference count.
 #[derive(Clone, Debug)]
 pub(crate) struct PolicyHeaders {
     /// `"name"`: a structured-field string.
     pub(crate) quoted_name: &'static str,
-    /// `"name";q=100;w=60`.
+    /// `"name";q=100;w=60`, the policy's `RateLimit-Policy` item (and the whole value when it
+    /// is the only policy that applies).
     pub(crate) policy_item: &'static str,
-    /// The same item as a whole `RateLimit-Policy` value, for the common single-policy case.
-    pub(crate) policy_value: HeaderValue,
     /// The quota's limit, as `X-RateLimit-Limit` writes it.
     pub(crate) limit: u64,
-    /// `limit` as a header value.
-    pub(crate) limit_value: HeaderValue,
+    /// `limit` in decimal.
+    pub(crate) limit_text: &'static str,
 }
 
 impl PolicyHeaders {
@@ -127,19 +126,136 @@ impl PolicyHeaders {
         let limit = u64::from(quota.limit());
         let mut digits = String::new();
         fields::write_u64(&mut digits, limit);
-        let policy_item = tollgate::intern(&item);
         Ok(PolicyHeaders {
             quoted_name: tollgate::intern(&quoted),
-            policy_item,
-            policy_value: HeaderValue::from_static(policy_item),
+            policy_item: tollgate::intern(&item),
             limit,
-            limit_value: HeaderValue::from_static(tollgate::intern(&digits)),
+            limit_text: tollgate::intern(&digits),
         })
     }
 }
 
-/// The headers of one response.
-pub(crate) type HeaderList = smallvec::SmallVec<[(HeaderName, HeaderValue); 6]>;
+/// Which header a [`Field`] is: only these six are ever set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Which {
+    Limit,
+    Remaining,
+    Reset,
+    Policy,
+    RateLimit,
+    RetryAfter,
+}
+
+impl Which {
+    /// The header's name, lower case as HTTP/2 and most servers write it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Which::Limit => "x-ratelimit-limit",
+            Which::Remaining => "x-ratelimit-remaining",
+            Which::Reset => "x-ratelimit-reset",
+            Which::Policy => "ratelimit-policy",
+            Which::RateLimit => "ratelimit",
+            Which::RetryAfter => "retry-after",
+        }
+    }
+
+    pub(crate) fn name(self) -> HeaderName {
+        match self {
+            Which::Limit => X_RATELIMIT_LIMIT,
+            Which::Remaining => X_RATELIMIT_REMAINING,
+            Which::Reset => X_RATELIMIT_RESET,
+            Which::Policy => RATELIMIT_POLICY,
+            Which::RateLimit => RATELIMIT,
+            Which::RetryAfter => http::header::RETRY_AFTER,
+        }
+    }
+}
+
+/// What a [`Field`] holds: numbers stay numbers until the field is written. A server that
+/// writes HTTP/1.1 itself formats them straight into its output buffer, with no allocation;
+/// everyone else gets a `HeaderValue` made when asked for ([`Field::header_value`]).
+#[derive(Clone, Debug)]
+pub(crate) enum Value {
+    /// An integer in decimal.
+    Number(u64),
+    /// Text fixed per policy (interned) or per process.
+    Static(&'static str),
+    /// A `RateLimit` item: `quoted;r=<r>;t=<t>`.
+    Item {
+        quoted: &'static str,
+        r: u64,
+        t: u64,
+    },
+    /// Text made for this response (several policies' items joined, an HTTP date).
+    Text(HeaderValue),
+}
+
+/// One rate-limit header of a response.
+#[derive(Clone, Debug)]
+pub(crate) struct Field {
+    pub(crate) which: Which,
+    pub(crate) value: Value,
+}
+
+impl Field {
+    fn new(which: Which, value: Value) -> Self {
+        Field { which, value }
+    }
+
+    /// The value as a `HeaderValue` (for a `HeaderMap`).
+    pub(crate) fn header_value(&self) -> HeaderValue {
+        match &self.value {
+            // The reset's epoch second repeats from one request to the next.
+            Value::Number(n) if self.which == Which::Reset => recent_number(*n),
+            Value::Number(n) => number(*n),
+            Value::Static(s) => HeaderValue::from_static(s),
+            Value::Item { .. } => {
+                // Written into this thread's buffer by the one formatter, and copied once into
+                // an exactly sized value: one allocation.
+                let value = SCRATCH.try_with(|scratch| {
+                    let mut scratch = scratch.try_borrow_mut().ok()?;
+                    scratch.clear();
+                    self.write_value(&mut scratch);
+                    HeaderValue::from_bytes(&scratch).ok()
+                });
+                value
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| HeaderValue::from_static(""))
+            }
+            Value::Text(v) => v.clone(),
+        }
+    }
+
+    /// Appends the value's bytes to `out`.
+    pub(crate) fn write_value(&self, out: &mut Vec<u8>) {
+        match &self.value {
+            Value::Number(n) => fields::write_decimal(out, *n),
+            Value::Static(s) => out.extend_from_slice(s.as_bytes()),
+            Value::Item { quoted, r, t } => {
+                out.extend_from_slice(quoted.as_bytes());
+                out.extend_from_slice(b";r=");
+                fields::write_decimal(out, *r);
+                out.extend_from_slice(b";t=");
+                fields::write_decimal(out, *t);
+            }
+            Value::Text(v) => out.extend_from_slice(v.as_bytes()),
+        }
+    }
+}
+
+/// The headers of one response, in order.
+pub(crate) type HeaderList = smallvec::SmallVec<[Field; 6]>;
+
+/// Appends `fields` to `out` as HTTP/1.1 header lines (`name: value` and CRLF each).
+pub(crate) fn write_lines(fields: &[Field], out: &mut Vec<u8>) {
+    for f in fields {
+        out.extend_from_slice(f.which.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        f.write_value(out);
+        out.extend_from_slice(b"\r\n");
+    }
+}
 
 /// Writes the headers for `decisions` (with their policies' rendered text) into `out`.
 pub(crate) fn render(
@@ -160,17 +276,17 @@ pub(crate) fn render(
             ResetFormat::Epoch => fields::reset_epoch_secs(now, worst),
         };
         let limit = if worst.limit == worst_text.limit {
-            worst_text.limit_value.clone()
+            Value::Static(worst_text.limit_text)
         } else {
-            number(worst.limit)
+            Value::Number(worst.limit)
         };
-        out.push((X_RATELIMIT_LIMIT, limit));
-        out.push((X_RATELIMIT_REMAINING, number(worst.remaining)));
-        out.push((X_RATELIMIT_RESET, recent_number(reset)));
+        out.push(Field::new(Which::Limit, limit));
+        out.push(Field::new(Which::Remaining, Value::Number(worst.remaining)));
+        out.push(Field::new(Which::Reset, Value::Number(reset)));
     }
     if config.ietf {
         let policy = if let [(_, only)] = items {
-            only.policy_value.clone()
+            Value::Static(only.policy_item)
         } else {
             let mut joined = String::with_capacity(items.len() * 32);
             for (i, (_, text)) in items.iter().enumerate() {
@@ -180,28 +296,33 @@ pub(crate) fn render(
                 joined.push_str(text.policy_item);
             }
             match HeaderValue::from_maybe_shared(Bytes::from(joined)) {
-                Ok(v) => v,
+                Ok(v) => Value::Text(v),
                 Err(_) => return,
             }
         };
-        out.push((RATELIMIT_POLICY, policy));
-        // Written into this thread's buffer and copied once into an exactly sized value: one
-        // allocation per response.
-        let value = SCRATCH.try_with(|scratch| {
-            let mut scratch = scratch.try_borrow_mut().ok()?;
-            scratch.clear();
-            fields::write_ratelimit_item(&mut scratch, worst_text.quoted_name, worst);
-            HeaderValue::from_str(&scratch).ok()
-        });
-        if let Ok(Some(v)) = value {
-            out.push((RATELIMIT, v));
-        }
+        out.push(Field::new(Which::Policy, policy));
+        out.push(Field::new(
+            Which::RateLimit,
+            Value::Item {
+                quoted: worst_text.quoted_name,
+                r: worst.remaining,
+                t: fields::t_secs(worst),
+            },
+        ));
     }
+}
+
+/// The `t` of the `RateLimit` field among `fields`, if there is one.
+pub(crate) fn t_of(fields: &[Field]) -> Option<u64> {
+    fields.iter().find_map(|f| match f.value {
+        Value::Item { t, .. } if f.which == Which::RateLimit => Some(t),
+        _ => None,
+    })
 }
 
 thread_local! {
     /// Where a `RateLimit` value is written before it becomes a header value.
-    static SCRATCH: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Numbers up to this are rendered once per process: limits, remaining counts and second
@@ -259,27 +380,32 @@ fn recent_number(n: u64) -> HeaderValue {
     .unwrap_or_else(|_| number(n))
 }
 
-/// The `Retry-After` value for a wait of `wait`: whole seconds rounded up, at least 1, and not
-/// earlier than `floor_secs` (the `t` the `RateLimit` field reports).
+/// The `Retry-After` field for a wait of `wait`, and its whole seconds: rounded up, at least
+/// 1, and not earlier than `floor_secs` (the `t` the `RateLimit` field reports).
 pub(crate) fn retry_after(
     format: RetryAfterFormat,
     now: Timestamp,
     wait: Duration,
     floor_secs: u64,
-) -> (u64, HeaderValue) {
+) -> (u64, Field) {
     let secs = fields::retry_after_secs(wait, floor_secs);
     let value = match format {
-        RetryAfterFormat::Seconds => HeaderValue::from(secs),
+        RetryAfterFormat::Seconds => Value::Number(secs),
         RetryAfterFormat::HttpDate => {
             // Whole seconds after now, rounded up, so the date is never earlier than the wait.
             let at = UNIX_EPOCH
                 + Duration::from_secs(fields::ceil_secs(Duration::from_micros(now.as_micros())))
                 + Duration::from_secs(secs);
             let text = httpdate::fmt_http_date(at.max(SystemTime::UNIX_EPOCH));
-            HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from(secs))
+            HeaderValue::from_str(&text).map_or(Value::Number(secs), Value::Text)
         }
     };
-    (secs, value)
+    (secs, Field::new(Which::RetryAfter, value))
+}
+
+/// `Retry-After: 1`, for an answer that asks for a retry soon without a decision behind it.
+pub(crate) fn retry_soon() -> Field {
+    Field::new(Which::RetryAfter, Value::Static("1"))
 }
 
 impl fmt::Display for ResetFormat {
@@ -335,13 +461,56 @@ mod tests {
             Duration::ZERO,
             0,
         );
-        assert_eq!((secs, v.to_str().ok()), (1, Some("1")));
+        assert_eq!((secs, v.header_value().to_str().ok()), (1, Some("1")));
         let (_, v) = retry_after(
             RetryAfterFormat::HttpDate,
             Timestamp::from_secs(784_111_777),
             Duration::from_millis(1),
             0,
         );
-        assert_eq!(v.to_str().ok(), Some("Sun, 06 Nov 1994 08:49:38 GMT"));
+        assert_eq!(
+            v.header_value().to_str().ok(),
+            Some("Sun, 06 Nov 1994 08:49:38 GMT")
+        );
+    }
+
+    /// Both ways out (a `HeaderValue`, bytes written for HTTP/1.1) carry the same text.
+    #[test]
+    fn header_values_and_written_lines_agree() {
+        let fields = [
+            Field::new(Which::Limit, Value::Static("100")),
+            Field::new(Which::Remaining, Value::Number(0)),
+            Field::new(Which::Remaining, Value::Number(u64::MAX)),
+            Field::new(Which::Reset, Value::Number(1_700_000_000)),
+            Field::new(Which::Policy, Value::Static("\"api\";q=100;w=60")),
+            Field::new(
+                Which::RateLimit,
+                Value::Item {
+                    quoted: "\"api\"",
+                    r: 12,
+                    t: 3_600,
+                },
+            ),
+            Field::new(
+                Which::RetryAfter,
+                Value::Text(HeaderValue::from_static("Sun, 06 Nov 1994 08:49:38 GMT")),
+            ),
+            retry_soon(),
+        ];
+        let mut lines = Vec::new();
+        write_lines(&fields, &mut lines);
+        let mut expected = String::new();
+        for f in &fields {
+            assert_eq!(f.which.name().as_str(), f.which.as_str());
+            let value = f.header_value();
+            expected.push_str(&format!(
+                "{}: {}\r\n",
+                f.which.as_str(),
+                value.to_str().unwrap_or("<not text>")
+            ));
+        }
+        assert_eq!(String::from_utf8_lossy(&lines), expected);
+        assert!(expected.contains("ratelimit: \"api\";r=12;t=3600\r\n"));
+        assert_eq!(t_of(&fields), Some(3_600));
     }
 }

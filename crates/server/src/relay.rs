@@ -594,7 +594,7 @@ impl Conn {
                     &mut self.out,
                     r.status(),
                     &tollgate_http::problem::PROBLEM_JSON,
-                    r.headers(),
+                    |out| r.write_headers(out),
                     r.body(),
                     close,
                 );
@@ -850,7 +850,7 @@ impl Conn {
             &mut self.out,
             status,
             &tollgate_http::problem::PROBLEM_JSON,
-            std::iter::empty(),
+            |_| {},
             body.as_bytes(),
             close,
         );
@@ -1053,13 +1053,13 @@ fn build_upstream_head(
 }
 
 /// A complete response of our own (429, 502, ...): status line, `date`, `content-type`, the
-/// given headers, `content-length`, `connection: close` when closing, and the body, in one
-/// buffer.
-fn write_response<'h>(
+/// lines `headers` writes (never `content-length` or `connection`), `content-length`,
+/// `connection: close` when closing, and the body, in one buffer.
+fn write_response(
     out: &mut Vec<u8>,
     status: StatusCode,
     content_type: &HeaderValue,
-    headers: impl Iterator<Item = (&'h HeaderName, &'h HeaderValue)>,
+    headers: impl FnOnce(&mut Vec<u8>),
     body: &[u8],
     close: bool,
 ) {
@@ -1073,15 +1073,7 @@ fn write_response<'h>(
     out.extend_from_slice(b"\r\ncontent-type: ");
     out.extend_from_slice(content_type.as_bytes());
     out.extend_from_slice(b"\r\n");
-    for (name, value) in headers {
-        if name == hyper::header::CONTENT_LENGTH || name == hyper::header::CONNECTION {
-            continue;
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    headers(out);
     out.extend_from_slice(b"content-length: ");
     push_decimal(out, body.len());
     out.extend_from_slice(b"\r\n");
@@ -1587,9 +1579,7 @@ fn rewrite_response_head(
     }
     let interim = code < 200;
     debug_assert!(
-        rate_limit
-            .iter()
-            .all(|(n, _)| may_be_rate_limit(n.as_str().as_bytes())),
+        rate_limit.names().all(|n| may_be_rate_limit(n.as_bytes())),
         "the pre-filter must pass every header Tollgate sets"
     );
     let mut length: Option<u64> = None;
@@ -1680,12 +1670,7 @@ fn rewrite_response_head(
         out.extend_from_slice(b"\r\n");
     }
     if !interim {
-        for (n, v) in rate_limit.iter() {
-            out.extend_from_slice(n.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(v.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
+        rate_limit.write(out);
         if framing == Framing::Close {
             // Re-framed as chunked, so the client connection outlives the upstream one.
             out.extend_from_slice(b"transfer-encoding: chunked\r\n");
@@ -1713,8 +1698,8 @@ fn may_be_rate_limit(name: &[u8]) -> bool {
 /// Whether the rate-limit headers replace the upstream's header `name`.
 fn replaced_by(rate_limit: &RateLimitHeaders, name: &[u8]) -> bool {
     rate_limit
-        .iter()
-        .any(|(n, _)| name.eq_ignore_ascii_case(n.as_str().as_bytes()))
+        .names()
+        .any(|n| name.eq_ignore_ascii_case(n.as_bytes()))
 }
 
 fn push_chunk_header(out: &mut Vec<u8>, n: usize) {
@@ -1747,7 +1732,7 @@ fn head_end(buf: &[u8]) -> Option<usize> {
 /// `n` in decimal.
 fn push_decimal(out: &mut Vec<u8>, n: usize) {
     let n = u64::try_from(n).unwrap_or(u64::MAX);
-    out.extend_from_slice(tollgate::headers::decimal(n, &mut [0; 20]).as_bytes());
+    tollgate::headers::write_decimal(out, n);
 }
 
 /// A status code (100–999) as its three digits.
