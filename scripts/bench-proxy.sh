@@ -207,14 +207,16 @@ to_ms() {
 # upstream and the proxy share two cores, so a run's req/s also depends on how the scheduler
 # happened to share them out.
 NGX_WORKERS="$(pgrep -P "$(cat "$WORK/nginx.pid")" | paste -sd' ')"
-# cpu_ticks PID...: user + system clock ticks used so far by the processes PIDS (all threads).
+# cpu_ticks PID...: "total user": clock ticks used so far by the processes PIDS (all threads),
+# user + system and user alone.
 cpu_ticks() {
-  local p t=0 f
+  local p t=0 u=0 f
   for p in "$@"; do
     f="$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null)" || continue
     t=$((t + $(awk '{print $12 + $13}' <<<"$f")))
+    u=$((u + $(awk '{print $12}' <<<"$f")))
   done
-  echo "$t"
+  echo "$t $u"
 }
 TICK="$(getconf CLK_TCK)"
 
@@ -228,7 +230,7 @@ wire() {
     sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "- -"; else printf "%.3f %.3f\n", a[int(NR * 0.5) + 1], a[int(NR * 0.99) + 1] }'
 }
 
-printf '%-44s %12s %10s %10s %10s %10s' "run" "req/s" "p50" "p99" "non-2xx" "cpu/req"
+printf '%-44s %12s %10s %10s %10s %10s %10s' "run" "req/s" "p50" "p99" "non-2xx" "cpu/req" "user/req"
 [ "$WIRE" = 1 ] && printf ' %10s %10s' "wire p50" "wire p99"
 printf '\n'
 
@@ -236,7 +238,7 @@ printf '\n'
 # PIDS (space-separated, may be empty) are the processes whose CPU time per request is shown.
 run() {
   local key="$1" name="$2" pids="$3"; shift 3
-  local out before after url="${*: -1}" port tp="" w="- -"
+  local out before after ub ua url="${*: -1}" port tp="" w="- -"
   port="${url#http://127.0.0.1:}"; port="${port%%/*}"
   if [ "$WIRE" = 1 ]; then
     rm -f "$WORK/cap.pcap"
@@ -245,17 +247,17 @@ run() {
     sleep 0.5
   fi
   # shellcheck disable=SC2086
-  before="$(cpu_ticks $pids)"
+  read -r before ub <<<"$(cpu_ticks $pids)"
   out="$(wrk -t"$THREADS" -c"$CONNS" -d"${DURATION}s" --latency "$@" 2>&1)"
   # shellcheck disable=SC2086
-  after="$(cpu_ticks $pids)"
+  read -r after ua <<<"$(cpu_ticks $pids)"
   if [ -n "$tp" ]; then
     sleep 0.2
     kill -INT "$tp" 2>/dev/null || true
     wait "$tp" 2>/dev/null || true
     w="$(wire "$WORK/cap.pcap" "$port")"
   fi
-  local rps p50 p99 non2xx reqs cpu="-"
+  local rps p50 p99 non2xx reqs cpu="-" user="-"
   rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
   p50="$(awk '$1=="50%" {print $2}' <<<"$out")"
   p99="$(awk '$1=="99%" {print $2}' <<<"$out")"
@@ -263,12 +265,13 @@ run() {
   reqs="$(awk '/requests in/ {print $1}' <<<"$out")"
   if [ -n "$pids" ] && [ "${reqs:-0}" -gt 0 ]; then
     cpu="$(awk -v t=$((after - before)) -v hz="$TICK" -v n="$reqs" 'BEGIN { printf "%.2fus", t * 1e6 / hz / n }')"
+    user="$(awk -v t=$((ua - ub)) -v hz="$TICK" -v n="$reqs" 'BEGIN { printf "%.2fus", t * 1e6 / hz / n }')"
   fi
-  printf '%-44s %12s %10s %10s %10s %10s' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}" "$cpu"
+  printf '%-44s %12s %10s %10s %10s %10s %10s' "$name" "$rps" "$p50" "$p99" "${non2xx:-0}" "$cpu" "$user"
   [ "$WIRE" = 1 ] && printf ' %9sms %9sms' ${w}
   printf '\n'
   echo "$out" >>"$WORK/wrk.log"
-  echo "${rps:-0} $(to_ms "${p50:-0ms}") $(to_ms "${p99:-0ms}") ${cpu%us} ${w}" >>"$WORK/res.$key"
+  echo "${rps:-0} $(to_ms "${p50:-0ms}") $(to_ms "${p99:-0ms}") ${cpu%us} ${w} ${user%us}" >>"$WORK/res.$key"
 }
 
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
@@ -291,19 +294,20 @@ echo "# (c) decision API"
 run check "tollgate POST /v1/check (memory store)" "$TG_PID" -s "$WORK/check.lua" "http://127.0.0.1:$TGA"
 
 if [ "$ROUNDS" -gt 1 ]; then
-  echo "# medians over $ROUNDS interleaved rounds (latencies in ms; cpu/req: the proxy's own CPU time per request)"
-  printf '%-44s %12s %10s %10s %10s\n' "run" "req/s" "p50" "p99" "cpu/req"
+  echo "# medians over $ROUNDS interleaved rounds (latencies in ms; cpu/req: the proxy's own CPU time per request, user/req: the part of it in user space)"
+  printf '%-44s %12s %10s %10s %10s %10s\n' "run" "req/s" "p50" "p99" "cpu/req" "user/req"
   for pair in "up:upstream alone" "ngx:nginx proxy_pass + limit_req" "tg:tollgate proxy (admit-all)" \
               "ngx90:nginx, 90% refused" "tg90:tollgate, 90% refused"; do
     key="${pair%%:*}"
-    printf '%-44s %12s %10s %10s %10s\n' "${pair#*:}" "$(col "$key" 1 | median)" \
-      "$(col "$key" 2 | median)" "$(col "$key" 3 | median)" "$(col "$key" 4 | median)"
+    printf '%-44s %12s %10s %10s %10s %10s\n' "${pair#*:}" "$(col "$key" 1 | median)" \
+      "$(col "$key" 2 | median)" "$(col "$key" 3 | median)" "$(col "$key" 4 | median)" "$(col "$key" 7 | median)"
   done
   for pair in "tg:ngx:admit-all" "tg90:ngx90:90% refused"; do
     IFS=: read -r a b label <<<"$pair"
     echo "tollgate/nginx, $label: req/s per round $(ratios "$a" "$b" 1 | paste -sd' ') -> median $(ratios "$a" "$b" 1 | median)"
     echo "  p99 per round $(ratios "$a" "$b" 3 | paste -sd' ') -> median $(ratios "$a" "$b" 3 | median) (below 1: tollgate's tail is shorter)"
     echo "  cpu/req per round $(ratios "$a" "$b" 4 | paste -sd' ') -> median $(ratios "$a" "$b" 4 | median) (below 1: tollgate spends less)"
+    echo "  user/req per round $(ratios "$a" "$b" 7 | paste -sd' ') -> median $(ratios "$a" "$b" 7 | median) (the kernel's TCP work, the same for both, is the rest)"
     if [ "$WIRE" = 1 ]; then
       echo "  wire p99 per round $(ratios "$a" "$b" 6 | paste -sd' ') -> median $(ratios "$a" "$b" 6 | median) (tollgate $(col "$a" 6 | median) ms, nginx $(col "$b" 6 | median) ms)"
     fi
