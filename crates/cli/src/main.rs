@@ -115,6 +115,15 @@ async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
         .await
         .context("cannot bind the listeners")?;
     let addrs = listeners.local_addrs();
+    // Each serving listener holds up to max_connections, and a proxied connection one more to
+    // the upstream; the admin listener (scrapes and probes) and the rest (store, files,
+    // listeners) fit in the margin.
+    let per_listener = u64::try_from(config.limits.max_connections).unwrap_or(u64::MAX);
+    let sockets = [addrs.api, addrs.grpc, addrs.proxy, addrs.proxy]
+        .iter()
+        .filter(|a| a.is_some())
+        .count() as u64;
+    raise_open_file_limit(per_listener.saturating_mul(sockets).saturating_add(256));
     let (api, admin, proxy) = (addrs.api, addrs.admin, addrs.proxy);
     let source = path.as_ref().map_or_else(
         || "the built-in default".to_owned(),
@@ -145,6 +154,44 @@ async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
     tollgate_server::run(config, listeners, shutdown_signal()).await?;
     Ok(())
 }
+
+/// Raises the soft limit on open files to the hard one, as Go's runtime does for every program:
+/// many systems start processes at 1,024 descriptors, where a server that may hold 10,000
+/// connections per listener would fail to accept past the first thousand. Logs a warning when
+/// even the hard limit is below `needed`, which only the administrator can raise.
+#[cfg(unix)]
+fn raise_open_file_limit(needed: u64) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    /// The kernel refuses more than `fs.nr_open` (1,048,576 by default), "unlimited" included.
+    const NR_OPEN: u64 = 1 << 20;
+    let limit = getrlimit(Resource::Nofile);
+    let Some(soft) = limit.current else {
+        return;
+    };
+    let target = limit.maximum.unwrap_or(NR_OPEN).min(NR_OPEN);
+    if soft < target {
+        let raised = Rlimit {
+            current: Some(target),
+            maximum: limit.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::debug!(error = %e, soft, target, "could not raise the open file limit");
+        }
+    }
+    let now = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    if now < needed {
+        tracing::warn!(
+            limit = now,
+            needed,
+            "the open file limit is below what max_connections allows: connections past it wait \
+             for a free descriptor; raise it (ulimit -n, or LimitNOFILE= in a systemd unit) or \
+             lower [server] max_connections"
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn raise_open_file_limit(_needed: u64) {}
 
 /// Completes on SIGINT or SIGTERM.
 async fn shutdown_signal() {

@@ -105,6 +105,8 @@ struct Server {
     child: Child,
     api: SocketAddr,
     admin: SocketAddr,
+    /// What the server wrote to stderr so far (also passed on to the test's stderr).
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Drop for Server {
@@ -119,15 +121,32 @@ fn serve(config: &Path) -> Server {
 }
 
 fn serve_env(config: &Path, env: &[(&str, &str)]) -> Server {
-    let mut child = Command::new(BIN)
+    let mut cmd = Command::new(BIN);
+    cmd.envs(env.iter().copied());
+    serve_command(cmd, config)
+}
+
+/// Starts `cmd` (the binary, or a wrapper that runs it) with `serve --config <config>` appended.
+fn serve_command(mut cmd: Command, config: &Path) -> Server {
+    let mut child = cmd
         .args(["serve", "--config"])
         .arg(config)
-        .envs(env.iter().copied())
         .env("TOLLGATE_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn({
+        let log = std::sync::Arc::clone(&log);
+        move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                log.lock().unwrap().push(line);
+            }
+        }
+    });
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
     let (mut api, mut admin) = (None, None);
@@ -152,6 +171,7 @@ fn serve_env(config: &Path, env: &[(&str, &str)]) -> Server {
         child,
         api: api.unwrap(),
         admin: admin.unwrap(),
+        log,
     }
 }
 
@@ -339,5 +359,112 @@ fn jwt_claims_key_requests_and_forged_tokens_are_ignored() {
     let (status, _) = http(server.api, "POST", "/v1/check", &req(&forged, "192.0.2.3"));
     assert_eq!(status, 429);
     drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The issue's "10,000 idle connections do not take the server down": the server is started
+/// with the soft open-file limit at 1,024, as many systems start processes, and must raise it
+/// itself; 10,000 connections then sit idle on the decision API (its `max_connections`, so one
+/// more waits in the backlog). The admin listener keeps answering; the header read timeout cuts
+/// the idle connections; the waiting client is served; the server exits cleanly.
+#[cfg(target_os = "linux")]
+#[test]
+fn ten_thousand_idle_connections_do_not_take_the_server_down() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    const IDLE: u64 = 10_000;
+    // This process holds the client ends: it needs the descriptors too.
+    let limit = getrlimit(Resource::Nofile);
+    let hard = limit.maximum.unwrap_or(1 << 20).min(1 << 20);
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(hard),
+            maximum: limit.maximum,
+        },
+    );
+    if hard < IDLE + 512 {
+        eprintln!("skipped: the hard open-file limit ({hard}) is below what the test needs");
+        return;
+    }
+    let dir = temp_dir("idle");
+    let file = dir.join("tollgate.toml");
+    std::fs::write(
+        &file,
+        config_text(1_000_000).replace(
+            "[server]\n",
+            "[server]\nheader_read_timeout = \"2s\"\nmax_connections = 10000\n",
+        ),
+    )
+    .unwrap();
+    // Started at a soft limit of 1,024 (prlimit, from util-linux) when it is there.
+    let cmd = if Command::new("prlimit").arg("--version").output().is_ok() {
+        let mut c = Command::new("prlimit");
+        c.arg("--nofile=1024:").arg(BIN);
+        c
+    } else {
+        Command::new(BIN)
+    };
+    let mut server = serve_command(cmd, &file);
+
+    let idle: Vec<TcpStream> = (0..IDLE)
+        .map(|i| {
+            TcpStream::connect(server.api).unwrap_or_else(|e| panic!("idle connection {i}: {e}"))
+        })
+        .collect();
+    // One more than the listener serves at once: it waits until idle ones are cut.
+    let waiting = std::thread::spawn({
+        let api = server.api;
+        move || http(api, "POST", "/v1/check", r#"{"policy":"api","key":"k"}"#)
+    });
+    // Meanwhile the admin listener, with its own limit, answers.
+    let (status, body) = http(server.admin, "GET", "/healthz", "");
+    assert_eq!(status, 200, "{body}");
+
+    let (status, body) = waiting.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"allowed\":true"), "{body}");
+    // Every idle connection was closed by the server (end of stream, or a reset).
+    for (i, mut c) in idle.into_iter().enumerate() {
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut buf = [0u8; 64];
+        match c.read(&mut buf) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("idle connection {i} was not closed: {other:?}"),
+        }
+    }
+    // Still serving, and it exits cleanly on SIGTERM.
+    let (status, _) = http(
+        server.api,
+        "POST",
+        "/v1/check",
+        r#"{"policy":"api","key":"k"}"#,
+    );
+    assert_eq!(status, 200);
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    // Every connection was accepted as it came: none ran out of descriptors.
+    let log = server.log.lock().unwrap();
+    assert!(
+        !log.iter()
+            .any(|l| l.contains("accept failed") || l.contains("open file limit")),
+        "{log:#?}"
+    );
+    drop(log);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -92,11 +92,28 @@ pub struct Addrs {
 impl Listeners {
     /// Binds the addresses `config` names.
     pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
-        async fn one(addr: SocketAddr) -> Result<TcpListener, ServerError> {
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| ServerError::Bind { addr, source })
-        }
+        // The accept queue holds a burst of new connections while the accept loop catches up
+        // (or while max_connections are busy): a client past it has its SYN dropped and waits a
+        // full second to retry. As large as the connection limit, within what the kernel
+        // allows (it caps the value at net.core.somaxconn, 4096 on current Linux).
+        let backlog =
+            u32::try_from(config.limits.max_connections.clamp(1024, 65_535)).unwrap_or(65_535);
+        let one = |addr: SocketAddr| async move {
+            let bound = (|| {
+                let socket = if addr.is_ipv4() {
+                    tokio::net::TcpSocket::new_v4()?
+                } else {
+                    tokio::net::TcpSocket::new_v6()?
+                };
+                // As `TcpListener::bind` does: a restart may rebind while old connections
+                // linger in TIME_WAIT.
+                #[cfg(unix)]
+                socket.set_reuseaddr(true)?;
+                socket.bind(addr)?;
+                socket.listen(backlog)
+            })();
+            bound.map_err(|source| ServerError::Bind { addr, source })
+        };
         Ok(Listeners {
             api: one(config.listen).await?,
             admin: one(config.admin_listen).await?,
