@@ -159,6 +159,19 @@ impl Which {
         }
     }
 
+    /// `name: `, as an HTTP/1.1 header line starts: one copy where name and separator would be
+    /// two.
+    fn line_start(self) -> &'static [u8] {
+        match self {
+            Which::Limit => b"x-ratelimit-limit: ",
+            Which::Remaining => b"x-ratelimit-remaining: ",
+            Which::Reset => b"x-ratelimit-reset: ",
+            Which::Policy => b"ratelimit-policy: ",
+            Which::RateLimit => b"ratelimit: ",
+            Which::RetryAfter => b"retry-after: ",
+        }
+    }
+
     pub(crate) fn name(self) -> HeaderName {
         match self {
             Which::Limit => X_RATELIMIT_LIMIT,
@@ -250,8 +263,7 @@ pub(crate) type HeaderList = smallvec::SmallVec<[Field; 6]>;
 /// Appends `fields` to `out` as HTTP/1.1 header lines (`name: value` and CRLF each).
 pub(crate) fn write_lines(fields: &[Field], out: &mut Vec<u8>) {
     for f in fields {
-        out.extend_from_slice(f.which.as_str().as_bytes());
-        out.extend_from_slice(b": ");
+        out.extend_from_slice(f.which.line_start());
         f.write_value(out);
         out.extend_from_slice(b"\r\n");
     }
@@ -502,6 +514,10 @@ mod tests {
         let mut expected = String::new();
         for f in &fields {
             assert_eq!(f.which.name().as_str(), f.which.as_str());
+            assert_eq!(
+                f.which.line_start(),
+                format!("{}: ", f.which.as_str()).as_bytes()
+            );
             let value = f.header_value();
             expected.push_str(&format!(
                 "{}: {}\r\n",

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hyper::HeaderMap;
+use hyper::header::HeaderName;
 use sha2::{Digest, Sha256};
 use tollgate::store::Check;
 use tollgate::{Decision, Decisions, Error, SystemClock};
@@ -113,14 +114,15 @@ impl Engine {
         self.http.headers_for(decisions)
     }
 
-    /// Whether a decision may read request header `name` (any case) from the header map, as
-    /// the HTTP engine lists them: the proxy's relay copies only these into the map it hands
-    /// the engine, instead of every header of every request.
-    pub(crate) fn reads_header(&self, name: &str) -> bool {
+    /// The name of request header `name` (any case) if a decision may read it from the header
+    /// map, as the HTTP engine lists them: the proxy's relay copies only these into the map it
+    /// hands the engine, instead of every header of every request, and under the engine's own
+    /// `HeaderName`, which costs a reference count where parsing the name would allocate.
+    pub(crate) fn header_read(&self, name: &str) -> Option<&HeaderName> {
         self.http
             .headers_read()
             .iter()
-            .any(|h| h.as_str().eq_ignore_ascii_case(name))
+            .find(|h| h.as_str().eq_ignore_ascii_case(name))
     }
 
     /// The configuration this engine runs.

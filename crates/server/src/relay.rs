@@ -25,7 +25,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use hyper::HeaderMap;
 use hyper::Method;
 use hyper::StatusCode;
-use hyper::header::{HeaderName, HeaderValue};
+use hyper::header::HeaderValue;
 use hyper::http::uri::Authority;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
@@ -549,14 +549,11 @@ impl Conn {
         // would refuse them.
         self.map.clear();
         for h in req.headers.iter() {
-            if !engine.reads_header(h.name) {
+            let Some(name) = engine.header_read(h.name) else {
                 continue;
-            }
-            if let (Ok(n), Ok(v)) = (
-                HeaderName::from_bytes(h.name.as_bytes()),
-                HeaderValue::from_bytes(h.value),
-            ) {
-                self.map.append(n, v);
+            };
+            if let Ok(v) = HeaderValue::from_bytes(h.value) {
+                self.map.append(name.clone(), v);
             }
         }
         let (rate_limit, verdict) = {
