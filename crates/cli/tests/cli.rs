@@ -175,6 +175,27 @@ fn serve_command(mut cmd: Command, config: &Path) -> Server {
     }
 }
 
+/// Sends SIGTERM and checks that the server drains and exits with success.
+fn terminate(server: &mut Server) {
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
 /// One HTTP/1.1 request over a fresh connection: (status, body).
 fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -236,22 +257,7 @@ fn serve_reloads_on_sighup_and_exits_on_sigterm() {
     let (_, body) = http(server.api, "POST", "/v1/check", check);
     assert!(body.contains("\"remaining\":3"), "{body}");
 
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = server.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "no exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "{status:?}");
+    terminate(&mut server);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -441,23 +447,7 @@ fn ten_thousand_idle_connections_do_not_take_the_server_down() {
         r#"{"policy":"api","key":"k"}"#,
     );
     assert_eq!(status, 200);
-    let pid = server.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = server.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "no exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "{status:?}");
+    terminate(&mut server);
     // Every connection was accepted as it came: none ran out of descriptors.
     let log = server.log.lock().unwrap();
     assert!(
