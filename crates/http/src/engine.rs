@@ -24,7 +24,7 @@ use tollgate::{
 
 use crate::client_ip::{ForwardedHeader, client_ip};
 use crate::headers::{
-    HeaderList, PolicyHeaders, render, retry_after, retry_soon, t_of, write_lines,
+    Field, HeaderList, PolicyHeaders, render, retry_after, retry_soon, t_of, write_lines,
 };
 use crate::key::{KeyBuf, KeyContext, KeyHasher};
 use crate::route::NormalizedPath;
@@ -945,7 +945,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         decisions: &Decisions,
         headers: &HeaderList,
         indexes: &[usize],
-    ) -> Option<(u64, crate::headers::Field)> {
+    ) -> Option<(u64, Field)> {
         let now = self.inner.limiter.clock().now();
         let mut wait: Option<Duration> = Some(Duration::ZERO);
         let mut floor = 0;

@@ -98,33 +98,27 @@ impl Listeners {
         // allows (it caps the value at net.core.somaxconn, 4096 on current Linux).
         let backlog =
             u32::try_from(config.limits.max_connections.clamp(1024, 65_535)).unwrap_or(65_535);
-        let one = |addr: SocketAddr| async move {
-            let bound = (|| {
-                let socket = if addr.is_ipv4() {
-                    tokio::net::TcpSocket::new_v4()?
-                } else {
-                    tokio::net::TcpSocket::new_v6()?
-                };
-                // As `TcpListener::bind` does: a restart may rebind while old connections
-                // linger in TIME_WAIT.
-                #[cfg(unix)]
-                socket.set_reuseaddr(true)?;
-                socket.bind(addr)?;
-                socket.listen(backlog)
-            })();
-            bound.map_err(|source| ServerError::Bind { addr, source })
+        fn listen(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+            let socket = if addr.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()?
+            } else {
+                tokio::net::TcpSocket::new_v6()?
+            };
+            // As `TcpListener::bind` does: a restart may rebind while old connections linger in
+            // TIME_WAIT.
+            #[cfg(unix)]
+            socket.set_reuseaddr(true)?;
+            socket.bind(addr)?;
+            socket.listen(backlog)
+        }
+        let one = |addr: SocketAddr| {
+            listen(addr, backlog).map_err(|source| ServerError::Bind { addr, source })
         };
         Ok(Listeners {
-            api: one(config.listen).await?,
-            admin: one(config.admin_listen).await?,
-            proxy: match &config.proxy {
-                Some(p) => Some(one(p.listen).await?),
-                None => None,
-            },
-            grpc: match config.grpc_listen {
-                Some(a) => Some(one(a).await?),
-                None => None,
-            },
+            api: one(config.listen)?,
+            admin: one(config.admin_listen)?,
+            proxy: config.proxy.as_ref().map(|p| one(p.listen)).transpose()?,
+            grpc: config.grpc_listen.map(one).transpose()?,
         })
     }
 
