@@ -631,13 +631,16 @@ async fn a_response_with_length_and_chunked_loses_its_length_on_the_way() {
     s.stop().await;
 }
 
-// 5. Chunk extensions and trailers, both ways.
+// 5. Chunk extensions and trailers, both ways: the chunking is written again by the relay
+// (extensions dropped), response trailers are checked and passed on, request trailers are
+// checked and dropped (an upstream that merged them into the headers would act on fields the
+// rate limiter never saw).
 
 const CHUNKED_WITH_TRAILERS: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n\
 4;name=\"quoted;value\"\r\nwiki\r\n5 ; ext\r\npedia\r\n0;last\r\nX-Checksum: abc\r\nX-Other: 2\r\n\r\n";
 
 #[tokio::test]
-async fn chunked_responses_keep_extensions_and_trailers() {
+async fn chunked_responses_keep_their_trailers_and_lose_their_extensions() {
     let up = upstream(|mut c| async move {
         while let Some(head) = c.head().await {
             match target(&head) {
@@ -673,7 +676,7 @@ async fn chunked_responses_keep_extensions_and_trailers() {
 }
 
 #[tokio::test]
-async fn chunked_requests_keep_extensions_and_trailers() {
+async fn chunked_requests_are_chunked_again_without_extensions_or_trailers() {
     let raw: &[u8] = b"3;x=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n";
     let up = upstream(|mut c| async move {
         while let Some(head) = c.head().await {
@@ -693,10 +696,13 @@ async fn chunked_requests_keep_extensions_and_trailers() {
     c.send(&req).await;
     let r = c.response().await;
     assert_eq!(r.status, 200, "{r:?}");
-    assert_eq!(
-        r.body(),
-        format!("abcde|x-trailer: t|{}", lossy(raw)),
-        "relayed byte for byte"
+    let body = r.body();
+    let (data, rest) = body.split_once('|').unwrap_or_default();
+    let (trailers, raw_up) = rest.split_once('|').unwrap_or_default();
+    assert_eq!((data, trailers), ("abcde", ""), "{body}");
+    assert!(
+        raw_up.ends_with("\r\n0\r\n\r\n") && !raw_up.contains(';') && !raw_up.contains("X-"),
+        "written again: {raw_up:?}"
     );
     let next = c.response().await;
     assert_eq!((next.status, next.body().as_str()), (200, "||"), "{next:?}");
