@@ -92,6 +92,13 @@ async fn a_connection_header_naming_the_framing_cannot_smuggle_a_request() {
         (200, format!("/public:{smuggled}")),
         "{r:?}"
     );
+    // And the next clients, on the pooled upstream connections, get their own answers (the
+    // smuggled request's answer once waited there for them).
+    for i in 0..3 {
+        let mut next = Client::connect(addr).await;
+        let path = format!("/next-{i}");
+        assert_eq!(next.get(&path).await.body(), format!("{path}:"));
+    }
 
     // The chunked variant: a chunk-size line that is valid hex followed by what a lenient
     // reader takes for an extension.
@@ -287,9 +294,9 @@ async fn a_clients_garbage_never_lets_it_out_of_its_own_key() {
     let req = b"GET / HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: \xe9, 198.51.100.77\r\nConnection: close\r\n\r\n";
     assert_eq!(statuses(addr, req).await, [200]);
     assert_eq!(statuses(addr, req).await, [429]);
-    // Another client behind the same proxy is someone else.
-    let other =
-        b"GET / HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 198.51.100.78\r\nConnection: close\r\n\r\n";
+    // Another client behind the same proxy, garbage and all, is someone else: not counted as
+    // the proxy, whose one request is spent.
+    let other = b"GET / HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: \xe9, 198.51.100.78\r\nConnection: close\r\n\r\n";
     assert_eq!(statuses(addr, other).await, [200]);
     // A target that cannot be read is refused, never matched as "/".
     assert_eq!(

@@ -535,3 +535,7 @@ mod tests {
         assert!(!cut.close(&mut Vec::new()));
     }
 }
+
+#[cfg(test)]
+#[path = "body_differential.rs"]
+mod differential;
