@@ -147,6 +147,13 @@ pub(super) fn check<'b>(req: &httparse::Request<'_, 'b>) -> Result<RequestHead<'
     let mut hosts = 0;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
+        // Most headers are none of these: ruled out by their first byte.
+        if !matches!(
+            name.first().map(u8::to_ascii_lowercase),
+            Some(b'c' | b't' | b'h' | b'e')
+        ) {
+            continue;
+        }
         if name.eq_ignore_ascii_case(b"content-length") {
             let n = parse_length(h.value).ok_or(AMBIGUOUS)?;
             if length.is_some_and(|l| l != n) {
@@ -248,11 +255,9 @@ fn origin_form(target: &str) -> Result<(Cow<'_, str>, Option<&str>), Refusal> {
         BAD_REQUEST,
         "the request target is not an origin-form or absolute-form URI of visible ASCII",
     );
-    if target.is_empty()
-        || !target
-            .bytes()
-            .all(|b| (0x21..=0x7e).contains(&b) && b != b'#')
-    {
+    // httparse has refused spaces and control characters; what is left to refuse is bytes
+    // past ASCII and a fragment.
+    if target.is_empty() || !target.is_ascii() || target.contains('#') {
         return Err(BAD_TARGET);
     }
     if target.starts_with('/') {
@@ -281,9 +286,41 @@ fn strip_prefix_ignore_case<'a>(text: &'a str, prefix: &str) -> Option<&'a str> 
         .then(|| &text[prefix.len()..])
 }
 
-/// A `host[:port]` without user information (which no server reads the same way).
+/// The bytes of a host name: letters, digits, `-`, `.`, `_`.
+const HOST_NAME: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric() || c == b'-' || c == b'.' || c == b'_';
+        b += 1;
+    }
+    table
+};
+
+/// A `host[:port]` as servers route on it: a name of letters, digits, `-`, `.` and `_`, or an
+/// IPv6 literal in brackets, and an optional port of digits. Anything else (user information,
+/// percent-escapes, other punctuation) is read differently by different servers, so a host
+/// policy could miss a request its upstream serves. Checked by hand, without allocating.
 fn valid_authority(text: &str) -> bool {
-    !text.is_empty() && !text.contains('@') && Authority::try_from(text).is_ok()
+    let (host_ok, port) = match text.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, after)) => (
+                v6.parse::<std::net::Ipv6Addr>().is_ok(),
+                after.strip_prefix(':').or(after.is_empty().then_some("")),
+            ),
+            None => (false, None),
+        },
+        None => {
+            let (host, port) = text.split_once(':').unwrap_or((text, ""));
+            let name = |b: u8| HOST_NAME[usize::from(b)];
+            (
+                !host.is_empty() && host.bytes().all(name),
+                (text.len() == host.len() || !port.is_empty()).then_some(port),
+            )
+        }
+    };
+    host_ok && port.is_some_and(|p| p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 pub(super) fn parse_length(v: &[u8]) -> Option<u64> {
@@ -296,17 +333,17 @@ pub(super) fn parse_length(v: &[u8]) -> Option<u64> {
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
 pub(super) fn hop_by_hop(name: &[u8]) -> bool {
-    const HOP: [&[u8]; 8] = [
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"upgrade",
-    ];
-    HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+    // By length first: most headers are ruled out without a comparison.
+    let candidates: &[&[u8]] = match name.len() {
+        2 => &[b"te"],
+        7 => &[b"trailer", b"upgrade"],
+        10 => &[b"connection", b"keep-alive"],
+        16 => &[b"proxy-connection"],
+        18 => &[b"proxy-authenticate"],
+        19 => &[b"proxy-authorization"],
+        _ => return false,
+    };
+    candidates.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
 
 /// The names `Connection` headers list besides its own options: hop-by-hop too.
@@ -327,10 +364,14 @@ pub(super) fn connection_listed<'a>(
 
 /// The headers the relay writes itself upstream: copies from the client are never sent.
 fn written_by_relay(name: &[u8]) -> bool {
-    name.eq_ignore_ascii_case(b"host")
-        || name.eq_ignore_ascii_case(b"content-length")
-        || name.eq_ignore_ascii_case(b"transfer-encoding")
-        || name.eq_ignore_ascii_case(b"x-forwarded-for")
+    let candidate: &[u8] = match name.len() {
+        4 => b"host",
+        14 => b"content-length",
+        15 => b"x-forwarded-for",
+        17 => b"transfer-encoding",
+        _ => return false,
+    };
+    name.eq_ignore_ascii_case(candidate)
 }
 
 /// The request head for the upstream, written by the relay: the request line in origin-form

@@ -166,6 +166,27 @@ fn targets_and_hosts_are_what_the_upstream_reads() {
 }
 
 #[test]
+fn hosts_are_names_addresses_and_ports_only() {
+    for good in [
+        "a",
+        "api.example.com",
+        "a-b_c.d:8080",
+        "127.0.0.1",
+        "[::1]",
+        "[2001:db8::1]:443",
+        "x.",
+    ] {
+        assert!(valid_authority(good), "{good}");
+    }
+    for bad in [
+        "", ":80", "a:", "a:b", "a:123456", "user@a", "a b", "a,b", "a%41", "[::1", "[zz]",
+        "[::1]x", "a:80:80", "\u{e9}",
+    ] {
+        assert!(!valid_authority(bad), "{bad}");
+    }
+}
+
+#[test]
 fn the_upstream_head_is_written_by_the_relay() {
     let raw = b"POST /a?b=1 HTTP/1.1\r\nHost: api.example.com\r\nConnection: keep-alive, x-secret, content-length, transfer-encoding, host, x-api-key\r\nX-Secret: 1\r\nKeep-Alive: 5\r\nContent-Length: 39\r\nX-Forwarded-For: 192.0.2.1\r\nx-forwarded-for: 192.0.2.2\r\nX-Api-Key: k\r\nUpgrade: h2c\r\n\r\n";
     let mut h = [httparse::EMPTY_HEADER; 16];
