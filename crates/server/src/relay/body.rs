@@ -412,7 +412,12 @@ pub(super) fn is_tchar(b: u8) -> bool {
 /// characters, spaces and tabs, trimmed. `None` when it is not one.
 fn field_line(line: &[u8]) -> Option<(&[u8], &[u8])> {
     let colon = line.iter().position(|&b| b == b':')?;
-    let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+    // Optional whitespace is spaces and tabs only (a form feed is not, and hyper refuses it).
+    let ows = |b: &u8| *b == b' ' || *b == b'\t';
+    let value = &line[colon + 1..];
+    let start = value.iter().position(|b| !ows(b)).unwrap_or(value.len());
+    let end = value.iter().rposition(|b| !ows(b)).map_or(start, |e| e + 1);
+    let (name, value) = (&line[..colon], &value[start..end]);
     let valid_value = value
         .iter()
         .all(|&b| b == b'\t' || b == b' ' || (0x21..=0x7e).contains(&b) || b >= 0x80);

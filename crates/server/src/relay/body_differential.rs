@@ -154,6 +154,9 @@ fn known_disagreements_are_refusals_on_our_side() {
     let body = b"5 \r\nhello\r\n0\r\n\r\n";
     assert_eq!(hypers(body), Some(b"hello".to_vec()));
     assert_eq!(ours(body), None);
+    // A form feed is not whitespace in a trailer (found by the property above).
+    let body = b"0\r\nx-t:\x0c1\r\n\r\n";
+    assert_eq!((ours(body), hypers(body)), (None, None));
     let body = b"5;a=1\r\nhello\r\n0\r\nx-t: 1\r\n\r\n";
     assert_eq!(ours(body), Some((b"hello".to_vec(), body.len())));
     assert_eq!(hypers(body), Some(b"hello".to_vec()));
