@@ -9,7 +9,8 @@
 use std::net::{IpAddr, Ipv6Addr};
 
 use http::HeaderMap;
-use http::header::{FORWARDED, HeaderName};
+use http::header::{FORWARDED, HeaderName, HeaderValue};
+use smallvec::SmallVec;
 
 use crate::TrustedProxies;
 
@@ -48,21 +49,21 @@ pub(crate) fn client_ip(
     };
     let mut last_trusted = peer;
     let mut hops = 0;
-    // Several header lines form one list, in order: walk the lines from the last one.
-    let lines: Vec<_> = headers.get_all(name).iter().collect();
+    // Several header lines form one list, in order: walk the lines from the last one. Values
+    // are bytes, read element by element: a byte that is not ASCII spoils only the element it
+    // is in, and the walk reaches it only after every hop to its right, so a client cannot
+    // make a trusted proxy's report of it unreadable by sending garbage of its own.
+    let lines: SmallVec<[&HeaderValue; 4]> = headers.get_all(name).iter().collect();
     for line in lines.into_iter().rev() {
-        let Ok(text) = line.to_str() else {
-            return last_trusted;
-        };
-        for entry in text.rsplit(',') {
+        for entry in line.as_bytes().rsplit(|&b| b == b',') {
             hops += 1;
             if hops > MAX_HOPS {
                 return last_trusted;
             }
-            let node = match which {
-                ForwardedHeader::XForwardedFor => Some(entry.trim()),
-                ForwardedHeader::Forwarded => forwarded_for(entry),
-            };
+            let node = std::str::from_utf8(entry).ok().and_then(|e| match which {
+                ForwardedHeader::XForwardedFor => Some(e.trim()),
+                ForwardedHeader::Forwarded => forwarded_for(e),
+            });
             let Some(ip) = node.and_then(parse_node) else {
                 return last_trusted;
             };
@@ -157,6 +158,17 @@ mod tests {
         let h = headers("x-forwarded-for", &["6.6.6.6, 198.51.100.1", "10.0.0.2"]);
         let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
         assert_eq!(got, ip("198.51.100.1"));
+        // A client's unreadable bytes spoil only its own element, left of the real hops.
+        let mut h = HeaderMap::new();
+        h.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"\xe9, 198.51.100.77").unwrap(),
+        );
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        assert_eq!(got, ip("198.51.100.77"));
+        h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.4"));
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        assert_eq!(got, ip("198.51.100.77"));
         let h = headers("x-forwarded-for", &["garbage, 10.0.0.3"]);
         let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
         assert_eq!(got, ip("10.0.0.3"));

@@ -26,8 +26,9 @@ use crate::client_ip::{ForwardedHeader, client_ip};
 use crate::headers::{
     Field, HeaderList, PolicyHeaders, render, retry_after, retry_soon, t_of, write_lines,
 };
+use crate::key::DuplicateField;
 use crate::key::{KeyBuf, KeyContext, KeyHasher};
-use crate::route::NormalizedPath;
+use crate::route::{NormalizedPath, PathTooDeep};
 use crate::{
     ConfigError, HeaderConfig, JwtVerifier, KeyChain, KeySelector, RequestInfo, RouteMatch,
     TrustedProxies, problem,
@@ -468,13 +469,24 @@ pub struct Prepared {
     // Inline room for the usual one or two matching policies; the future that carries this
     // across the store call is moved around whole.
     entries: SmallVec<[Entry; 2]>,
-    missing_key: Option<usize>,
+    refusal: Option<Refusal>,
+}
+
+/// Why a prepared request is answered before any policy counts it.
+#[derive(Clone, Debug)]
+enum Refusal {
+    /// No key for the policy at this index, which requires one: 401.
+    MissingKey(usize),
+    /// A field a key is read from came more than once: 400.
+    DuplicateField(DuplicateField),
+    /// The path cannot be normalised within the bound: 414.
+    PathTooDeep,
 }
 
 impl Prepared {
     /// Whether no policy applies (the request passes untouched, without headers).
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty() && self.missing_key.is_none()
+        self.entries.is_empty() && self.refusal.is_none()
     }
 }
 
@@ -486,15 +498,16 @@ pub enum Verdict<S: Store, C: Clock> {
     /// Hold it for [`Hold::delay`], then pass it on. Dropping the hold before it completes
     /// gives the request's quota back.
     Hold(Hold<S, C>),
-    /// Answer with this response (429, 401 or 503) instead of passing it on. It already carries
+    /// Answer with this response (429, 401, 400, 414 or 503) instead of passing it on. It already carries
     /// the outcome's headers. Boxed: the admitted requests, which are most, then move a small
     /// verdict around, and a refusal allocates once.
     Respond(Box<Answer>),
 }
 
 /// A response the engine gives instead of passing the request on: a 429, a 401 (no key for a
-/// policy that requires one) or a 503 (the store failed and the engine fails closed), always
-/// an RFC 9457 `application/problem+json` body.
+/// policy that requires one), a 400 (a field a key is read from sent twice), a 414 (a path too
+/// deep to normalise) or a 503 (the store failed and the engine fails closed), always an RFC
+/// 9457 `application/problem+json` body.
 ///
 /// Kept as its parts rather than an `http::Response`: a server that writes HTTP/1.1 itself
 /// copies them out directly, where a `HeaderMap` would be built, hashed and dropped for every
@@ -517,7 +530,7 @@ impl Answer {
         })
     }
 
-    /// 429, 401 or 503.
+    /// 429, 401, 400 (a key field sent twice), 414 (a path too deep to normalise) or 503.
     pub fn status(&self) -> StatusCode {
         self.status
     }
@@ -703,7 +716,13 @@ impl<S: Store, C: Clock> Engine<S, C> {
     pub fn prepare(&self, info: &RequestInfo<'_>) -> Prepared {
         let mut prepared = Prepared::default();
         let path = if self.inner.reads_path {
-            NormalizedPath::new(info.path)
+            match NormalizedPath::new(info.path) {
+                Ok(path) => path,
+                Err(PathTooDeep) => {
+                    prepared.refusal = Some(Refusal::PathTooDeep);
+                    return prepared;
+                }
+            }
         } else {
             NormalizedPath::default()
         };
@@ -721,9 +740,17 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 continue;
             }
             let mut key = KeyBuf::new();
-            if !cx.key(&http.keys, &self.inner.hasher, &mut key) {
+            let found = match cx.key(&http.keys, &self.inner.hasher, &mut key) {
+                Ok(found) => found,
+                Err(field) => {
+                    prepared.refusal = Some(Refusal::DuplicateField(field));
+                    prepared.entries.clear();
+                    return prepared;
+                }
+            };
+            if !found {
                 if http.require_key {
-                    prepared.missing_key = Some(index);
+                    prepared.refusal = Some(Refusal::MissingKey(index));
                     prepared.entries.clear();
                     return prepared;
                 }
@@ -770,17 +797,29 @@ impl<S: Store, C: Clock> Engine<S, C> {
 
     async fn decide_ref(&self, prepared: &Prepared) -> Outcome<S, C> {
         let policies = &self.inner.policies;
-        if let Some(index) = prepared.missing_key {
-            let name = policies.get(index).map_or("", |p| p.http.policy.name());
-            tracing::debug!(
-                policy = name,
-                "request without a key for a policy that requires one"
-            );
-            let answer = Answer::new(
-                StatusCode::UNAUTHORIZED,
-                HeaderList::new(),
-                problem::key_required(name),
-            );
+        if let Some(refusal) = &prepared.refusal {
+            let (status, body) = match refusal {
+                Refusal::MissingKey(index) => {
+                    let name = policies.get(*index).map_or("", |p| p.http.policy.name());
+                    tracing::debug!(
+                        policy = name,
+                        "request without a key for a policy that requires one"
+                    );
+                    (StatusCode::UNAUTHORIZED, problem::key_required(name))
+                }
+                Refusal::DuplicateField(field) => {
+                    tracing::debug!(%field, "request refused: a key field sent more than once");
+                    (
+                        StatusCode::BAD_REQUEST,
+                        problem::duplicate_field(&field.to_string()),
+                    )
+                }
+                Refusal::PathTooDeep => {
+                    tracing::debug!("request refused: path too deep to normalise");
+                    (StatusCode::URI_TOO_LONG, problem::path_too_deep())
+                }
+            };
+            let answer = Answer::new(status, HeaderList::new(), body);
             return self.outcome(
                 Decisions::new(),
                 HeaderList::new(),

@@ -12,13 +12,14 @@ use std::net::IpAddr;
 use std::str::FromStr;
 
 use http::HeaderName;
+use http::header::AUTHORIZATION;
 use sha2::{Digest, Sha256};
 use siphasher::sip128::SipHasher24;
 use smallvec::SmallVec;
 
 use crate::ConfigError;
 use crate::jwt::{Claims, JwtVerifier, claim_bytes};
-use crate::request::{RequestInfo, query_param};
+use crate::request::{RequestInfo, query_params};
 
 /// Values longer than this are hashed before they become store keys (SPEC §4).
 pub const MAX_RAW_KEY: usize = 256;
@@ -229,51 +230,95 @@ pub(crate) struct KeyContext<'r> {
     pub(crate) ipv6_prefix: u8,
 }
 
+/// A request field that a key is read from, sent more than once: which of the values the
+/// upstream reads is its own choice, so the request is refused rather than counted under one
+/// value while the upstream acts on another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum DuplicateField {
+    /// A header (`x-api-key`, `authorization`).
+    Header(HeaderName),
+    /// A query-string parameter.
+    Query(String),
+}
+
+impl fmt::Display for DuplicateField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DuplicateField::Header(name) => write!(f, "header {name}"),
+            DuplicateField::Query(name) => write!(f, "query parameter {name}"),
+        }
+    }
+}
+
 impl KeyContext<'_> {
-    /// Writes the key for `chain` into `out`; `false` when no selector found a value.
-    pub(crate) fn key(&self, chain: &KeyChain, hasher: &KeyHasher, out: &mut KeyBuf) -> bool {
-        chain
-            .selectors
-            .iter()
-            .any(|selector| self.select(selector, hasher, out))
+    /// Writes the key for `chain` into `out`; `Ok(false)` when no selector found a value, `Err`
+    /// when the first selector with a value found it more than once.
+    pub(crate) fn key(
+        &self,
+        chain: &KeyChain,
+        hasher: &KeyHasher,
+        out: &mut KeyBuf,
+    ) -> Result<bool, DuplicateField> {
+        for selector in &chain.selectors {
+            if self.select(selector, hasher, out)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
-    fn select(&self, selector: &KeySelector, hasher: &KeyHasher, out: &mut KeyBuf) -> bool {
+    fn select(
+        &self,
+        selector: &KeySelector,
+        hasher: &KeyHasher,
+        out: &mut KeyBuf,
+    ) -> Result<bool, DuplicateField> {
         out.clear();
         match selector {
             KeySelector::Header(name) => {
-                let Some(value) = self.info.headers.get(name) else {
-                    return false;
+                let mut values = self.info.headers.get_all(name).iter();
+                let Some(value) = values.next() else {
+                    return Ok(false);
                 };
+                if values.next().is_some() {
+                    return Err(DuplicateField::Header(name.clone()));
+                }
                 let value = trim(value.as_bytes());
                 if value.is_empty() {
-                    return false;
+                    return Ok(false);
                 }
                 out.extend_from_slice(b"header:");
                 out.extend_from_slice(name.as_str().as_bytes());
                 out.push(b':');
                 hasher.append(value, out);
-                true
+                Ok(true)
             }
             KeySelector::Query(name) => {
-                let Some(value) = self.info.query.and_then(|q| query_param(q, name)) else {
-                    return false;
+                let Some(query) = self.info.query else {
+                    return Ok(false);
                 };
+                let mut values = query_params(query, name);
+                let Some(value) = values.next() else {
+                    return Ok(false);
+                };
+                if values.next().is_some() {
+                    return Err(DuplicateField::Query(name.clone()));
+                }
                 if value.is_empty() {
-                    return false;
+                    return Ok(false);
                 }
                 out.extend_from_slice(b"query:");
                 out.extend_from_slice(name.as_bytes());
                 out.push(b':');
                 hasher.append(&value, out);
-                true
+                Ok(true)
             }
             KeySelector::User => {
                 let Some(UserId(id)) = self.info.extensions.and_then(|e| e.get::<UserId>()) else {
-                    return false;
+                    return Ok(false);
                 };
                 if id.is_empty() {
-                    return false;
+                    return Ok(false);
                 }
                 if id.len() > MAX_RAW_KEY {
                     // A distinct prefix: a raw id can never equal a hashed one.
@@ -283,31 +328,41 @@ impl KeyContext<'_> {
                     out.extend_from_slice(b"user:");
                     out.extend_from_slice(id.as_bytes());
                 }
-                true
+                Ok(true)
             }
             KeySelector::Jwt(claim) => {
                 let Some(verifier) = self.jwt else {
-                    return false;
+                    return Ok(false);
                 };
+                if self
+                    .info
+                    .headers
+                    .get_all(AUTHORIZATION)
+                    .iter()
+                    .nth(1)
+                    .is_some()
+                {
+                    return Err(DuplicateField::Header(AUTHORIZATION));
+                }
                 let claims = self
                     .claims
                     .get_or_init(|| verifier.verify_request(self.info.headers));
                 let Some(value) = claims.as_ref().and_then(|c| claim_bytes(c, claim)) else {
-                    return false;
+                    return Ok(false);
                 };
                 out.extend_from_slice(b"jwt:");
                 out.extend_from_slice(claim.as_bytes());
                 out.push(b':');
                 hasher.append(&value, out);
-                true
+                Ok(true)
             }
             KeySelector::Ip => {
                 let ip = *self.client_ip.get_or_init(|| (self.resolve_ip)(self.info));
                 let Some(ip) = ip else {
-                    return false;
+                    return Ok(false);
                 };
                 write_ip(ip, self.ipv6_prefix, out);
-                true
+                Ok(true)
             }
         }
     }

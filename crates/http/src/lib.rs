@@ -5,7 +5,7 @@
 //!   [`HttpPolicy`] (routes: [`RouteMatch`]), selects each policy's key ([`KeyChain`] of
 //!   [`KeySelector`]s: header, query, user, verified JWT claim, client IP behind
 //!   [`TrustedProxies`]), decides all matching policies in one all-or-nothing store call and
-//!   says what to do: pass, hold (leaky-bucket `delay`), or answer (429, 401, 503), with the
+//!   says what to do: pass, hold (leaky-bucket `delay`), or answer (429, 401, 400, 414, 503), with the
 //!   `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit` and `Retry-After` headers.
 //! - [`RateLimitLayer`]: the tower layer over the engine, for axum, hyper and tonic.
 //!
@@ -83,4 +83,7 @@ pub use jwt::{JwtVerifier, MAX_TOKEN_LEN};
 pub use key::{KeyChain, KeySelector, MAX_RAW_KEY, UserId};
 pub use rate_limit::{PeerAddr, RateLimitLayer, RateLimitService};
 pub use request::RequestInfo;
-pub use route::{HostPattern, NormalizedPath, PathPattern, RouteMatch, parse_method};
+pub use route::{
+    HostPattern, MAX_PATH_SEGMENTS, NormalizedPath, PathPattern, PathTooDeep, RouteMatch,
+    parse_method,
+};

@@ -58,6 +58,35 @@ pub(crate) fn key_required(policy: &str) -> Bytes {
     Bytes::from(body)
 }
 
+/// The 400 body for a request that sends a field a key is read from more than once (`field`
+/// says which, e.g. `header x-api-key`).
+pub(crate) fn duplicate_field(field: &str) -> Bytes {
+    let mut body = String::with_capacity(200);
+    body.push_str("{\"type\":\"about:blank\",\"title\":\"Bad Request\",\"status\":400,\"detail\":");
+    push_json_string(
+        &mut body,
+        &format!("The request carries {field} more than once; send it once."),
+    );
+    body.push_str(",\"field\":");
+    push_json_string(&mut body, field);
+    body.push('}');
+    Bytes::from(body)
+}
+
+/// The 414 body for a path too deep to normalise.
+pub(crate) fn path_too_deep() -> Bytes {
+    let mut body = String::with_capacity(160);
+    body.push_str(
+        "{\"type\":\"about:blank\",\"title\":\"URI Too Long\",\"status\":414,\"detail\":",
+    );
+    push_json_string(
+        &mut body,
+        &format!("The request {}.", crate::route::PathTooDeep),
+    );
+    body.push('}');
+    Bytes::from(body)
+}
+
 /// The 503 body when the store fails and the engine fails closed.
 pub(crate) fn unavailable() -> Bytes {
     Bytes::from_static(
@@ -101,6 +130,14 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&key_required("a\"b")).unwrap();
         assert_eq!(v["status"], 401);
         assert!(v["detail"].as_str().unwrap().ends_with("\"a\"b\""));
+        let v: serde_json::Value =
+            serde_json::from_slice(&duplicate_field("header x-api-key")).unwrap();
+        assert_eq!(
+            (v["status"].as_u64(), v["field"].as_str()),
+            (Some(400), Some("header x-api-key"))
+        );
+        let v: serde_json::Value = serde_json::from_slice(&path_too_deep()).unwrap();
+        assert_eq!(v["status"], 414);
         let v: serde_json::Value = serde_json::from_slice(&unavailable()).unwrap();
         assert_eq!(v["status"], 503);
     }

@@ -119,9 +119,12 @@ impl<'a> RequestInfo<'a> {
     }
 }
 
-/// The first value of query parameter `name`, percent-decoded (`+` is a space).
-pub(crate) fn query_param<'q>(query: &'q str, name: &str) -> Option<Cow<'q, [u8]>> {
-    query.split('&').find_map(|pair| {
+/// Every value of query parameter `name`, in order, percent-decoded (`+` is a space).
+pub(crate) fn query_params<'q>(
+    query: &'q str,
+    name: &'q str,
+) -> impl Iterator<Item = Cow<'q, [u8]>> + 'q {
+    query.split('&').filter_map(move |pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         (percent_decode(k.as_bytes(), true).as_ref() == name.as_bytes())
             .then(|| percent_decode(v.as_bytes(), true))
@@ -173,9 +176,10 @@ mod tests {
     #[test]
     fn query_params_are_decoded() {
         let q = "a=1&api%5Fkey=s%20e+c&api_key=second&flag";
-        assert_eq!(query_param(q, "api_key").as_deref(), Some(&b"s e c"[..]));
-        assert_eq!(query_param(q, "flag").as_deref(), Some(&b""[..]));
-        assert_eq!(query_param(q, "missing"), None);
+        let all: Vec<_> = query_params(q, "api_key").collect();
+        assert_eq!(all, [&b"s e c"[..], &b"second"[..]]);
+        assert_eq!(query_params(q, "flag").next().as_deref(), Some(&b""[..]));
+        assert_eq!(query_params(q, "missing").next(), None);
         assert_eq!(percent_decode(b"%zz%4", false).as_ref(), b"%zz%4");
     }
 }

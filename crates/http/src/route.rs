@@ -23,32 +23,44 @@ pub struct NormalizedPath<'a> {
     segments: SmallVec<[Cow<'a, [u8]>; 8]>,
 }
 
-/// Paths with more segments than this match no pattern (no real route is that deep, and it
-/// bounds the matching work of hostile input).
-const MAX_SEGMENTS: usize = 256;
+/// Paths of more segments than this, as sent (empty, `.` and `..` ones included), are refused
+/// rather than matched: no real route is that deep, and normalising a path only in part would
+/// let `/a` × 300 followed by `/..` × 300 and `/admin` dodge a policy on `/admin`. The bound
+/// keeps the work and memory of one hostile request small.
+pub const MAX_PATH_SEGMENTS: usize = 1024;
+
+/// A path with more than [`MAX_PATH_SEGMENTS`] segments: it cannot be normalised within the
+/// bound, so it is refused (414) rather than matched half-normalised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathTooDeep;
+
+impl fmt::Display for PathTooDeep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the path has more than {MAX_PATH_SEGMENTS} segments")
+    }
+}
+
+impl std::error::Error for PathTooDeep {}
 
 impl<'a> NormalizedPath<'a> {
-    /// Normalises `path` (as sent, percent-encoded).
-    pub fn new(path: &'a str) -> Self {
+    /// Normalises `path` (as sent, percent-encoded), whole: every `..` is resolved however deep
+    /// the path. Fails on a path of more than [`MAX_PATH_SEGMENTS`] segments.
+    pub fn new(path: &'a str) -> Result<Self, PathTooDeep> {
         let mut segments: SmallVec<[Cow<'a, [u8]>; 8]> = SmallVec::new();
-        for raw in path.as_bytes().split(|&b| b == b'/') {
+        for (i, raw) in path.as_bytes().split(|&b| b == b'/').enumerate() {
+            if i > MAX_PATH_SEGMENTS {
+                return Err(PathTooDeep);
+            }
             let segment = decode_segment(raw);
             match segment.as_ref() {
                 b"" | b"." => {}
                 b".." => {
                     segments.pop();
                 }
-                _ => {
-                    if segments.len() == MAX_SEGMENTS {
-                        // Too deep to be a route: a sentinel no pattern literal can equal.
-                        segments.push(Cow::Borrowed(b"/"));
-                        break;
-                    }
-                    segments.push(segment);
-                }
+                _ => segments.push(segment),
             }
         }
-        NormalizedPath { segments }
+        Ok(NormalizedPath { segments })
     }
 
     /// The segments.
@@ -361,7 +373,7 @@ mod tests {
         pattern
             .parse::<PathPattern>()
             .unwrap()
-            .matches(&NormalizedPath::new(path))
+            .matches(&NormalizedPath::new(path).unwrap_or_default())
     }
 
     #[test]
@@ -394,6 +406,21 @@ mod tests {
         // An escaped slash stays inside its segment.
         assert!(!m("/v1/export/*", "/v1%2Fexport/7"));
         assert!(m("/*/x", "/a%2Fb/x"));
+    }
+
+    #[test]
+    fn deep_paths_are_normalised_whole_or_refused() {
+        // 257 segments up and 257 back: the `..`s past any old cap still resolve.
+        let deep = format!("{}{}/api/x", "/a".repeat(257), "/..".repeat(257));
+        assert!(m("/api/**", &deep));
+        let at_bound = format!("{}/x", "/a".repeat(MAX_PATH_SEGMENTS - 1));
+        assert!(NormalizedPath::new(&at_bound).is_ok());
+        let past = format!("{}/x", "/a".repeat(MAX_PATH_SEGMENTS));
+        assert_eq!(NormalizedPath::new(&past), Err(PathTooDeep));
+        assert_eq!(
+            NormalizedPath::new(&"/".repeat(MAX_PATH_SEGMENTS + 1)),
+            Err(PathTooDeep)
+        );
     }
 
     #[test]
@@ -430,7 +457,15 @@ mod tests {
             .unwrap()
             .methods(["POST"])
             .unwrap();
-        assert!(r.matches(&Method::POST, &NormalizedPath::new("/v1/export/1"), None));
-        assert!(!r.matches(&Method::GET, &NormalizedPath::new("/v1/export/1"), None));
+        assert!(r.matches(
+            &Method::POST,
+            &NormalizedPath::new("/v1/export/1").unwrap(),
+            None
+        ));
+        assert!(!r.matches(
+            &Method::GET,
+            &NormalizedPath::new("/v1/export/1").unwrap(),
+            None
+        ));
     }
 }

@@ -23,6 +23,9 @@ use crate::store::AnyStore;
 /// What to do with a request, as the HTTP engine says.
 pub(crate) type Verdict = tollgate_http::Verdict<AnyStore, SystemClock>;
 
+/// A request held for its slot (leaky bucket `delay`).
+pub(crate) type Hold = tollgate_http::Hold<AnyStore, SystemClock>;
+
 /// The HTTP engine over the server's store.
 pub(crate) type HttpEngine = tollgate_http::Engine<AnyStore, SystemClock>;
 
@@ -170,7 +173,7 @@ impl Engine {
         let fail_open = matched && decisions.is_empty() && matches!(verdict, Verdict::Pass);
         if fail_open {
             self.metrics.store_error();
-            let path = NormalizedPath::new(info.path);
+            let path = NormalizedPath::new(info.path).unwrap_or_default();
             for pc in self.config.policies.iter() {
                 if pc.route.matches(info.method, &path, info.host) {
                     self.metrics.decision(pc.name(), Outcome::FailOpen);

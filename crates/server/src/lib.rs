@@ -17,7 +17,6 @@ mod api;
 pub mod config;
 mod engine;
 pub mod metrics;
-mod proxy;
 mod relay;
 mod response;
 mod serve;
@@ -141,7 +140,6 @@ pub(crate) struct Shared {
     generation: AtomicU64,
     store: AnyStore,
     metrics: Arc<Metrics>,
-    client: proxy::UpstreamClient,
     /// Envoy's rate limit service, kept so a reload can swap its descriptors in place.
     envoy: Option<tollgate_envoy::RlsService<AnyStore, SystemClock>>,
 }
@@ -270,7 +268,6 @@ pub async fn run_with(
         generation: AtomicU64::new(0),
         store: store.clone(),
         metrics,
-        client: proxy::client(),
         envoy: envoy_handle,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -303,7 +300,6 @@ pub async fn run_with(
     }
     if let Some(l) = listeners.proxy {
         let s = Arc::clone(&shared);
-        // The relay serves what it can and hands the rest to hyper (`proxy::handle`).
         tasks.spawn(relay::serve_per_core(s, l, stop_rx.clone(), limits));
     }
     if let Some((service, listener)) = envoy {

@@ -22,7 +22,8 @@ use crate::response::Body;
 pub struct Limits {
     /// Connections served at once; further ones wait in the kernel's backlog.
     pub max_connections: usize,
-    /// Time a client has to send a request's headers.
+    /// Time a client has to send a request's headers, and the longest a write of an answer may
+    /// wait for the client to take its bytes.
     pub header_read_timeout: Duration,
     /// Largest request head (line and headers), in bytes; larger ones get 431.
     pub max_header_bytes: usize,
@@ -65,9 +66,14 @@ pub(crate) async fn serve<H, F>(
         name,
         listener,
         move |stream, peer, stop| {
+            // A client that takes no byte of an answer for the header read timeout is cut off:
+            // one that never reads would otherwise hold its connection, and megabytes of send
+            // buffer, for ever (hyper bounds reading a head, not writing an answer).
+            let mut io = tokio_io_timeout::TimeoutStream::new(stream);
+            io.set_write_timeout(Some(limits.header_read_timeout));
             serve_http1(
                 name,
-                TokioIo::new(stream),
+                TokioIo::new(Box::pin(io)),
                 peer,
                 handler.clone(),
                 limits,

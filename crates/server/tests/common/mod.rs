@@ -16,6 +16,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tollgate_server::{Config, Listeners};
 
+pub mod raw;
+
 pub struct Running {
     pub api: SocketAddr,
     pub admin: SocketAddr,

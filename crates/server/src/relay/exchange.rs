@@ -1,0 +1,502 @@
+//! Forwarding one admitted request: an upstream connection from the pool (or a new one), the
+//! request up and the response down at the same time, and the connection back into the pool
+//! only when both were framed to their end with nothing left over.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use hyper::StatusCode;
+use hyper::http::uri::Authority;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::time::Instant;
+use tollgate_http::RateLimitHeaders;
+
+use super::body::{BodyCopy, Encoding, Framing, Malformed, Trailers};
+use super::conn::{Conn, Plan, READ_CHUNK};
+use super::deadline::{self, Timer};
+use super::head::MALFORMED_BODY;
+use super::pool;
+use super::response::{ForClient, response_head};
+
+/// Body bytes a held (`delay`) request may buffer while it waits; past that, reading stops.
+const HOLD_BUFFER: usize = 64 * 1024;
+
+/// How an exchange with the upstream ended.
+enum Relayed {
+    Done {
+        /// The upstream connection may carry another request.
+        reusable: bool,
+        /// The client connection may carry another request.
+        client_ok: bool,
+    },
+    /// The client went away while the request was being sent.
+    ClientGone,
+    /// The client's chunked body broke its framing before any answer reached it.
+    MalformedBody,
+    /// The upstream failed before a response head reached the client.
+    Failed {
+        nothing_received: bool,
+        timed_out: bool,
+    },
+    /// The exchange broke after the client got part of a response.
+    Broken,
+}
+
+impl Conn {
+    /// Holds the request if it must wait for its slot, then forwards it. `true`: the client
+    /// connection may carry another request.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn forward(
+        &mut self,
+        client: &mut TcpStream,
+        authority: &Authority,
+        plan: Plan,
+        rate_limit: &RateLimitHeaders,
+        hold: Option<crate::engine::Hold>,
+        timeout: Duration,
+        stopping: bool,
+    ) -> bool {
+        if let Some(hold) = hold {
+            // Held for its slot; a client that goes away meanwhile drops the hold, which gives
+            // its quota back.
+            let wait = hold.wait();
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    () = &mut wait => break,
+                    r = client.read_buf(&mut self.inbuf), if self.inbuf.len() < HOLD_BUFFER => {
+                        match r {
+                            Ok(0) | Err(_) => return false,
+                            Ok(_) => {}
+                        }
+                    }
+                }
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        let mut retried = false;
+        loop {
+            // A retry goes out on a new connection: the pool may hold more that the upstream
+            // closed at the same moment.
+            let pooled = if retried {
+                None
+            } else {
+                self.pool.checkout(authority)
+            };
+            let (mut up, reused) = match pooled {
+                Some(c) => (c, true),
+                None => match tokio::time::timeout_at(deadline, pool::connect(authority)).await {
+                    Ok(Ok(c)) => (c, false),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "upstream connect failed");
+                        return self
+                            .upstream_error(
+                                client,
+                                StatusCode::BAD_GATEWAY,
+                                plan,
+                                stopping,
+                                timeout,
+                            )
+                            .await;
+                    }
+                    Err(_) => {
+                        return self
+                            .upstream_error(
+                                client,
+                                StatusCode::GATEWAY_TIMEOUT,
+                                plan,
+                                stopping,
+                                timeout,
+                            )
+                            .await;
+                    }
+                },
+            };
+            // A request that cannot be sent twice checks first that an idle connection is
+            // still open (an upstream may have closed it on its idle timeout).
+            if reused && !plan.idempotent {
+                let mut probe = [0u8; 1];
+                match up.try_read(&mut probe) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    _ => continue,
+                }
+            }
+            self.upbuf.clear();
+            let outcome = self
+                .relay(
+                    client,
+                    &mut up,
+                    plan,
+                    rate_limit,
+                    (deadline, timeout),
+                    stopping,
+                )
+                .await;
+            match outcome {
+                Relayed::Done {
+                    reusable,
+                    client_ok,
+                } => {
+                    if reusable {
+                        self.pool.checkin(authority, up);
+                    }
+                    return client_ok;
+                }
+                Relayed::ClientGone | Relayed::Broken => return false,
+                Relayed::MalformedBody => {
+                    self.refuse(client, MALFORMED_BODY, plan.version).await;
+                    return false;
+                }
+                Relayed::Failed {
+                    nothing_received,
+                    timed_out,
+                } => {
+                    // The keep-alive race: the upstream closed the idle connection as the
+                    // request went out. Sent once more, on a fresh connection, only when it has
+                    // no body and is idempotent; the client's request was counted once, and the
+                    // upstream acted on at most one of the two copies it may have received.
+                    if reused && nothing_received && !timed_out && plan.idempotent && !retried {
+                        retried = true;
+                        continue;
+                    }
+                    let status = if timed_out {
+                        StatusCode::GATEWAY_TIMEOUT
+                    } else {
+                        StatusCode::BAD_GATEWAY
+                    };
+                    return self
+                        .upstream_error(client, status, plan, stopping, timeout)
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// Sends the request (head, then body) and relays the response, both ways at once: an
+    /// upstream may answer before it has read the whole request body.
+    async fn relay(
+        &mut self,
+        client: &mut TcpStream,
+        up: &mut TcpStream,
+        plan: Plan,
+        rate_limit: &RateLimitHeaders,
+        (deadline, gap): (Instant, Duration),
+        stopping: bool,
+    ) -> Relayed {
+        let (mut client_read, mut client_write) = client.split();
+        let (mut up_read, mut up_write) = up.split();
+        // Set once the whole request is upstream: an answer that comes before (an early 413,
+        // say) leaves the rest of the body on the client connection, which then closes, and
+        // says so in the answer's head.
+        let sent = AtomicBool::new(false);
+        // Set once a final head is on its way to the client: past it, a broken request body
+        // can no longer be answered 400.
+        let answered = AtomicBool::new(false);
+        let upload = upload(
+            &mut client_read,
+            &mut self.inbuf,
+            &mut up_write,
+            &mut self.uphead,
+            plan.framing,
+            &sent,
+        );
+        let client_side = ForClient {
+            version: plan.version,
+            is_head: plan.is_head,
+            close: plan.close || stopping,
+        };
+        let download = download(
+            Download {
+                up: &mut up_read,
+                upbuf: &mut self.upbuf,
+                client: &mut client_write,
+                out: &mut self.out,
+                timer: &mut self.timer,
+            },
+            rate_limit,
+            client_side,
+            (&sent, &answered),
+            (deadline, gap),
+        );
+        tokio::pin!(upload, download);
+        let mut uploaded: Option<bool> = None;
+        let down = loop {
+            tokio::select! {
+                biased;
+                r = &mut download => break r,
+                r = &mut upload, if uploaded.is_none() => match r {
+                    Ok(()) => uploaded = Some(true),
+                    Err(UploadError::Client) => return Relayed::ClientGone,
+                    Err(UploadError::Malformed) => {
+                        return if answered.load(Ordering::Relaxed) {
+                            Relayed::Broken
+                        } else {
+                            Relayed::MalformedBody
+                        };
+                    }
+                    // The upstream stopped reading: what it answers (or not) tells the rest.
+                    Err(UploadError::Upstream) => uploaded = Some(false),
+                },
+            }
+        };
+        match down {
+            Ok(d) => {
+                // A request body not wholly read leaves the client connection mid-message.
+                let body_done = uploaded == Some(true);
+                Relayed::Done {
+                    reusable: d.reusable && body_done,
+                    client_ok: d.client_ok && body_done,
+                }
+            }
+            Err(DownloadError::BeforeHead {
+                nothing_received,
+                timed_out,
+            }) => Relayed::Failed {
+                // Part of the body still unread: the answer must close the connection, and
+                // the request is not sent again.
+                nothing_received: nothing_received
+                    && (uploaded.is_some() || plan.framing == Framing::None),
+                timed_out,
+            },
+            Err(DownloadError::AfterHead) => Relayed::Broken,
+        }
+    }
+
+    /// A 502/504 problem (counted as an upstream error). `true` when the connection can go on.
+    async fn upstream_error(
+        &mut self,
+        client: &mut TcpStream,
+        status: StatusCode,
+        plan: Plan,
+        force_close: bool,
+        timeout: Duration,
+    ) -> bool {
+        self.shared.metrics.upstream_error();
+        // A body the upstream never took is still on the client connection: close after.
+        let close = force_close
+            || plan.close
+            || !matches!(plan.framing, Framing::None | Framing::Length(0));
+        let (title, detail) = if status == StatusCode::GATEWAY_TIMEOUT {
+            ("Upstream timed out", "the upstream did not answer in time")
+        } else {
+            (
+                "Upstream unavailable",
+                "the upstream could not be reached or failed mid-answer",
+            )
+        };
+        let body = crate::response::problem_body(status, title, Some(detail));
+        super::response::write_answer(
+            &mut self.out,
+            status,
+            |_| {},
+            body.as_bytes(),
+            plan.version,
+            close,
+        );
+        let written = deadline::within(&mut self.timer, timeout, client.write_all(&self.out))
+            .await
+            .is_some_and(|r| r.is_ok());
+        written && !close
+    }
+}
+
+enum UploadError {
+    /// The client closed or failed before its body was all read.
+    Client,
+    /// The client's chunked body is malformed.
+    Malformed,
+    /// The upstream would not take the request.
+    Upstream,
+}
+
+/// Writes the request head to the upstream, with the body's first bytes when they are already
+/// here, then the rest of the body, framed as the head says: a length as it came, chunked
+/// written again (trailers checked and dropped).
+async fn upload(
+    client: &mut ReadHalf<'_>,
+    inbuf: &mut BytesMut,
+    up: &mut WriteHalf<'_>,
+    head: &mut Vec<u8>,
+    framing: Framing,
+    sent: &AtomicBool,
+) -> Result<(), UploadError> {
+    let encoding = if framing == Framing::Chunked {
+        Encoding::Chunked
+    } else {
+        Encoding::Identity
+    };
+    let mut body = BodyCopy::new(framing, encoding, Trailers::Drop);
+    // The head goes out with whatever body bytes are already here, in one write. A request
+    // without a body leaves `head` whole, to be sent again if a reused connection loses it.
+    let take = body
+        .copy(inbuf, head)
+        .map_err(|Malformed| UploadError::Malformed)?;
+    inbuf.advance(take);
+    up.write_all(head)
+        .await
+        .map_err(|_| UploadError::Upstream)?;
+    while !body.done() {
+        if inbuf.is_empty() {
+            inbuf.reserve(READ_CHUNK);
+            match client.read_buf(inbuf).await {
+                Ok(0) | Err(_) => return Err(UploadError::Client),
+                Ok(_) => {}
+            }
+        }
+        head.clear();
+        let take = body
+            .copy(inbuf, head)
+            .map_err(|Malformed| UploadError::Malformed)?;
+        inbuf.advance(take);
+        if !head.is_empty() {
+            up.write_all(head)
+                .await
+                .map_err(|_| UploadError::Upstream)?;
+        }
+    }
+    sent.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+enum DownloadError {
+    /// Nothing reached the client: it can still be answered 502/504.
+    BeforeHead {
+        nothing_received: bool,
+        timed_out: bool,
+    },
+    /// The client got part of a response.
+    AfterHead,
+}
+
+struct Downloaded {
+    /// The upstream connection ended cleanly and may carry another request.
+    reusable: bool,
+    /// The client connection may carry another request.
+    client_ok: bool,
+}
+
+/// The buffers and sockets the download works with.
+struct Download<'a, 'r, 'w> {
+    up: &'a mut ReadHalf<'r>,
+    upbuf: &'a mut BytesMut,
+    client: &'a mut WriteHalf<'w>,
+    out: &'a mut Vec<u8>,
+    timer: &'a mut Timer,
+}
+
+/// Reads the upstream's response head (interim 1xx ones forwarded), writes the client's version
+/// of it with the rate-limit headers, then relays the body, framed for the client by the relay.
+async fn download(
+    io: Download<'_, '_, '_>,
+    rate_limit: &RateLimitHeaders,
+    mut client: ForClient,
+    (sent, answered): (&AtomicBool, &AtomicBool),
+    (deadline, gap): (Instant, Duration),
+) -> Result<Downloaded, DownloadError> {
+    let Download {
+        up,
+        upbuf,
+        client: to_client,
+        out,
+        timer,
+    } = io;
+    let mut received = false;
+    let base_close = client.close;
+    let head = loop {
+        // Whether the request is all upstream is read as the head is written: it may still be
+        // going up.
+        client.close = base_close || !sent.load(Ordering::Relaxed);
+        match response_head(upbuf, out, rate_limit, client) {
+            Err(_) => {
+                return Err(DownloadError::BeforeHead {
+                    nothing_received: false,
+                    timed_out: false,
+                });
+            }
+            Ok(Some(head)) => {
+                upbuf.advance(head.len);
+                if head.interim {
+                    if !out.is_empty() {
+                        deadline::within(timer, gap, to_client.write_all(out))
+                            .await
+                            .and_then(Result::ok)
+                            .ok_or(DownloadError::AfterHead)?;
+                    }
+                    continue;
+                }
+                break head;
+            }
+            Ok(None) => {}
+        }
+        upbuf.reserve(READ_CHUNK);
+        match deadline::until(timer, deadline, up.read_buf(upbuf)).await {
+            None => {
+                return Err(DownloadError::BeforeHead {
+                    nothing_received: !received,
+                    timed_out: true,
+                });
+            }
+            Some(Ok(0) | Err(_)) => {
+                return Err(DownloadError::BeforeHead {
+                    nothing_received: !received,
+                    timed_out: false,
+                });
+            }
+            Some(Ok(_)) => received = true,
+        }
+    };
+    answered.store(true, Ordering::Relaxed);
+
+    // The body; its first bytes go out with the head, in one write. Past the head, neither side
+    // may stall the exchange for longer than `gap` at a time (nginx's proxy_read_timeout and
+    // send_timeout).
+    let mut body = BodyCopy::new(head.framing, head.encoding, Trailers::Forward);
+    loop {
+        let take = body
+            .copy(upbuf, out)
+            .map_err(|Malformed| DownloadError::AfterHead)?;
+        upbuf.advance(take);
+        if !out.is_empty() {
+            deadline::within(timer, gap, to_client.write_all(out))
+                .await
+                .and_then(Result::ok)
+                .ok_or(DownloadError::AfterHead)?;
+            out.clear();
+        }
+        if body.done() {
+            break;
+        }
+        upbuf.reserve(READ_CHUNK);
+        let Some(read) = deadline::within(timer, gap, up.read_buf(upbuf)).await else {
+            return Err(DownloadError::AfterHead);
+        };
+        match read {
+            Ok(0) => {
+                // The upstream closed: the end of a close-delimited body, or a body cut short.
+                if !body.close(out) {
+                    return Err(DownloadError::AfterHead);
+                }
+                deadline::within(timer, gap, to_client.write_all(out))
+                    .await
+                    .and_then(Result::ok)
+                    .ok_or(DownloadError::AfterHead)?;
+                out.clear();
+                return Ok(Downloaded {
+                    reusable: false,
+                    client_ok: !head.client_close,
+                });
+            }
+            Err(_) => return Err(DownloadError::AfterHead),
+            Ok(_) => {}
+        }
+    }
+    Ok(Downloaded {
+        // Bytes past the response's end: the upstream is out of step; never reused.
+        reusable: !head.upstream_close && upbuf.is_empty(),
+        client_ok: !head.client_close,
+    })
+}

@@ -1,0 +1,447 @@
+//! Request heads on the client side of the relay: found in linear time, parsed with httparse,
+//! checked, and written again for the upstream.
+//!
+//! The rule every check here serves: the upstream reads the request the rate limiter decided
+//! on, or the request is refused with a 4xx. So the head sent upstream is built by the relay
+//! from what it parsed (one `Host`, the framing it will itself write, its own
+//! `X-Forwarded-For`), never copied where a difference of reading could hide a second request
+//! or another host.
+
+use std::borrow::Cow;
+
+use hyper::StatusCode;
+use hyper::http::uri::Authority;
+
+use super::body::Framing;
+
+/// Where a search for the end of a head goes on from, so that a head that arrives a byte at a
+/// time is scanned once, not once per byte.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct HeadScan {
+    from: usize,
+}
+
+impl HeadScan {
+    /// Where the head at the start of `buf` ends (just past its empty line), if it has. Lines
+    /// may end in CRLF or a bare LF (RFC 9112 §2.2): httparse reads both, and the head sent on
+    /// is written again with CRLF.
+    pub(super) fn end(&mut self, buf: &[u8]) -> Option<usize> {
+        let mut i = self.from;
+        while let Some(lf) = buf
+            .get(i..)
+            .and_then(|rest| rest.iter().position(|&b| b == b'\n'))
+        {
+            let lf = i + lf;
+            match buf.get(lf + 1..lf + 3) {
+                Some([b'\n', _]) => return Some(lf + 2),
+                Some([b'\r', b'\n']) => return Some(lf + 3),
+                Some(_) => i = lf + 1,
+                None if buf.get(lf + 1) == Some(&b'\n') => return Some(lf + 2),
+                // The line's end is at the buffer's end: look at it again with the next bytes.
+                None => {
+                    self.from = lf;
+                    return None;
+                }
+            }
+        }
+        self.from = buf.len();
+        None
+    }
+
+    /// A new head starts.
+    pub(super) fn reset(&mut self) {
+        self.from = 0;
+    }
+}
+
+/// A request the relay answers itself instead of forwarding it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Refusal {
+    pub(super) status: StatusCode,
+    pub(super) title: &'static str,
+    pub(super) detail: &'static str,
+}
+
+const fn refuse(status: StatusCode, title: &'static str, detail: &'static str) -> Refusal {
+    Refusal {
+        status,
+        title,
+        detail,
+    }
+}
+
+const BAD_REQUEST: &str = "Bad Request";
+pub(super) const MALFORMED: Refusal = refuse(
+    StatusCode::BAD_REQUEST,
+    BAD_REQUEST,
+    "the request head is not valid HTTP/1.1",
+);
+const AMBIGUOUS: Refusal = refuse(
+    StatusCode::BAD_REQUEST,
+    "Ambiguous message framing",
+    "send one Content-Length, or Transfer-Encoding: chunked alone, not both",
+);
+pub(super) const MALFORMED_BODY: Refusal = refuse(
+    StatusCode::BAD_REQUEST,
+    "Malformed chunked body",
+    "the chunked body does not follow RFC 9112 section 7.1",
+);
+
+/// The HTTP version of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Version {
+    Http10,
+    Http11,
+}
+
+/// What the `Host` sent upstream is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Host<'b> {
+    /// The client's `Host` header, checked.
+    Header(&'b str),
+    /// The authority of an absolute-form target, which replaces any `Host` (RFC 9112 §3.2.2).
+    Target(&'b str),
+    /// None was sent (HTTP/1.0): the upstream's own authority.
+    Upstream,
+}
+
+/// A request head the relay forwards, as it parsed and checked it.
+#[derive(Clone, Debug)]
+pub(super) struct RequestHead<'b> {
+    pub(super) method: &'b str,
+    /// Origin-form: path and query.
+    pub(super) target: Cow<'b, str>,
+    pub(super) host: Host<'b>,
+    pub(super) version: Version,
+    pub(super) framing: Framing,
+    /// The client connection ends after this exchange.
+    pub(super) close: bool,
+    pub(super) is_head: bool,
+    /// Safe to send again when a reused upstream connection turns out to be dead.
+    pub(super) idempotent: bool,
+}
+
+/// Checks a parsed request and reads what the relay needs of it.
+pub(super) fn check<'b>(req: &httparse::Request<'_, 'b>) -> Result<RequestHead<'b>, Refusal> {
+    let (Some(method), Some(raw_target), Some(minor)) = (req.method, req.path, req.version) else {
+        return Err(MALFORMED);
+    };
+    let version = if minor == 0 {
+        Version::Http10
+    } else {
+        Version::Http11
+    };
+    if method == "CONNECT" {
+        return Err(refuse(
+            StatusCode::NOT_IMPLEMENTED,
+            "Not Implemented",
+            "this proxy does not tunnel: CONNECT is not supported",
+        ));
+    }
+    let (target, target_host) = origin_form(raw_target)?;
+
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut close = version == Version::Http10;
+    let mut host: Option<&'b str> = None;
+    let mut hosts = 0;
+    for h in req.headers.iter() {
+        let name = h.name.as_bytes();
+        // Most headers are none of these: ruled out by their first byte.
+        if !matches!(
+            name.first().map(u8::to_ascii_lowercase),
+            Some(b'c' | b't' | b'h' | b'e')
+        ) {
+            continue;
+        }
+        if name.eq_ignore_ascii_case(b"content-length") {
+            let n = parse_length(h.value).ok_or(AMBIGUOUS)?;
+            if length.is_some_and(|l| l != n) {
+                return Err(AMBIGUOUS);
+            }
+            length = Some(n);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // One coding, chunked, once; and never from HTTP/1.0, which has no chunking
+            // (RFC 9112 §6.1: such framing is faulty).
+            if chunked
+                || version == Version::Http10
+                || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked")
+            {
+                return Err(AMBIGUOUS);
+            }
+            chunked = true;
+        } else if name.eq_ignore_ascii_case(b"host") {
+            hosts += 1;
+            host = std::str::from_utf8(h.value.trim_ascii()).ok();
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for token in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::Http10 {
+                    close = false;
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"expect") {
+            // `100-continue` is forwarded: the upstream's interim 100 reaches the client.
+            if !h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue") {
+                return Err(refuse(
+                    StatusCode::EXPECTATION_FAILED,
+                    "Expectation Failed",
+                    "the only expectation this proxy meets is 100-continue",
+                ));
+            }
+        }
+    }
+    // RFC 9112 §3.2: exactly one valid Host in HTTP/1.1; at most one in HTTP/1.0.
+    if hosts > 1 {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            BAD_REQUEST,
+            "the request has more than one Host header",
+        ));
+    }
+    let host = match (host, hosts, version) {
+        (_, 0, Version::Http11) => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                BAD_REQUEST,
+                "an HTTP/1.1 request needs a Host header",
+            ));
+        }
+        (Some(h), 1, _) if valid_authority(h) => Some(h),
+        (_, 1, _) => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                BAD_REQUEST,
+                "the Host header is not a valid host",
+            ));
+        }
+        _ => None,
+    };
+    let host = match (target_host, host) {
+        (Some(authority), _) => Host::Target(authority),
+        (None, Some(h)) => Host::Header(h),
+        (None, None) => Host::Upstream,
+    };
+    let framing = match (chunked, length) {
+        (true, Some(_)) => return Err(AMBIGUOUS),
+        (true, None) => Framing::Chunked,
+        (false, Some(n)) => Framing::Length(n),
+        (false, None) => Framing::None,
+    };
+    let bodyless = matches!(framing, Framing::None | Framing::Length(0));
+    Ok(RequestHead {
+        method,
+        target,
+        host,
+        version,
+        framing,
+        close,
+        is_head: method == "HEAD",
+        idempotent: bodyless
+            && matches!(
+                method,
+                "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE"
+            ),
+    })
+}
+
+/// The origin-form of a request target, and the authority of an absolute-form one. A target
+/// of bytes outside visible ASCII, with a fragment, or of another form is refused: it would be
+/// matched against the policies as one path and read by the upstream as another.
+fn origin_form(target: &str) -> Result<(Cow<'_, str>, Option<&str>), Refusal> {
+    const BAD_TARGET: Refusal = refuse(
+        StatusCode::BAD_REQUEST,
+        BAD_REQUEST,
+        "the request target is not an origin-form or absolute-form URI of visible ASCII",
+    );
+    // httparse has refused spaces and control characters; what is left to refuse is bytes
+    // past ASCII and a fragment.
+    if target.is_empty() || !target.is_ascii() || target.contains('#') {
+        return Err(BAD_TARGET);
+    }
+    if target.starts_with('/') {
+        return Ok((Cow::Borrowed(target), None));
+    }
+    // Absolute-form: http(s)://authority[/path][?query].
+    let rest = strip_prefix_ignore_case(target, "http://")
+        .or_else(|| strip_prefix_ignore_case(target, "https://"))
+        .ok_or(BAD_TARGET)?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    if !valid_authority(authority) {
+        return Err(BAD_TARGET);
+    }
+    let path = if path.starts_with('/') {
+        Cow::Borrowed(path)
+    } else {
+        Cow::Owned(format!("/{path}"))
+    };
+    Ok((path, Some(authority)))
+}
+
+fn strip_prefix_ignore_case<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = text.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &text[prefix.len()..])
+}
+
+/// The bytes of a host name: letters, digits, `-`, `.`, `_`.
+const HOST_NAME: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric() || c == b'-' || c == b'.' || c == b'_';
+        b += 1;
+    }
+    table
+};
+
+/// A `host[:port]` as servers route on it: a name of letters, digits, `-`, `.` and `_`, or an
+/// IPv6 literal in brackets, and an optional port of digits. Anything else (user information,
+/// percent-escapes, other punctuation) is read differently by different servers, so a host
+/// policy could miss a request its upstream serves. Checked by hand, without allocating.
+fn valid_authority(text: &str) -> bool {
+    let (host_ok, port) = match text.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, after)) => (
+                v6.parse::<std::net::Ipv6Addr>().is_ok(),
+                after.strip_prefix(':').or(after.is_empty().then_some("")),
+            ),
+            None => (false, None),
+        },
+        None => {
+            let (host, port) = text.split_once(':').unwrap_or((text, ""));
+            let name = |b: u8| HOST_NAME[usize::from(b)];
+            (
+                !host.is_empty() && host.bytes().all(name),
+                (text.len() == host.len() || !port.is_empty()).then_some(port),
+            )
+        }
+    };
+    host_ok && port.is_some_and(|p| p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+pub(super) fn parse_length(v: &[u8]) -> Option<u64> {
+    let v = v.trim_ascii();
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
+pub(super) fn hop_by_hop(name: &[u8]) -> bool {
+    // By length first: most headers are ruled out without a comparison.
+    let candidates: &[&[u8]] = match name.len() {
+        2 => &[b"te"],
+        7 => &[b"trailer", b"upgrade"],
+        10 => &[b"connection", b"keep-alive"],
+        16 => &[b"proxy-connection"],
+        18 => &[b"proxy-authenticate"],
+        19 => &[b"proxy-authorization"],
+        _ => return false,
+    };
+    candidates.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// The names `Connection` headers list besides its own options: hop-by-hop too.
+pub(super) fn connection_listed<'a>(
+    headers: &'a [httparse::Header<'_>],
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+        .flat_map(|h| h.value.split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| {
+            !t.is_empty()
+                && !t.eq_ignore_ascii_case(b"close")
+                && !t.eq_ignore_ascii_case(b"keep-alive")
+        })
+}
+
+/// The headers the relay writes itself upstream: copies from the client are never sent.
+fn written_by_relay(name: &[u8]) -> bool {
+    let candidate: &[u8] = match name.len() {
+        4 => b"host",
+        14 => b"content-length",
+        15 => b"x-forwarded-for",
+        17 => b"transfer-encoding",
+        _ => return false,
+    };
+    name.eq_ignore_ascii_case(candidate)
+}
+
+/// The request head for the upstream, written by the relay: the request line in origin-form
+/// and HTTP/1.1; `Host` as decided; the client's headers except hop-by-hop ones and the ones
+/// the relay writes; the framing the relay will use for the body; `X-Forwarded-For` with every
+/// earlier hop and then `client`.
+///
+/// A name a `Connection` header lists is dropped as hop-by-hop unless `protected` says the
+/// rate limiter read it (a key, a forwarding header): the upstream then sees what was decided
+/// on. The framing and `Host` are the relay's own whatever `Connection` says.
+pub(super) fn write_upstream_head(
+    out: &mut Vec<u8>,
+    head: &RequestHead<'_>,
+    headers: &[httparse::Header<'_>],
+    upstream: &Authority,
+    client: &[u8],
+    protected: impl Fn(&str) -> bool,
+) {
+    out.clear();
+    out.extend_from_slice(head.method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(head.target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(match &head.host {
+        Host::Header(h) | Host::Target(h) => h.as_bytes(),
+        Host::Upstream => upstream.as_str().as_bytes(),
+    });
+    out.extend_from_slice(b"\r\n");
+    let listed = headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case("connection"));
+    for h in headers {
+        let name = h.name.as_bytes();
+        if hop_by_hop(name)
+            || written_by_relay(name)
+            || (listed
+                && !protected(h.name)
+                && connection_listed(headers).any(|l| l.eq_ignore_ascii_case(name)))
+        {
+            continue;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    match head.framing {
+        Framing::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            tollgate::headers::write_decimal(out, n);
+            out.extend_from_slice(b"\r\n");
+        }
+        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::None | Framing::Close => {}
+    }
+    out.extend_from_slice(b"x-forwarded-for: ");
+    for h in headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("x-forwarded-for"))
+    {
+        let v = h.value.trim_ascii();
+        if !v.is_empty() {
+            out.extend_from_slice(v);
+            out.extend_from_slice(b", ");
+        }
+    }
+    out.extend_from_slice(client);
+    out.extend_from_slice(b"\r\n\r\n");
+}
+
+#[cfg(test)]
+#[path = "head_tests.rs"]
+mod tests;
