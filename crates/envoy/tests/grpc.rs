@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use common::{START, descriptor, header, request, sf_items, start, start_with};
 use tollgate::{AlgorithmKind, Check, Decisions, Quota, Store, StoreError, Timestamp};
-use tollgate_envoy::proto::envoy::service_ratelimit_v3::RateLimitRequest;
-use tollgate_envoy::proto::envoy::service_ratelimit_v3::rate_limit_response::Code;
-use tollgate_envoy::proto::envoy::service_ratelimit_v3::rate_limit_response::rate_limit::Unit as PUnit;
-use tollgate_envoy::proto::google::protobuf::UInt64Value;
+use tollgate_envoy::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use tollgate_envoy::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tollgate_envoy::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PUnit;
 use tollgate_envoy::{
     Config, Descriptor, Domain, FailureMode, RateLimit, ResetFormat, Unit, load_envoy_config_dir,
 };
@@ -69,7 +68,8 @@ async fn exact_value_wins_over_key_only_and_values_count_apart() {
         let limit = s.current_limit.as_ref().unwrap();
         assert_eq!(limit.requests_per_unit, 2);
         assert_eq!(limit.unit, PUnit::Minute as i32);
-        assert_eq!(limit.name, "edge.api_key_gold");
+        // Unnamed in the configuration: no name, as envoyproxy/ratelimit answers.
+        assert_eq!(limit.name, "");
         let expect = if i < 2 { OK } else { OVER };
         assert_eq!((r.overall_code, s.code), (expect, expect), "call {i}");
     }
@@ -87,10 +87,7 @@ async fn exact_value_wins_over_key_only_and_values_count_apart() {
                 .requests_per_unit,
             5
         );
-        assert_eq!(
-            r.statuses[0].current_limit.as_ref().unwrap().name,
-            "edge.api_key"
-        );
+        assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().name, "");
         assert_eq!(r.overall_code, if i < 5 { OK } else { OVER }, "call {i}");
         assert_eq!(r.statuses[0].limit_remaining, 4u32.saturating_sub(i));
     }
@@ -126,10 +123,8 @@ async fn nested_descriptors_apply_only_at_the_last_entry() {
         .await
         .unwrap();
     assert_eq!(r.overall_code, OK);
-    assert_eq!(
-        r.statuses[0].current_limit.as_ref().unwrap().name,
-        "edge.generic_key_foo.remote_address"
-    );
+    let policy = sf_items(header(&r, "RateLimit-Policy").unwrap());
+    assert_eq!(policy[0].name, "edge.generic_key_foo.remote_address");
     let r = c
         .should_rate_limit(request("edge", &[nested]))
         .await
@@ -188,7 +183,7 @@ async fn hits_addend_counts_that_many_and_zero_means_one() {
     // A per-descriptor hits_addend overrides the request's.
     let mut per = request("edge", &[&[("path", "/b")]]);
     per.hits_addend = 1;
-    per.descriptors[0].hits_addend = Some(UInt64Value { value: 9 });
+    per.descriptors[0].hits_addend = Some(9);
     let r = c.should_rate_limit(per).await.unwrap();
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 1));
     // More than the limit can ever admit: over limit, nothing counted.
@@ -763,7 +758,7 @@ async fn reload_swaps_the_config_and_keeps_unchanged_counters() {
 
 #[tokio::test]
 async fn limit_overrides_apply_as_envoy_ratelimit_applies_them() {
-    use tollgate_envoy::proto::envoy::common_ratelimit_v3::rate_limit_descriptor::RateLimitOverride;
+    use tollgate_envoy::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
     let server = start(edge()).await;
     let mut c = server.client().await;
     let with_override = |domain: &str, entries: &[(&str, &str)], rpu: u32, unit: i32| {
@@ -808,24 +803,19 @@ async fn limit_overrides_apply_as_envoy_ratelimit_applies_them() {
             5
         );
     }
-    // Unknown domain, zero requests, unknown unit: no override.
+    // Unknown domain, unknown unit: no override.
     let r = c
         .should_rate_limit(with_override("nope", &[("user", "u1")], 1, 1))
         .await
         .unwrap();
     assert!(r.statuses[0].current_limit.is_none());
+    // Zero requests: every request over the limit, as the peer reads it.
     let r = c
         .should_rate_limit(with_override("edge", &[("api_key", "gold")], 0, 1))
         .await
         .unwrap();
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        2
-    );
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, r.overall_code), (0, OVER));
     let r = c
         .should_rate_limit(with_override("edge", &[("user", "u9")], 1, 99))
         .await
@@ -879,7 +869,7 @@ async fn a_descriptor_hits_addend_overrides_the_request_one_zero_included() {
     // Two descriptors, request addend 3: the first counts 3, the second its own 2.
     let mut req = request("edge", &[&[("path", "/x")], &[("api_key", "k-x")]]);
     req.hits_addend = 3;
-    req.descriptors[1].hits_addend = Some(UInt64Value { value: 2 });
+    req.descriptors[1].hits_addend = Some(2);
     let r = c.should_rate_limit(req).await.unwrap();
     assert_eq!(r.overall_code, OK);
     let remaining: Vec<u32> = r.statuses.iter().map(|s| s.limit_remaining).collect();
@@ -887,12 +877,12 @@ async fn a_descriptor_hits_addend_overrides_the_request_one_zero_included() {
     // A descriptor addend of 0 checks without counting (as envoyproxy/ratelimit reads it),
     // where a request addend of 0 means 1.
     let mut peek = request("edge", &[&[("path", "/x")]]);
-    peek.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    peek.descriptors[0].hits_addend = Some(0);
     let r = c.should_rate_limit(peek).await.unwrap();
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 7));
     // More than u32 can hold: the limit can never admit it.
     let mut huge = request("edge", &[&[("path", "/y")]]);
-    huge.descriptors[0].hits_addend = Some(UInt64Value { value: u64::MAX });
+    huge.descriptors[0].hits_addend = Some(u64::MAX);
     let r = c.should_rate_limit(huge).await.unwrap();
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 10));
 }
@@ -915,7 +905,7 @@ async fn raw_call_with(
     let mut send = send.clone().ready().await.unwrap();
     let mut request = http::Request::post(format!(
         "http://localhost{}",
-        tollgate_envoy::proto::envoy::service_ratelimit_v3::SHOULD_RATE_LIMIT_PATH
+        tollgate_envoy::proto::SHOULD_RATE_LIMIT_PATH
     ))
     .header("content-type", "application/grpc")
     .header("te", "trailers");

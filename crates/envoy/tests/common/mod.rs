@@ -8,9 +8,9 @@ use std::net::SocketAddr;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate::{Limiter, ManualClock, MemoryStore, Store, Timestamp};
-use tollgate_envoy::proto::envoy::common_ratelimit_v3::RateLimitDescriptor;
-use tollgate_envoy::proto::envoy::common_ratelimit_v3::rate_limit_descriptor::Entry;
-use tollgate_envoy::proto::envoy::service_ratelimit_v3::{RateLimitRequest, RateLimitResponse};
+use tollgate_envoy::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tollgate_envoy::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use tollgate_envoy::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_envoy::{Config, RlsClient, RlsService, serve};
 
 /// A running server; stops when dropped.
