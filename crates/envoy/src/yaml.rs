@@ -219,3 +219,22 @@ fn rate_limit(rl: RateLimitYaml, here: &str) -> Result<RateLimit, ConfigError> {
     }
     Ok(limit)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::parse_envoy_config;
+
+    #[test]
+    fn scalar_values_read_as_text_as_the_peer_reads_them() {
+        // yaml.v2 reads a plain scalar into a string field whatever it looks like.
+        let yaml = "domain: d\ndescriptors:\n  - key: status\n    value: 200\n  - key: on\n    value: true\n  - key: ratio\n    value: 0.5\n";
+        let domain = parse_envoy_config("scalars.yaml", yaml).unwrap();
+        let values: Vec<Option<&str>> = domain
+            .descriptors
+            .iter()
+            .map(|d| d.value.as_deref())
+            .collect();
+        assert_eq!(values, [Some("200"), Some("true"), Some("0.5")]);
+    }
+}
