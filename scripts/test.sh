@@ -3,8 +3,9 @@
 #   scripts/test.sh
 # Installs what the tests need when it is missing (redis-server and redis-cli: the Redis tests
 # start their own servers on free loopback ports; python3 with urllib3 for the Retry-After
-# client test; openssl for the Redis TLS test), then runs every test, example and benchmark build of the workspace, and the
-# doc tests.
+# client test; openssl for the Redis TLS test; grpcio and grpcio-tools, in a virtual environment
+# under target/, for the Envoy test's Python gRPC client), then runs every test, example and
+# benchmark build of the workspace, and the doc tests. No test installs anything itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +24,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# grpcio and grpcio-tools for crates/envoy/tests/python.rs, which finds them through
+# TOLLGATE_PYTHON (or a python3 that imports them): one venv, kept across runs.
+venv="${CARGO_TARGET_DIR:-target}/envoy-pyvenv"
+if ! "$venv/bin/python" -c 'import grpc, grpc_tools.protoc' >/dev/null 2>&1; then
+  echo "installing: grpcio grpcio-tools (pip, into $venv)"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools
+fi
+TOLLGATE_PYTHON="$(cd "$venv" && pwd)/bin/python"
+export TOLLGATE_PYTHON
 
 cargo test --workspace --all-targets --no-fail-fast
 cargo test --workspace --doc

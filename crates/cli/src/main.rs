@@ -1,7 +1,7 @@
 //! `tollgate`: the rate limiter's command line. `serve` runs the server (built-in default or
 //! `--config FILE`), `validate FILE` checks a configuration and prints its effective policies.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -24,6 +24,12 @@ enum Command {
         /// A TOML configuration file (reloaded on SIGHUP and when it changes).
         #[arg(short, long)]
         config: Option<PathBuf>,
+        /// A folder of envoyproxy/ratelimit YAML files (subfolders included): serve Envoy's
+        /// rate limit service from them, on 127.0.0.1:8081 unless the configuration file sets
+        /// [server] grpc_listen. Alone, it needs no TOML. Reloaded when a file changes,
+        /// appears or goes.
+        #[arg(long, value_name = "DIR")]
+        envoy_config: Option<PathBuf>,
     },
     /// Check a configuration file: print its effective policies, or every error with
     /// file:line:column, and exit non-zero.
@@ -37,9 +43,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { file } => validate(&file),
-        Command::Serve { config } => {
+        Command::Serve {
+            config,
+            envoy_config,
+        } => {
             init_tracing();
-            match serve(config) {
+            match serve(config, envoy_config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("tollgate: {e:#}");
@@ -101,15 +110,23 @@ fn validate(file: &std::path::Path) -> ExitCode {
     }
 }
 
+/// The configuration `serve` runs: the file, the `--envoy-config` folder, both, or the
+/// built-in default.
+fn serve_config(path: Option<&Path>, envoy: Option<&Path>) -> Result<Config, ConfigError> {
+    match (path, envoy) {
+        (Some(p), None) => Config::load(p),
+        (Some(p), Some(dir)) => Config::load(p)?.with_envoy_dir(dir),
+        (None, Some(dir)) => Config::envoy_only(dir),
+        (None, None) => Ok(Config::builtin()),
+    }
+}
+
 #[tokio::main]
-async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
-    let config = match &path {
-        Some(p) => match Config::load(p) {
-            Ok(c) => c,
-            Err(ConfigError::Invalid(d)) => anyhow::bail!("invalid configuration:\n{d}"),
-            Err(e) => return Err(e.into()),
-        },
-        None => Config::builtin(),
+async fn serve(path: Option<PathBuf>, envoy: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = match serve_config(path.as_deref(), envoy.as_deref()) {
+        Ok(c) => c,
+        Err(ConfigError::Invalid(d)) => anyhow::bail!("invalid configuration:\n{d}"),
+        Err(e) => return Err(e.into()),
     };
     let listeners = Listeners::bind(&config)
         .await
@@ -125,10 +142,11 @@ async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
         .count() as u64;
     raise_open_file_limit(per_listener.saturating_mul(sockets).saturating_add(256));
     let (api, admin, proxy) = (addrs.api, addrs.admin, addrs.proxy);
-    let source = path.as_ref().map_or_else(
-        || "the built-in default".to_owned(),
-        |p| p.display().to_string(),
-    );
+    let source = match (&path, &envoy) {
+        (Some(p), _) => p.display().to_string(),
+        (None, Some(dir)) => format!("envoyproxy/ratelimit files in {}", dir.display()),
+        (None, None) => "the built-in default".to_owned(),
+    };
     println!("tollgate {} serving {source}", env!("CARGO_PKG_VERSION"));
     for p in config.policies.iter() {
         println!("  policy {p}");
@@ -145,10 +163,11 @@ async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
     if let Some(a) = addrs.grpc {
         println!("  envoy RLS     grpc://{a}  (envoy.service.ratelimit.v3.RateLimitService)");
     }
-    if let Some(a) = api {
+    // With --envoy-config alone there are no HTTP policies to try.
+    if let (Some(a), Some(policy)) = (api, config.policies.first()) {
         println!(
             "try:\n  curl -i -X POST http://{a}/v1/check -H 'content-type: application/json' -d '{{\"policy\":\"{}\",\"key\":\"customer-42\",\"cost\":1}}'",
-            config.policies.first().map_or("default", |p| p.name())
+            policy.name()
         );
     }
     tollgate_server::run(config, listeners, shutdown_signal()).await?;

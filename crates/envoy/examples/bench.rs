@@ -28,9 +28,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tollgate::Limiter;
-use tollgate_envoy::proto::envoy::common_ratelimit_v3::RateLimitDescriptor;
-use tollgate_envoy::proto::envoy::common_ratelimit_v3::rate_limit_descriptor::Entry;
-use tollgate_envoy::proto::envoy::service_ratelimit_v3::RateLimitRequest;
+use tollgate_envoy::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tollgate_envoy::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use tollgate_envoy::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use tollgate_envoy::{Config, Descriptor, Domain, RateLimit, RlsClient, RlsService, Unit, serve};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

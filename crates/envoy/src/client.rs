@@ -6,10 +6,9 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 use tonic_prost::ProstCodec;
 
-use crate::proto::envoy::service_ratelimit_v3::{
-    RateLimitRequest, RateLimitResponse, SHOULD_RATE_LIMIT_PATH,
-};
-use crate::proto::health_v1::{CHECK_PATH, HealthCheckRequest, HealthCheckResponse};
+use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use crate::proto::grpc::health::v1::{HealthCheckRequest, HealthCheckResponse};
+use crate::proto::{HEALTH_CHECK_PATH, SHOULD_RATE_LIMIT_PATH};
 
 /// A client of `RateLimitService` and `Health` over one HTTP/2 connection (clone it to share
 /// the connection; connect again for another).
@@ -54,7 +53,7 @@ impl RlsClient {
     pub async fn health_check(&mut self, service: &str) -> Result<HealthCheckResponse, Status> {
         self.ready().await?;
         let codec = ProstCodec::<HealthCheckRequest, HealthCheckResponse>::default();
-        let path = PathAndQuery::from_static(CHECK_PATH);
+        let path = PathAndQuery::from_static(HEALTH_CHECK_PATH);
         let request = HealthCheckRequest {
             service: service.to_owned(),
         };

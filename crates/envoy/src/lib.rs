@@ -26,8 +26,11 @@
 //! # }
 //! ```
 //!
-//! A request descriptor's `limit` override applies as envoyproxy/ratelimit applies it (see
-//! [`MAX_OVERRIDES`]). Not supported: `quota` answers, `raw_body` and `dynamic_metadata`,
+//! Every envoyproxy/ratelimit configuration means here what it means there (wildcards,
+//! `replaces`, `shadow_mode`, `quota_mode`, `share_threshold`, `unlimited`, blocklists with
+//! `requests_per_unit: 0`), and a request descriptor's `limit` override applies as
+//! envoyproxy/ratelimit applies it (see [`MAX_OVERRIDES`]); `docs/envoy.md` lists the
+//! deliberate differences. Not supported: `quota` answers, `raw_body` and `dynamic_metadata`,
 //! `Health/Watch`.
 
 // The README's Rust examples compile as doc tests of this crate.
@@ -41,6 +44,7 @@ mod config;
 pub mod proto;
 mod server;
 mod service;
+mod tree;
 mod yaml;
 
 #[cfg(feature = "client")]
@@ -48,6 +52,6 @@ pub use client::RlsClient;
 pub use config::{
     Config, ConfigError, Descriptor, Domain, FailureMode, RateLimit, ResetFormat, Unit,
 };
-pub use server::{MAX_REQUEST_BYTES, RLS_SERVICE_NAME, serve};
+pub use server::{MAX_REQUEST_BYTES, RLS_SERVICE_NAME, ServeOptions, serve, serve_with};
 pub use service::{MAX_DESCRIPTORS, MAX_OVERRIDES, RlsService};
-pub use yaml::{load_envoy_config_dir, parse_envoy_config};
+pub use yaml::{envoy_config_files, load_envoy_config_dir, parse_envoy_config};

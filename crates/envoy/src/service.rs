@@ -1,24 +1,25 @@
 //! [`RlsService`]: answers `ShouldRateLimit` from the compiled configuration and a Tollgate
-//! [`Limiter`].
+//! [`Limiter`]: matches each descriptor (or takes its limit override), drops replaced limits,
+//! decides them all in one all-or-nothing store call ([`decide`]) and writes the answer
+//! ([`answer`]).
+
+mod answer;
+mod decide;
 
 use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
-use tollgate::headers;
-use tollgate::{Check, Clock, Decision, Limiter, Store};
+use tollgate::{Clock, Limiter, Store};
 use tonic::Status;
 
-use crate::config::{
-    Compiled, Config, ConfigError, FailureMode, Leaf, RateLimit, ResetFormat, Unit, compile_leaf,
-};
-use crate::proto::envoy::common_ratelimit_v3::RateLimitDescriptor;
-use crate::proto::envoy::config_core_v3::HeaderValue;
-use crate::proto::envoy::service_ratelimit_v3::rate_limit_response::{Code, DescriptorStatus};
-use crate::proto::envoy::service_ratelimit_v3::{RateLimitRequest, RateLimitResponse};
+use crate::config::{Config, ConfigError, FailureMode, RateLimit, Unit};
+use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use crate::tree::{Compiled, Leaf, LeafLimit, LeafOptions};
 
 /// The most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = 10_000;
@@ -31,7 +32,7 @@ const MAX_KEY: usize = 256;
 /// applies. Each is a policy whose name lives for the whole process.
 pub const MAX_OVERRIDES: usize = 1024;
 
-type Overrides = HashMap<(String, u32, Unit, bool), Arc<Leaf>>;
+type Overrides = HashMap<(String, u32, Unit), Arc<Leaf>>;
 
 /// Envoy's rate limit service over a Tollgate [`Limiter`]: cheap to clone (one reference
 /// count); clones share the limiter and the configuration.
@@ -80,21 +81,19 @@ impl Deref for LeafRef<'_> {
     }
 }
 
-/// The decisions of one request, inline for up to four descriptors.
-type DecisionList = SmallVec<[Decision; 4]>;
-
 /// A store key, inline up to 64 bytes: typical descriptors (`api_key` and a key, an address)
 /// fit, so building one allocates nothing.
 type Key = SmallVec<[u8; 64]>;
 
-/// One matched, counted descriptor of a request.
+/// One matched, counted (or blocked) descriptor of a request.
 struct Entry<'a> {
     index: usize,
     leaf: LeafRef<'a>,
     key: Key,
     cost: u32,
-    /// The cost exceeds what the quota can ever admit.
-    too_big: bool,
+    /// Over the limit whatever the store says: a cost the quota can never admit, or hits
+    /// against `requests_per_unit: 0`.
+    denied_up_front: bool,
 }
 
 impl<S: Store, C: Clock> RlsService<S, C> {
@@ -104,7 +103,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         Ok(RlsService {
             inner: Arc::new(Inner {
                 limiter,
-                config: ArcSwap::from_pointee(config.compile()?),
+                config: ArcSwap::from_pointee(Compiled::new(config)?),
                 overrides: Mutex::default(),
             }),
         })
@@ -114,7 +113,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
     /// the old one. A limit whose name (domain and descriptor path) and quota are unchanged
     /// keeps its counters; a changed one starts afresh. On error the old configuration stays.
     pub fn reload(&self, config: &Config) -> Result<(), ConfigError> {
-        let compiled = config.compile()?;
+        let compiled = Compiled::new(config)?;
         self.inner.config.store(Arc::new(compiled));
         Ok(())
     }
@@ -133,22 +132,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, Status> {
-        if request.domain.is_empty() {
-            return Err(Status::invalid_argument(
-                "rate limit domain must not be empty",
-            ));
-        }
-        if request.descriptors.is_empty() {
-            return Err(Status::invalid_argument(
-                "rate limit descriptor list must not be empty",
-            ));
-        }
-        if request.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(Status::invalid_argument(format!(
-                "too many rate limit descriptors: {} (at most {MAX_DESCRIPTORS})",
-                request.descriptors.len()
-            )));
-        }
+        check_request(request)?;
         let mut statuses: Vec<DescriptorStatus> = request
             .descriptors
             .iter()
@@ -160,92 +144,78 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         // A full reference (not a guard): the entries borrow from it across the store call.
         let config = self.inner.config.load_full();
         let Some(tree) = config.domains.get(&request.domain) else {
-            return Ok(ok_response(statuses));
+            return Ok(answer::ok(statuses));
         };
-        let hits = request.hits_addend.max(1);
-        let mut entries: SmallVec<[Entry<'_>; 4]> = SmallVec::new();
+        let mut matched: SmallVec<[(usize, LeafRef<'_>); 4]> = SmallVec::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
-            let found = tree.find(
-                descriptor
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.as_str(), e.value.as_str())),
-            );
-            let leaf = match self.override_leaf(&request.domain, descriptor, found) {
+            // As envoyproxy/ratelimit: an override applies instead of the tree.
+            let leaf = match self.override_leaf(&request.domain, descriptor) {
                 Some(o) => LeafRef::Override(o),
-                None => match found {
+                None => match tree.find(entry_pairs(descriptor)) {
                     Some(l) => LeafRef::Config(l),
                     None => continue,
                 },
             };
-            let Some(policy) = &leaf.policy else {
-                // Unlimited: OK, never counted, as envoyproxy/ratelimit answers.
-                statuses[index].limit_remaining = u32::MAX;
-                continue;
+            matched.push((index, leaf));
+        }
+        if config.has_replaces {
+            drop_replaced(&mut matched);
+        }
+        let hits = request.hits_addend.max(1);
+        let mut entries: SmallVec<[Entry<'_>; 4]> = SmallVec::new();
+        for (index, leaf) in matched {
+            let descriptor = &request.descriptors[index];
+            // A descriptor's own addend wins, 0 included (check without counting).
+            let cost = descriptor
+                .hits_addend
+                .map_or(hits, |h| u32::try_from(h).unwrap_or(u32::MAX));
+            let denied_up_front = match &leaf.limit {
+                LeafLimit::Unlimited => {
+                    // OK, never counted, as envoyproxy/ratelimit answers.
+                    statuses[index].limit_remaining = u32::MAX;
+                    continue;
+                }
+                LeafLimit::Blocked => cost > 0,
+                LeafLimit::Policy(p) => cost > p.quota().max_cost(),
             };
-            let cost = match descriptor.hits_addend {
-                Some(h) => u32::try_from(h.value).unwrap_or(u32::MAX),
-                None => hits,
-            };
-            let too_big = cost > policy.quota().max_cost();
+            let key = store_key(descriptor, &leaf.options.shared);
             entries.push(Entry {
                 index,
                 leaf,
-                key: store_key(descriptor.entries.iter().map(|e| (&e.key, &e.value))),
+                key,
                 cost,
-                too_big,
+                denied_up_front,
             });
         }
         if entries.is_empty() {
-            return Ok(ok_response(statuses));
+            return Ok(answer::ok(statuses));
         }
-        let decisions = match self.decide(&entries).await {
+        let now = self.inner.limiter.clock().now();
+        let decisions = match decide::decide(&self.inner.limiter, &entries, now).await {
             Ok(d) => d,
             Err(error) => {
                 return match config.failure_mode {
-                    FailureMode::Allow => Ok(ok_response(statuses)),
+                    FailureMode::Allow => Ok(answer::ok(statuses)),
                     FailureMode::Unavailable => Err(Status::unavailable(format!(
                         "the rate limit store failed: {error}"
                     ))),
                 };
             }
         };
-        let mut over = false;
-        for (entry, d) in entries.iter().zip(decisions.iter()) {
-            let denied = !d.allowed && !entry.leaf.shadow;
-            over |= denied;
-            let status = &mut statuses[entry.index];
-            status.code = if denied { Code::OverLimit } else { Code::Ok } as i32;
-            status.current_limit.clone_from(&entry.leaf.current_limit);
-            status.limit_remaining = u32::try_from(d.remaining).unwrap_or(u32::MAX);
-            status.duration_until_reset = Some(d.reset.into());
-        }
-        let headers = self.headers(&config, &entries, &decisions, over);
-        Ok(RateLimitResponse {
-            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
-            statuses,
-            response_headers_to_add: headers,
-            request_headers_to_add: Vec::new(),
-        })
+        Ok(answer::answer(&config, statuses, &entries, &decisions, now))
     }
 
     /// The limit a descriptor's `limit` override asks for, as envoyproxy/ratelimit applies it:
-    /// in a known domain, whether or not the descriptor matched the tree, counted per
-    /// descriptor key path and value. Shadow mode follows the matched node. `None` when there
-    /// is no usable override (zero requests, a unit out of range) or [`MAX_OVERRIDES`] shapes
-    /// are already in use.
-    fn override_leaf(
-        &self,
-        domain: &str,
-        descriptor: &RateLimitDescriptor,
-        found: Option<&Leaf>,
-    ) -> Option<Arc<Leaf>> {
+    /// in a known domain, whether or not the descriptor matches the tree, never in shadow or
+    /// quota mode, counted per descriptor key path and value, `requests_per_unit: 0` denying
+    /// all. `None` when there is no usable override (an unknown unit) or [`MAX_OVERRIDES`]
+    /// shapes are already in use.
+    fn override_leaf(&self, domain: &str, descriptor: &RateLimitDescriptor) -> Option<Arc<Leaf>> {
         let o = descriptor.limit.as_ref()?;
         let unit = Unit::from_rate_limit_unit(o.unit)?;
-        if o.requests_per_unit == 0 || descriptor.entries.is_empty() {
+        if descriptor.entries.is_empty() {
             return None;
         }
-        let shadow = found.is_some_and(|l| l.shadow);
         let mut path = String::with_capacity(domain.len() + 32);
         path.push_str(domain);
         for e in &descriptor.entries {
@@ -253,7 +223,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
             path.push_str(&e.key);
         }
         path.push_str("~override");
-        let key = (path, o.requests_per_unit, unit, shadow);
+        let key = (path, o.requests_per_unit, unit);
         let mut cache = self
             .inner
             .overrides
@@ -266,174 +236,75 @@ impl<S: Store, C: Clock> RlsService<S, C> {
             return None;
         }
         let limit = RateLimit::per(o.requests_per_unit, unit);
-        let leaf = Arc::new(
-            compile_leaf(&limit, shadow, &key.0, &mut Default::default(), "override").ok()?,
-        );
+        let options = LeafOptions::default();
+        let mut names = Default::default();
+        let leaf = Arc::new(Leaf::compile(&limit, options, &key.0, &mut names, "override").ok()?);
         cache.insert(key, Arc::clone(&leaf));
         Some(leaf)
     }
-
-    /// Decides every entry in one all-or-nothing call. A cost no quota can admit denies its
-    /// descriptor without counting; if only shadow descriptors deny, the enforced ones are
-    /// counted in a second all-or-nothing call, since the request goes on.
-    async fn decide(&self, entries: &[Entry<'_>]) -> Result<DecisionList, tollgate::Error> {
-        let forced = entries.iter().any(|e| e.too_big && !e.leaf.shadow);
-        let checks: SmallVec<[Check<'_>; 4]> = entries
-            .iter()
-            .filter_map(|e| {
-                let policy = e.leaf.policy.as_ref()?;
-                // Peek (cost 0) where nothing may be consumed.
-                let cost = if forced || e.too_big { 0 } else { e.cost };
-                Some(Check::new(policy, &e.key, cost))
-            })
-            .collect();
-        let first = self.inner.limiter.check_all(&checks).await?;
-        let mut decisions: DecisionList = first.into_iter().collect();
-        for (e, d) in entries.iter().zip(decisions.iter_mut()) {
-            if e.too_big {
-                d.allowed = false;
-                d.retry_after = None;
-            }
-        }
-        if forced {
-            return Ok(decisions);
-        }
-        let admitted = decisions.iter().all(|d| d.allowed);
-        let enforced_denial = entries
-            .iter()
-            .zip(decisions.iter())
-            .any(|(e, d)| !d.allowed && !e.leaf.shadow);
-        if admitted || enforced_denial {
-            return Ok(decisions);
-        }
-        // Only shadow descriptors deny: count the enforced ones.
-        let enforced: SmallVec<[Check<'_>; 4]> = entries
-            .iter()
-            .filter(|e| !e.leaf.shadow)
-            .filter_map(|e| Some(Check::new(e.leaf.policy.as_ref()?, &e.key, e.cost)))
-            .collect();
-        if enforced.is_empty() {
-            return Ok(decisions);
-        }
-        let again = self.inner.limiter.check_all(&enforced).await?;
-        let mut again = again.into_iter();
-        for (e, d) in entries.iter().zip(decisions.iter_mut()) {
-            if !e.leaf.shadow {
-                if let Some(next) = again.next() {
-                    *d = next;
-                }
-            }
-        }
-        Ok(decisions)
-    }
-
-    /// The SPEC §5 headers over the enforced (non-shadow) descriptors, written by
-    /// [`tollgate::headers`] as the tower layer and the server write them.
-    fn headers(
-        &self,
-        config: &Compiled,
-        entries: &[Entry<'_>],
-        decisions: &[Decision],
-        over: bool,
-    ) -> Vec<HeaderValue> {
-        let items: SmallVec<[(&Entry<'_>, &Decision); 4]> = entries
-            .iter()
-            .zip(decisions)
-            .filter(|(e, _)| !e.leaf.shadow)
-            .collect();
-        let Some(&(worst_entry, worst)) = items
-            .iter()
-            .min_by(|(_, a), (_, b)| headers::cmp_restrictive(a, b))
-        else {
-            return Vec::new();
-        };
-        let mut out = Vec::with_capacity(6);
-        if config.x_ratelimit_headers {
-            out.push(header("X-RateLimit-Limit", number(worst.limit)));
-            out.push(header("X-RateLimit-Remaining", number(worst.remaining)));
-            let reset = match config.reset_format {
-                ResetFormat::Delta => headers::reset_delta_secs(worst),
-                ResetFormat::Epoch => {
-                    headers::reset_epoch_secs(self.inner.limiter.clock().now(), worst)
-                }
-            };
-            out.push(header("X-RateLimit-Reset", number(reset)));
-        }
-        if config.ietf_headers {
-            let policy = match items.as_slice() {
-                [(only, _)] => only.leaf.policy_item.clone(),
-                _ => {
-                    // Each policy once, even when several descriptors matched it.
-                    let mut listed: SmallVec<[&str; 4]> = SmallVec::new();
-                    let mut policy = String::with_capacity(items.len() * 32);
-                    for (e, _) in &items {
-                        if listed.contains(&e.leaf.policy_item.as_str()) {
-                            continue;
-                        }
-                        listed.push(&e.leaf.policy_item);
-                        if !policy.is_empty() {
-                            policy.push_str(headers::LIST_SEPARATOR);
-                        }
-                        policy.push_str(&e.leaf.policy_item);
-                    }
-                    policy
-                }
-            };
-            out.push(header("RateLimit-Policy", policy));
-            let mut field = String::with_capacity(worst_entry.leaf.quoted_name.len() + 24);
-            headers::write_ratelimit_item(&mut field, &worst_entry.leaf.quoted_name, worst);
-            out.push(header("RateLimit", field));
-        }
-        if over {
-            let wait = retry_after(&items).unwrap_or(worst.reset);
-            let secs = headers::retry_after_secs(wait, headers::t_secs(worst));
-            out.push(header("Retry-After", number(secs)));
-        }
-        out
-    }
 }
 
-/// The latest `retry_after` among the denying enforced decisions; `None` if any can never be
-/// admitted or none says (then `Retry-After` falls back to the full reset: Envoy's filter
-/// always gets a wait to pass on).
-fn retry_after(items: &[(&Entry<'_>, &Decision)]) -> Option<Duration> {
-    let mut latest: Option<Duration> = None;
-    for (_, d) in items.iter().filter(|(_, d)| !d.allowed) {
-        let r = d.retry_after?;
-        latest = Some(latest.map_or(r, |l| l.max(r)));
+fn check_request(request: &RateLimitRequest) -> Result<(), Status> {
+    if request.domain.is_empty() {
+        return Err(Status::invalid_argument(
+            "rate limit domain must not be empty",
+        ));
     }
-    latest
+    if request.descriptors.is_empty() {
+        return Err(Status::invalid_argument(
+            "rate limit descriptor list must not be empty",
+        ));
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(Status::invalid_argument(format!(
+            "too many rate limit descriptors: {} (at most {MAX_DESCRIPTORS})",
+            request.descriptors.len()
+        )));
+    }
+    Ok(())
 }
 
-fn number(n: u64) -> String {
-    let mut s = String::with_capacity(20);
-    headers::write_u64(&mut s, n);
-    s
+fn entry_pairs(
+    descriptor: &RateLimitDescriptor,
+) -> impl ExactSizeIterator<Item = (&str, &str)> + '_ {
+    descriptor
+        .entries
+        .iter()
+        .map(|e| (e.key.as_str(), e.value.as_str()))
 }
 
-fn header(key: &str, value: String) -> HeaderValue {
-    HeaderValue {
-        key: key.to_owned(),
-        value,
-        raw_value: Vec::new(),
+/// envoyproxy/ratelimit's `replaces`: every matched limit (unlimited ones included) names the
+/// limits it replaces; a matched limit with one of those names is dropped, neither checked nor
+/// counted, and its descriptor is answered OK with no limit.
+fn drop_replaced(matched: &mut SmallVec<[(usize, LeafRef<'_>); 4]>) {
+    let replaced: SmallVec<[&str; 4]> = matched
+        .iter()
+        .flat_map(|(_, leaf)| leaf.replaces.iter().map(String::as_str))
+        .collect();
+    if replaced.is_empty() {
+        return;
     }
-}
-
-fn ok_response(statuses: Vec<DescriptorStatus>) -> RateLimitResponse {
-    RateLimitResponse {
-        overall_code: Code::Ok as i32,
-        statuses,
-        response_headers_to_add: Vec::new(),
-        request_headers_to_add: Vec::new(),
-    }
+    // Names borrowed from leaves that may be dropped: decide first, then drop.
+    let keep: SmallVec<[bool; 4]> = matched
+        .iter()
+        .map(|(_, leaf)| leaf.name.is_empty() || !replaced.contains(&&*leaf.name))
+        .collect();
+    drop(replaced);
+    let mut keep = keep.into_iter();
+    matched.retain(|_| keep.next().unwrap_or(true));
 }
 
 /// The store key of a descriptor: its entries, each key and value length-prefixed so that no
-/// two descriptors share a key; longer than 256 bytes, a 128-bit SHA-256 prefix of it.
-fn store_key<'a>(entries: impl Iterator<Item = (&'a String, &'a String)>) -> Key {
+/// two descriptors share a key, a `share_threshold` wildcard standing for the value it
+/// matched; longer than 256 bytes, a 128-bit SHA-256 prefix of it.
+fn store_key(descriptor: &RateLimitDescriptor, shared: &[Option<Box<str>>]) -> Key {
     let mut key = Key::new();
-    for (k, v) in entries {
-        for part in [k, v] {
+    for (i, e) in descriptor.entries.iter().enumerate() {
+        let value = match shared.get(i) {
+            Some(Some(pattern)) => &**pattern,
+            _ => e.value.as_str(),
+        };
+        for part in [e.key.as_str(), value] {
             key.extend_from_slice(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_le_bytes());
             key.extend_from_slice(part.as_bytes());
         }

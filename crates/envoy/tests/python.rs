@@ -1,9 +1,10 @@
 //! A Python client generated with grpcio-tools from the vendored `.proto` files calls
-//! `ShouldRateLimit` over 127.0.0.1 and sees OVER_LIMIT: proves the hand-written Rust messages
+//! `ShouldRateLimit` over 127.0.0.1 and sees OVER_LIMIT: proves the generated Rust messages
 //! are wire-compatible with protoc's output.
 //!
-//! Needs `python3`. When `grpc` and `grpc_tools` are not importable, they are installed with
-//! pip into a virtual environment under Cargo's target directory (kept for later runs).
+//! Needs a Python that imports `grpc` and `grpc_tools`: `$TOLLGATE_PYTHON`, else the venv
+//! `scripts/test.sh` installs them into (`target/envoy-pyvenv`), else `python3`. The test
+//! installs nothing; without them it fails saying the command to run.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -37,38 +38,27 @@ fn has_grpc(python: &Path) -> bool {
 
 /// A Python interpreter that can import `grpc` and `grpc_tools`.
 fn python() -> PathBuf {
-    let system = PathBuf::from("python3");
-    match Command::new(&system).arg("--version").output() {
-        Ok(o) if o.status.success() => {}
-        _ => panic!(
-            "python3 is required for this test (Debian: apt-get install python3 python3-venv); \
-             grpcio and grpcio-tools are then installed with pip into a venv"
-        ),
-    }
-    if has_grpc(&system) {
-        return system;
-    }
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("envoy-pyvenv");
-    let python = venv.join("bin/python");
-    if !has_grpc(&python) {
-        run(
-            Command::new(&system).args(["-m", "venv"]).arg(&venv),
-            "python3 -m venv (Debian: apt-get install python3-venv)",
-        );
-        run(
-            Command::new(&python).args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "grpcio",
-                "grpcio-tools",
-            ]),
-            "pip install grpcio grpcio-tools",
-        );
-    }
-    python
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let candidates = [
+        std::env::var_os("TOLLGATE_PYTHON").map(PathBuf::from),
+        Some(target.join("envoy-pyvenv/bin/python")),
+        Some(PathBuf::from("python3")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|p| has_grpc(p))
+        .unwrap_or_else(|| {
+            panic!(
+                "no Python with grpcio and grpcio-tools: run scripts/test.sh, which installs \
+                 them, or: python3 -m venv target/envoy-pyvenv && \
+                 target/envoy-pyvenv/bin/python -m pip install grpcio grpcio-tools \
+                 (Debian: apt-get install python3-venv first)"
+            )
+        })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,6 +88,7 @@ async fn python_client_generated_from_the_vendored_protos_sees_over_limit() {
                 "envoy/service/ratelimit/v3/rls.proto",
                 "envoy/extensions/common/ratelimit/v3/ratelimit.proto",
                 "envoy/config/core/v3/base.proto",
+                "envoy/type/v3/ratelimit_unit.proto",
             ]),
         "grpc_tools.protoc",
     );

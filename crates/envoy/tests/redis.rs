@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{header, request, start_with};
-use tollgate_envoy::proto::envoy::service_ratelimit_v3::rate_limit_response::Code;
+use tollgate_envoy::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tollgate_envoy::{Config, Descriptor, Domain, RateLimit, Unit};
 use tollgate_redis::{ClockSource, OnError, RedisConfig, RedisStore};
 

@@ -24,7 +24,6 @@ pub mod store;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -152,10 +151,11 @@ impl Shared {
         }
     }
 
-    /// Re-reads the configuration file; keeps the running one when the new one is bad.
-    fn reload(&self, path: &Path) -> Result<(), String> {
+    /// Re-reads the configuration from where it came from (its file, its `--envoy-config`
+    /// folder); keeps the running one when the new one is bad.
+    fn reload(&self) -> Result<(), String> {
         let current = self.engine();
-        let mut config = match Config::load(path) {
+        let mut config = match current.config().reread() {
             Ok(c) => c,
             Err(e) => {
                 self.metrics.reload(false);
@@ -256,7 +256,6 @@ pub async fn run_with(
         );
     }
     let metrics = Arc::new(Metrics::default());
-    let source = config.source.clone();
     let envoy = match (&config.envoy, listeners.grpc) {
         (Some(e), Some(l)) => Some((envoy_service(&config, e, &store)?, l)),
         _ => None,
@@ -306,7 +305,12 @@ pub async fn run_with(
         let mut stop = stop_rx.clone();
         tasks.spawn(async move {
             let shutdown = async move { serve::stopped(&mut stop).await };
-            if let Err(e) = tollgate_envoy::serve(listener, service, shutdown).await {
+            // Bounded like the other listeners: max_connections at once, the same drain.
+            let options = tollgate_envoy::ServeOptions {
+                max_connections: limits.max_connections,
+                drain: limits.drain,
+            };
+            if let Err(e) = tollgate_envoy::serve_with(listener, service, shutdown, options).await {
                 tracing::error!(error = %e, "Envoy rate limit service stopped");
             }
         });
@@ -328,12 +332,7 @@ pub async fn run_with(
             }
         });
     }
-    tokio::spawn(watch_config(
-        Arc::clone(&shared),
-        source,
-        hup,
-        stop_rx.clone(),
-    ));
+    tokio::spawn(watch_config(Arc::clone(&shared), hup, stop_rx.clone()));
 
     shutdown.await;
     tracing::info!("shutting down: draining in-flight requests");
@@ -379,15 +378,16 @@ fn rls_config(config: &Config, envoy: &config::Envoy) -> tollgate_envoy::Config 
         })
 }
 
-/// Reloads on SIGHUP and whenever the file's contents change.
+/// Reloads on SIGHUP and whenever a watched file changes, appears or goes (checked every
+/// second): the configuration file and every envoyproxy/ratelimit file of the Envoy folder,
+/// subfolders included, as envoyproxy/ratelimit reloads its runtime directory.
 async fn watch_config(
     shared: Arc<Shared>,
-    path: Option<std::path::PathBuf>,
     #[cfg(unix)] mut hup: Option<tokio::signal::unix::Signal>,
     #[cfg(not(unix))] _hup: Option<()>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut last = path.as_ref().and_then(|p| std::fs::read(p).ok());
+    let mut last = watched(shared.engine().config());
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -407,23 +407,58 @@ async fn watch_config(
             _ = hup_signal => true,
             _ = crate::serve::stopped(&mut stop) => return,
         };
-        let Some(path) = &path else {
+        let engine = shared.engine();
+        let config = engine.config();
+        if config.source.is_none() && config.envoy_dir.is_none() {
             if forced {
                 tracing::info!("SIGHUP: running on the built-in default; nothing to reload");
             }
             continue;
-        };
-        let now = std::fs::read(path).ok();
+        }
+        let now = watched(config);
         if !forced && now == last {
             continue;
         }
         last = now;
-        match shared.reload(path) {
-            Ok(()) => tracing::info!(file = %path.display(), "configuration reloaded"),
+        let from = from_text(config);
+        match shared.reload() {
+            Ok(()) => {
+                tracing::info!(from = %from, "configuration reloaded");
+                // The new configuration may watch other files (another Envoy folder).
+                last = watched(shared.engine().config());
+            }
             Err(e) => tracing::error!(
-                file = %path.display(),
+                from = %from,
                 "configuration rejected; the running one stays:\n{e}"
             ),
         }
     }
+}
+
+/// The watched files of `config` with their contents (`None`: unreadable).
+fn watched(config: &Config) -> Vec<(std::path::PathBuf, Option<Vec<u8>>)> {
+    config
+        .watched_files()
+        .into_iter()
+        .map(|path| {
+            let bytes = std::fs::read(&path).ok();
+            (path, bytes)
+        })
+        .collect()
+}
+
+/// Where `config` is read from, for the logs.
+fn from_text(config: &Config) -> String {
+    let mut parts: Vec<String> = config
+        .source
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    parts.extend(
+        config
+            .envoy
+            .iter()
+            .map(|e| e.config_dir.display().to_string()),
+    );
+    parts.join(" and ")
 }

@@ -5,13 +5,16 @@
 
 use std::net::SocketAddr;
 
+use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate::{Limiter, ManualClock, MemoryStore, Store, Timestamp};
-use tollgate_envoy::proto::envoy::common_ratelimit_v3::RateLimitDescriptor;
-use tollgate_envoy::proto::envoy::common_ratelimit_v3::rate_limit_descriptor::Entry;
-use tollgate_envoy::proto::envoy::service_ratelimit_v3::{RateLimitRequest, RateLimitResponse};
-use tollgate_envoy::{Config, RlsClient, RlsService, serve};
+use tollgate_envoy::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tollgate_envoy::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use tollgate_envoy::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+use tollgate::{AlgorithmKind, Quota};
+use tollgate_envoy::{Config, Descriptor, Domain, RateLimit, RlsClient, RlsService, Unit, serve};
 
 /// A running server; stops when dropped.
 pub struct Server {
@@ -41,6 +44,42 @@ impl Drop for Server {
 }
 
 pub const START: u64 = 1_700_000_000;
+
+/// The configuration most gRPC tests share.
+pub fn edge() -> Config {
+    Config::new().domain(
+        Domain::new("edge")
+            .descriptor(Descriptor::new("api_key").rate_limit(RateLimit::per(5, Unit::Minute)))
+            .descriptor(
+                Descriptor::new("api_key")
+                    .value("gold")
+                    .rate_limit(RateLimit::per(2, Unit::Minute)),
+            )
+            .descriptor(Descriptor::new("generic_key").value("foo").descriptor(
+                Descriptor::new("remote_address").rate_limit(RateLimit::per(1, Unit::Second)),
+            ))
+            .descriptor(Descriptor::new("path").rate_limit(RateLimit::per(10, Unit::Hour)))
+            .descriptor(
+                Descriptor::new("client")
+                    .value("beta")
+                    .shadow_mode(true)
+                    .rate_limit(RateLimit::per(1, Unit::Minute)),
+            )
+            .descriptor(
+                Descriptor::new("remote_address")
+                    .value("10.0.0.1")
+                    .rate_limit(RateLimit::unlimited()),
+            )
+            .descriptor(
+                Descriptor::new("tb").rate_limit(
+                    RateLimit::per(3, Unit::Second).algorithm(AlgorithmKind::TokenBucket),
+                ),
+            )
+            .descriptor(Descriptor::new("custom").rate_limit(RateLimit::quota(
+                Quota::sliding_window_counter(7, Duration::from_secs(90)).unwrap(),
+            ))),
+    )
+}
 
 pub async fn start(config: Config) -> Server {
     start_with(MemoryStore::default(), config).await

@@ -2,6 +2,7 @@
 //! the domain types the server runs on. Every problem is reported with file, line and column, and
 //! all of them at once.
 
+mod envoy;
 mod raw;
 mod schema;
 
@@ -15,6 +16,7 @@ use tollgate::{AlgorithmKind, Policy, Quota, Rate};
 
 use tollgate_http::{JwtVerifier, KeyChain, RouteMatch, TrustedProxies};
 
+pub use envoy::DEFAULT_GRPC_LISTEN;
 pub use raw::DEFAULT_CONFIG;
 
 /// One problem in a configuration file, with its position.
@@ -70,6 +72,10 @@ pub enum ConfigError {
     /// The file was read but is not a valid configuration.
     #[error("{0}")]
     Invalid(Diagnostics),
+    /// The envoyproxy/ratelimit files of `--envoy-config DIR` are not a valid configuration;
+    /// the error names the file and the descriptor.
+    #[error("{0}")]
+    Envoy(tollgate_envoy::ConfigError),
 }
 
 /// Which store keeps the counters.
@@ -355,6 +361,9 @@ pub struct Config {
     pub jwt: Option<Jwt>,
     /// `[envoy]`.
     pub envoy: Option<Envoy>,
+    /// `tollgate serve --envoy-config DIR`: the envoyproxy/ratelimit folder that stands for
+    /// `[envoy] config_dir`, kept so a reload reads it again.
+    pub envoy_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -414,6 +423,7 @@ impl Config {
             policies: Arc::from(Vec::new()),
             jwt: None,
             envoy: None,
+            envoy_dir: None,
         })
     }
 

@@ -397,6 +397,7 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
         policies: Arc::from(policies),
         jwt: jwt?,
         envoy: envoy?,
+        envoy_dir: None,
     })
 }
 

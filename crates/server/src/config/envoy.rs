@@ -1,0 +1,76 @@
+//! `tollgate serve --envoy-config DIR`: a configuration whose Envoy rate limit service answers
+//! from a folder of envoyproxy/ratelimit YAML files, alone or next to a TOML file, and what the
+//! reload reads again and watches.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{Config, ConfigError, Envoy, OnError};
+
+/// Where `tollgate serve --envoy-config DIR` serves Envoy's rate limit service when no
+/// `[server] grpc_listen` says otherwise: envoyproxy/ratelimit's port, on loopback like every
+/// default listener.
+pub const DEFAULT_GRPC_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8081);
+
+impl Config {
+    /// `tollgate serve --envoy-config DIR` alone, the way envoyproxy/ratelimit runs: Envoy's
+    /// rate limit service on [`DEFAULT_GRPC_LISTEN`] answering from the envoyproxy/ratelimit
+    /// YAML files under `dir`, on the built-in default's listeners and memory store, with no
+    /// HTTP policies.
+    pub fn envoy_only(dir: &Path) -> Result<Config, ConfigError> {
+        let mut config = Config::builtin();
+        config.policies = Arc::from(Vec::new());
+        config.with_envoy_dir(dir)
+    }
+
+    /// Answers Envoy's rate limit service from the envoyproxy/ratelimit YAML files under `dir`
+    /// (subfolders included) in place of `[envoy] config_dir`, on `[server] grpc_listen` or
+    /// [`DEFAULT_GRPC_LISTEN`].
+    pub fn with_envoy_dir(mut self, dir: &Path) -> Result<Config, ConfigError> {
+        let domains = tollgate_envoy::load_envoy_config_dir(dir).map_err(ConfigError::Envoy)?;
+        tollgate_envoy::Config::new()
+            .domains(domains.clone())
+            .validate()
+            .map_err(ConfigError::Envoy)?;
+        let failure_mode = match (&self.envoy, self.store.on_error) {
+            (Some(e), _) => e.failure_mode,
+            (None, OnError::Deny) => tollgate_envoy::FailureMode::Unavailable,
+            (None, _) => tollgate_envoy::FailureMode::Allow,
+        };
+        self.envoy = Some(Envoy {
+            config_dir: dir.to_path_buf(),
+            domains,
+            failure_mode,
+        });
+        self.grpc_listen.get_or_insert(DEFAULT_GRPC_LISTEN);
+        self.envoy_dir = Some(dir.to_path_buf());
+        Ok(self)
+    }
+
+    /// The configuration read again from where this one came from: its file, its
+    /// `--envoy-config` folder, or both.
+    pub fn reread(&self) -> Result<Config, ConfigError> {
+        let base = match (&self.source, &self.envoy_dir) {
+            (Some(file), _) => Config::load(file)?,
+            (None, Some(dir)) => return Config::envoy_only(dir),
+            (None, None) => Config::builtin(),
+        };
+        match &self.envoy_dir {
+            Some(dir) => base.with_envoy_dir(dir),
+            None => Ok(base),
+        }
+    }
+
+    /// The files this configuration was read from, for the reload watch: its file and the
+    /// envoyproxy/ratelimit files of its Envoy folder (those present now: a file added or
+    /// removed changes the list).
+    pub fn watched_files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = self.source.iter().cloned().collect();
+        if let Some(envoy) = &self.envoy {
+            files.extend(tollgate_envoy::envoy_config_files(&envoy.config_dir).unwrap_or_default());
+        }
+        files
+    }
+}
