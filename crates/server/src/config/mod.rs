@@ -2,6 +2,8 @@
 //! the domain types the server runs on. Every problem is reported with file, line and column, and
 //! all of them at once.
 
+mod forward_auth;
+mod log;
 mod raw;
 mod schema;
 
@@ -15,6 +17,8 @@ use tollgate::{AlgorithmKind, Policy, Quota, Rate};
 
 use tollgate_http::{JwtVerifier, KeyChain, RouteMatch, TrustedProxies};
 
+pub use forward_auth::ForwardAuthConfig;
+pub use log::{LogConfig, LogFormat};
 pub use raw::DEFAULT_CONFIG;
 
 /// One problem in a configuration file, with its position.
@@ -355,6 +359,10 @@ pub struct Config {
     pub jwt: Option<Jwt>,
     /// `[envoy]`.
     pub envoy: Option<Envoy>,
+    /// `[forward_auth]`.
+    pub forward_auth: ForwardAuthConfig,
+    /// `[log]`.
+    pub log: LogConfig,
 }
 
 impl Config {
@@ -414,6 +422,8 @@ impl Config {
             policies: Arc::from(Vec::new()),
             jwt: None,
             envoy: None,
+            forward_auth: ForwardAuthConfig::default(),
+            log: LogConfig::default(),
         })
     }
 
