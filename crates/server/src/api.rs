@@ -166,20 +166,20 @@ struct Attributes<'a> {
 
 /// Reads the attributes, refusing what the limiter could not read the way an upstream would: a
 /// target or host outside printable ASCII, or one header given twice (in any case).
-fn attributes(obj: &serde_json::Map<String, Value>) -> Result<Attributes<'_>, Response<Body>> {
+fn attributes(obj: &serde_json::Map<String, Value>) -> Result<Attributes<'_>, String> {
     let method = match obj.get("method") {
         None | Some(Value::Null) => Method::GET,
         Some(Value::String(m)) => Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-            .map_err(|_| bad_request("\"method\" is not an HTTP method"))?,
-        Some(_) => return Err(bad_request("\"method\" must be a string")),
+            .map_err(|_| String::from("\"method\" is not an HTTP method"))?,
+        Some(_) => return Err(String::from("\"method\" must be a string")),
     };
     let Some(target) = obj.get("path").and_then(Value::as_str) else {
-        return Err(bad_request(
+        return Err(String::from(
             "send {\"policy\", \"key\", \"cost\"} or request attributes with at least \"path\"",
         ));
     };
     let target = forward_auth::origin_form(target.as_bytes()).ok_or_else(|| {
-        bad_request(
+        String::from(
             "\"path\" must be a path starting with '/', in printable ASCII (percent-encode other \
              bytes), as in the request line",
         )
@@ -187,7 +187,7 @@ fn attributes(obj: &serde_json::Map<String, Value>) -> Result<Attributes<'_>, Re
     let host = match obj.get("host") {
         None | Some(Value::Null) => None,
         Some(Value::String(h)) => Some(h.as_str()),
-        Some(_) => return Err(bad_request("\"host\" must be a string")),
+        Some(_) => return Err(String::from("\"host\" must be a string")),
     };
     let mut headers = HeaderMap::new();
     match obj.get("headers") {
@@ -195,42 +195,42 @@ fn attributes(obj: &serde_json::Map<String, Value>) -> Result<Attributes<'_>, Re
         Some(Value::Object(map)) => {
             for (k, v) in map {
                 let Some(v) = v.as_str() else {
-                    return Err(bad_request("\"headers\" values must be strings"));
+                    return Err(String::from("\"headers\" values must be strings"));
                 };
                 let (Ok(name), Ok(value)) = (
                     HeaderName::from_bytes(k.as_bytes()),
                     HeaderValue::from_str(v),
                 ) else {
-                    return Err(bad_request(
+                    return Err(String::from(
                         "\"headers\" holds an invalid header name or value",
                     ));
                 };
                 if headers.contains_key(&name) {
-                    return Err(bad_request(&format!(
+                    return Err(format!(
                         "\"headers\" names {name} more than once: a request with two values of \
                          one header is refused, since the limiter and the upstream could read \
                          different ones"
-                    )));
+                    ));
                 }
                 headers.append(name, value);
             }
         }
-        Some(_) => return Err(bad_request("\"headers\" must be an object of strings")),
+        Some(_) => return Err(String::from("\"headers\" must be an object of strings")),
     }
     let ip = match obj.get("ip") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(
             s.parse::<IpAddr>()
-                .map_err(|_| bad_request("\"ip\" is not an IP address"))?,
+                .map_err(|_| String::from("\"ip\" is not an IP address"))?,
         ),
-        Some(_) => return Err(bad_request("\"ip\" must be a string")),
+        Some(_) => return Err(String::from("\"ip\" must be a string")),
     };
     // "host", or else the Host header: checked alike.
     let named_host = host
         .map(str::as_bytes)
         .or_else(|| headers.get(HOST).map(HeaderValue::as_bytes));
     if named_host.is_some_and(|h| forward_auth::authority(h).is_none()) {
-        return Err(bad_request(
+        return Err(String::from(
             "the host must be a host name or address with an optional port, in ASCII",
         ));
     }
@@ -255,7 +255,7 @@ async fn check_by_attributes(
         ip,
     } = match attributes(obj) {
         Ok(a) => a,
-        Err(res) => return res,
+        Err(detail) => return bad_request(&detail),
     };
     let host = host.or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()));
     let info = RequestInfo::new(&method, target, &headers)
