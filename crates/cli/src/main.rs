@@ -1,5 +1,10 @@
 //! `tollgate`: the rate limiter's command line. `serve` runs the server (built-in default or
-//! `--config FILE`), `validate FILE` checks a configuration and prints its effective policies.
+//! `--config FILE`), `validate FILE` checks a configuration and prints its effective policies,
+//! `completions` and `man` print the shell completions and the man page.
+
+mod generate;
+mod logging;
+mod systemd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,7 +15,7 @@ use tollgate_server::{Config, ConfigError, Listeners};
 
 /// Tollgate: a rate limiter as a decision API, a reverse proxy and a forward-auth target.
 #[derive(Parser, Debug)]
-#[command(name = "tollgate", version, about)]
+#[command(name = "tollgate", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -31,35 +36,36 @@ enum Command {
         /// The TOML configuration file.
         file: PathBuf,
     },
+    /// Print the completion script for a shell, e.g.
+    /// `tollgate completions bash > /etc/bash_completion.d/tollgate`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (`tollgate man | man -l -`), or with --dir write the pages of
+    /// tollgate and of each subcommand into a folder.
+    Man {
+        /// The folder to write tollgate.1, tollgate-serve.1, ... into.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Validate { file } => validate(&file),
-        Command::Serve { config } => {
-            init_tracing();
-            match serve(config) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("tollgate: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+    let result = match cli.command {
+        Command::Validate { file } => return validate(&file),
+        Command::Serve { config } => serve(config),
+        Command::Completions { shell } => generate::completions(shell),
+        Command::Man { dir } => generate::man(dir.as_deref()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: {e:#}");
+            ExitCode::FAILURE
         }
     }
-}
-
-fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("TOLLGATE_LOG")
-        .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
 }
 
 fn validate(file: &std::path::Path) -> ExitCode {
@@ -101,16 +107,27 @@ fn validate(file: &std::path::Path) -> ExitCode {
     }
 }
 
-#[tokio::main]
-async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
-    let config = match &path {
+/// The configuration at `path`, or the built-in default.
+fn load(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
+    Ok(match path {
         Some(p) => match Config::load(p) {
             Ok(c) => c,
             Err(ConfigError::Invalid(d)) => anyhow::bail!("invalid configuration:\n{d}"),
             Err(e) => return Err(e.into()),
         },
         None => Config::builtin(),
-    };
+    })
+}
+
+fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = load(path.as_deref())?;
+    // Set up from [log], so it is read before anything is logged.
+    logging::init(&config.log);
+    run(path, config)
+}
+
+#[tokio::main]
+async fn run(path: Option<PathBuf>, config: Config) -> anyhow::Result<()> {
     let listeners = Listeners::bind(&config)
         .await
         .context("cannot bind the listeners")?;
@@ -151,7 +168,12 @@ async fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
             config.policies.first().map_or("default", |p| p.name())
         );
     }
-    tollgate_server::run(config, listeners, shutdown_signal()).await?;
+    systemd::ready();
+    tollgate_server::run(config, listeners, async {
+        shutdown_signal().await;
+        systemd::stopping();
+    })
+    .await?;
     Ok(())
 }
 

@@ -45,12 +45,12 @@ pub(super) struct RawLog {
 
 const FORMATS: &[(&str, LogFormat)] = &[("text", LogFormat::Text), ("json", LogFormat::Json)];
 const LEVELS: &[(&str, LevelFilter)] = &[
-    ("off", LevelFilter::OFF),
-    ("error", LevelFilter::ERROR),
-    ("warn", LevelFilter::WARN),
     ("info", LevelFilter::INFO),
+    ("warn", LevelFilter::WARN),
+    ("error", LevelFilter::ERROR),
     ("debug", LevelFilter::DEBUG),
     ("trace", LevelFilter::TRACE),
+    ("off", LevelFilter::OFF),
 ];
 
 /// Validates `[log]`; its absence is the default.
