@@ -128,6 +128,7 @@ fn serve(path: Option<PathBuf>) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn run(path: Option<PathBuf>, config: Config) -> anyhow::Result<()> {
+    let shutdown = shutdown_signal();
     let listeners = Listeners::bind(&config)
         .await
         .context("cannot bind the listeners")?;
@@ -170,7 +171,7 @@ async fn run(path: Option<PathBuf>, config: Config) -> anyhow::Result<()> {
     }
     systemd::ready();
     tollgate_server::run(config, listeners, async {
-        shutdown_signal().await;
+        shutdown.await;
         systemd::stopping();
     })
     .await?;
@@ -215,25 +216,31 @@ fn raise_open_file_limit(needed: u64) {
 #[cfg(not(unix))]
 fn raise_open_file_limit(_needed: u64) {}
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+/// Completes on SIGINT or SIGTERM. The handlers are installed when this is called, not when
+/// the future is first polled: a SIGTERM that arrives while the server starts is then a clean
+/// shutdown, not the signal's default (an exit that drains nothing and tells systemd nothing).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        let term = signal(SignalKind::terminate());
+        let interrupt = signal(SignalKind::interrupt());
+        async move {
+            match (term, interrupt) {
+                (Ok(mut term), Ok(mut interrupt)) => {
+                    tokio::select! {
+                        _ = interrupt.recv() => {}
+                        _ = term.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
-    {
+    async {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
