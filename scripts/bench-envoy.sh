@@ -46,8 +46,9 @@ if [ "$mode" = lean ] && ! command -v h2load >/dev/null; then
   fi
 fi
 
-cargo build --quiet --release -p tollgate-envoy --example bench
-bin="${CARGO_TARGET_DIR:-target}/release/examples/bench"
+# The profiling profile: the release build with symbols, for perf and callgrind.
+cargo build --quiet --profile profiling -p tollgate-envoy --example bench
+bin="${CARGO_TARGET_DIR:-target}/profiling/examples/bench"
 
 work="$(mktemp -d /tmp/tollgate-bench-envoy.XXXXXX)"
 pids=()

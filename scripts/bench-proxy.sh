@@ -65,9 +65,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "building tollgate (release)..."
-cargo build --release -q -p tollgate-cli
-BIN="${CARGO_TARGET_DIR:-target}/release/tollgate"
+# The profiling profile: the release build with symbols, so callgrind and perf can read it.
+echo "building tollgate (--profile profiling)..."
+cargo build --profile profiling -q -p tollgate-cli
+BIN="${CARGO_TARGET_DIR:-target}/profiling/tollgate"
 
 # nginx: the upstream (return 200) and the comparison proxy with limit_req, as two instances:
 # in one, the proxy's workers would also serve the upstream, and a request could go from proxy

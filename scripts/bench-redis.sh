@@ -22,8 +22,9 @@ REDIS_PID=$!
 trap 'kill $REDIS_PID 2>/dev/null || true' EXIT
 for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
 
-cargo build --release -q -p tollgate-redis --example bench_redis
-BENCH="$CARGO_TARGET_DIR/release/examples/bench_redis"
+# The profiling profile: the release build with symbols, for perf and callgrind.
+cargo build --profile profiling -q -p tollgate-redis --example bench_redis
+BENCH="${CARGO_TARGET_DIR:-target}/profiling/examples/bench_redis"
 URL="redis://127.0.0.1:$PORT"
 
 # The exact script call the store makes, with the key's hash tag randomised like the store's.

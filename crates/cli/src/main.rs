@@ -1,5 +1,10 @@
 //! `tollgate`: the rate limiter's command line. `serve` runs the server (built-in default or
-//! `--config FILE`), `validate FILE` checks a configuration and prints its effective policies.
+//! `--config FILE`), `validate FILE` checks a configuration and prints its effective policies,
+//! `completions` and `man` print the shell completions and the man page.
+
+mod generate;
+mod logging;
+mod systemd;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -10,7 +15,7 @@ use tollgate_server::{Config, ConfigError, Listeners};
 
 /// Tollgate: a rate limiter as a decision API, a reverse proxy and a forward-auth target.
 #[derive(Parser, Debug)]
-#[command(name = "tollgate", version, about)]
+#[command(name = "tollgate", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -37,38 +42,39 @@ enum Command {
         /// The TOML configuration file.
         file: PathBuf,
     },
+    /// Print the completion script for a shell, e.g.
+    /// `tollgate completions bash > /etc/bash_completion.d/tollgate`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (`tollgate man | man -l -`), or with --dir write the pages of
+    /// tollgate and of each subcommand into a folder.
+    Man {
+        /// The folder to write tollgate.1, tollgate-serve.1, ... into.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Validate { file } => validate(&file),
+    let result = match cli.command {
+        Command::Validate { file } => return validate(&file),
         Command::Serve {
             config,
             envoy_config,
-        } => {
-            init_tracing();
-            match serve(config, envoy_config) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("tollgate: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+        } => serve(config, envoy_config),
+        Command::Completions { shell } => generate::completions(shell),
+        Command::Man { dir } => generate::man(dir.as_deref()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: {e:#}");
+            ExitCode::FAILURE
         }
     }
-}
-
-fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("TOLLGATE_LOG")
-        .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
 }
 
 fn validate(file: &std::path::Path) -> ExitCode {
@@ -121,13 +127,24 @@ fn serve_config(path: Option<&Path>, envoy: Option<&Path>) -> Result<Config, Con
     }
 }
 
-#[tokio::main]
-async fn serve(path: Option<PathBuf>, envoy: Option<PathBuf>) -> anyhow::Result<()> {
+fn serve(path: Option<PathBuf>, envoy: Option<PathBuf>) -> anyhow::Result<()> {
     let config = match serve_config(path.as_deref(), envoy.as_deref()) {
         Ok(c) => c,
         Err(ConfigError::Invalid(d)) => anyhow::bail!("invalid configuration:\n{d}"),
         Err(e) => return Err(e.into()),
     };
+    // Set up from [log], so it is read before anything is logged.
+    logging::init(&config.log);
+    run(path, envoy, config)
+}
+
+#[tokio::main]
+async fn run(
+    path: Option<PathBuf>,
+    envoy: Option<PathBuf>,
+    config: Config,
+) -> anyhow::Result<()> {
+    let shutdown = shutdown_signal();
     let listeners = Listeners::bind(&config)
         .await
         .context("cannot bind the listeners")?;
@@ -170,7 +187,12 @@ async fn serve(path: Option<PathBuf>, envoy: Option<PathBuf>) -> anyhow::Result<
             policy.name()
         );
     }
-    tollgate_server::run(config, listeners, shutdown_signal()).await?;
+    systemd::ready();
+    tollgate_server::run(config, listeners, async {
+        shutdown.await;
+        systemd::stopping();
+    })
+    .await?;
     Ok(())
 }
 
@@ -212,25 +234,31 @@ fn raise_open_file_limit(needed: u64) {
 #[cfg(not(unix))]
 fn raise_open_file_limit(_needed: u64) {}
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+/// Completes on SIGINT or SIGTERM. The handlers are installed when this is called, not when
+/// the future is first polled: a SIGTERM that arrives while the server starts is then a clean
+/// shutdown, not the signal's default (an exit that drains nothing and tells systemd nothing).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        let term = signal(SignalKind::terminate());
+        let interrupt = signal(SignalKind::interrupt());
+        async move {
+            match (term, interrupt) {
+                (Ok(mut term), Ok(mut interrupt)) => {
+                    tokio::select! {
+                        _ = interrupt.recv() => {}
+                        _ = term.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
-    {
+    async {
         let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -1,10 +1,12 @@
 //! The decision API on `[server] listen`: `POST /v1/check` (by policy and key, or by request
-//! attributes) and `/v1/forward-auth` for Traefik, Caddy and nginx `auth_request`.
+//! attributes), and `/v1/forward-auth` for Traefik and Caddy with `/v1/forward-auth/nginx` for
+//! nginx `auth_request`.
+
+mod forward_auth;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HOST, HeaderName, HeaderValue};
@@ -12,7 +14,7 @@ use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
 use tollgate::Decision;
-use tollgate_http::{RequestInfo, TrustedProxies};
+use tollgate_http::RequestInfo;
 
 use crate::Shared;
 use crate::config::Action;
@@ -35,12 +37,19 @@ pub(crate) async fn handle(
             "Method not allowed",
             Some("use POST /v1/check with a JSON body"),
         ),
-        (_, "/v1/forward-auth") => forward_auth(&engine, peer, req).await,
+        (_, "/v1/forward-auth") => {
+            forward_auth::handle(&engine, peer, req, forward_auth::Flavor::Standard).await
+        }
+        (_, "/v1/forward-auth/nginx") => {
+            forward_auth::handle(&engine, peer, req, forward_auth::Flavor::Nginx).await
+        }
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         _ => problem(
             StatusCode::NOT_FOUND,
             "Not found",
-            Some("the decision API serves POST /v1/check and /v1/forward-auth"),
+            Some(
+                "the decision API serves POST /v1/check, /v1/forward-auth and /v1/forward-auth/nginx",
+            ),
         ),
     }
 }
@@ -146,30 +155,39 @@ fn store_failed(e: &tollgate::Error) -> Response<Body> {
     res
 }
 
-async fn check_by_attributes(
-    engine: &Engine,
-    obj: &serde_json::Map<String, Value>,
-) -> Response<Body> {
+/// A request described attribute by attribute to `/v1/check`.
+struct Attributes<'a> {
+    method: Method,
+    target: &'a str,
+    host: Option<&'a str>,
+    headers: HeaderMap,
+    ip: Option<IpAddr>,
+}
+
+/// Reads the attributes, refusing what the limiter could not read the way an upstream would: a
+/// target or host outside printable ASCII, or one header given twice (in any case).
+fn attributes(obj: &serde_json::Map<String, Value>) -> Result<Attributes<'_>, String> {
     let method = match obj.get("method") {
         None | Some(Value::Null) => Method::GET,
-        Some(Value::String(m)) => match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
-            Ok(m) => m,
-            Err(_) => return bad_request("\"method\" is not an HTTP method"),
-        },
-        Some(_) => return bad_request("\"method\" must be a string"),
+        Some(Value::String(m)) => Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+            .map_err(|_| String::from("\"method\" is not an HTTP method"))?,
+        Some(_) => return Err(String::from("\"method\" must be a string")),
     };
     let Some(target) = obj.get("path").and_then(Value::as_str) else {
-        return bad_request(
+        return Err(String::from(
             "send {\"policy\", \"key\", \"cost\"} or request attributes with at least \"path\"",
-        );
+        ));
     };
-    if !target.starts_with('/') {
-        return bad_request("\"path\" must start with '/'");
-    }
+    let target = forward_auth::origin_form(target.as_bytes()).ok_or_else(|| {
+        String::from(
+            "\"path\" must be a path starting with '/', in printable ASCII (percent-encode other \
+             bytes), as in the request line",
+        )
+    })?;
     let host = match obj.get("host") {
         None | Some(Value::Null) => None,
         Some(Value::String(h)) => Some(h.as_str()),
-        Some(_) => return bad_request("\"host\" must be a string"),
+        Some(_) => return Err(String::from("\"host\" must be a string")),
     };
     let mut headers = HeaderMap::new();
     match obj.get("headers") {
@@ -177,26 +195,67 @@ async fn check_by_attributes(
         Some(Value::Object(map)) => {
             for (k, v) in map {
                 let Some(v) = v.as_str() else {
-                    return bad_request("\"headers\" values must be strings");
+                    return Err(String::from("\"headers\" values must be strings"));
                 };
                 let (Ok(name), Ok(value)) = (
                     HeaderName::from_bytes(k.as_bytes()),
                     HeaderValue::from_str(v),
                 ) else {
-                    return bad_request("\"headers\" holds an invalid header name or value");
+                    return Err(String::from(
+                        "\"headers\" holds an invalid header name or value",
+                    ));
                 };
+                if headers.contains_key(&name) {
+                    return Err(format!(
+                        "\"headers\" names {name} more than once: a request with two values of \
+                         one header is refused, since the limiter and the upstream could read \
+                         different ones"
+                    ));
+                }
                 headers.append(name, value);
             }
         }
-        Some(_) => return bad_request("\"headers\" must be an object of strings"),
+        Some(_) => return Err(String::from("\"headers\" must be an object of strings")),
     }
     let ip = match obj.get("ip") {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) => match s.parse::<IpAddr>() {
-            Ok(ip) => Some(ip),
-            Err(_) => return bad_request("\"ip\" is not an IP address"),
-        },
-        Some(_) => return bad_request("\"ip\" must be a string"),
+        Some(Value::String(s)) => Some(
+            s.parse::<IpAddr>()
+                .map_err(|_| String::from("\"ip\" is not an IP address"))?,
+        ),
+        Some(_) => return Err(String::from("\"ip\" must be a string")),
+    };
+    // "host", or else the Host header: checked alike.
+    let named_host = host
+        .map(str::as_bytes)
+        .or_else(|| headers.get(HOST).map(HeaderValue::as_bytes));
+    if named_host.is_some_and(|h| forward_auth::authority(h).is_none()) {
+        return Err(String::from(
+            "the host must be a host name or address with an optional port, in ASCII",
+        ));
+    }
+    Ok(Attributes {
+        method,
+        target,
+        host,
+        headers,
+        ip,
+    })
+}
+
+async fn check_by_attributes(
+    engine: &Engine,
+    obj: &serde_json::Map<String, Value>,
+) -> Response<Body> {
+    let Attributes {
+        method,
+        target,
+        host,
+        headers,
+        ip,
+    } = match attributes(obj) {
+        Ok(a) => a,
+        Err(detail) => return bad_request(&detail),
     };
     let host = host.or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()));
     let info = RequestInfo::new(&method, target, &headers)
@@ -262,59 +321,4 @@ async fn check_by_attributes(
         res.headers_mut().insert(name.clone(), value.clone());
     }
     res
-}
-
-/// The client behind a forward-auth caller: the caller (a proxy) is trusted by definition, so
-/// its `X-Forwarded-For` is walked right to left past it and any `trusted_proxies`.
-fn forwarded_client(peer: IpAddr, headers: &HeaderMap, trusted: Option<&TrustedProxies>) -> IpAddr {
-    let hops: Vec<&str> = headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .collect();
-    let mut client = peer.to_canonical();
-    for hop in hops.iter().rev().take(32) {
-        let Ok(ip) = hop.trim().parse::<IpAddr>() else {
-            break;
-        };
-        client = ip.to_canonical();
-        if !trusted.is_some_and(|t| t.contains(client)) {
-            break;
-        }
-    }
-    client
-}
-
-async fn forward_auth(engine: &Engine, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
-    let h = req.headers();
-    let get = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
-    let method = match get("x-forwarded-method") {
-        Some(m) => match Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes()) {
-            Ok(m) => m,
-            Err(_) => return bad_request("X-Forwarded-Method is not an HTTP method"),
-        },
-        None => req.method().clone(),
-    };
-    let uri = get("x-forwarded-uri")
-        .or_else(|| get("x-original-uri"))
-        .unwrap_or("/");
-    let host = get("x-forwarded-host").or_else(|| get("host"));
-    let trusted = engine.config().proxy.as_ref().map(|p| &p.trusted_proxies);
-    let ip = forwarded_client(peer.ip(), h, trusted);
-    let info = RequestInfo::new(&method, uri, h)
-        .with_host(host)
-        .with_client_ip(Some(ip));
-    let eval = engine.evaluate(&info).await;
-    match eval.verdict {
-        Verdict::Respond(a) => a.into_response().map(full),
-        verdict => {
-            if let Verdict::Hold(hold) = verdict {
-                hold.wait().await;
-            }
-            let mut res = Response::new(full(Bytes::new()));
-            *res.headers_mut() = eval.headers;
-            res
-        }
-    }
 }

@@ -240,7 +240,9 @@ async fn forward_auth_reads_forwarded_headers() {
     let r = get(
         &s.url("/v1/forward-auth"),
         &[
+            ("x-forwarded-method", "GET"),
             ("x-forwarded-uri", "/v1/items"),
+            ("x-forwarded-host", "api.example.com"),
             ("x-forwarded-for", "198.51.100.8"),
         ],
     )

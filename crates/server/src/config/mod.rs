@@ -3,6 +3,8 @@
 //! all of them at once.
 
 mod envoy;
+mod forward_auth;
+mod log;
 mod raw;
 mod schema;
 
@@ -17,6 +19,8 @@ use tollgate::{AlgorithmKind, Policy, Quota, Rate};
 use tollgate_http::{JwtVerifier, KeyChain, RouteMatch, TrustedProxies};
 
 pub use envoy::DEFAULT_GRPC_LISTEN;
+pub use forward_auth::ForwardAuthConfig;
+pub use log::{LogConfig, LogFormat};
 pub use raw::DEFAULT_CONFIG;
 
 /// One problem in a configuration file, with its position.
@@ -364,6 +368,10 @@ pub struct Config {
     /// `tollgate serve --envoy-config DIR`: the envoyproxy/ratelimit folder that stands for
     /// `[envoy] config_dir`, kept so a reload reads it again.
     pub envoy_dir: Option<PathBuf>,
+    /// `[forward_auth]`.
+    pub forward_auth: ForwardAuthConfig,
+    /// `[log]`.
+    pub log: LogConfig,
 }
 
 impl Config {
@@ -424,6 +432,8 @@ impl Config {
             jwt: None,
             envoy: None,
             envoy_dir: None,
+            forward_auth: ForwardAuthConfig::default(),
+            log: LogConfig::default(),
         })
     }
 

@@ -57,6 +57,8 @@ pub(super) struct RawConfig {
     policy: Vec<S<RawPolicy>>,
     jwt: Option<S<RawJwt>>,
     envoy: Option<S<RawEnvoy>>,
+    forward_auth: Option<super::forward_auth::RawForwardAuth>,
+    log: Option<super::log::RawLog>,
 }
 
 #[derive(Deserialize)]
@@ -380,6 +382,8 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
         Some(None) => None,
         Some(Some(p)) => Some(Some(p)),
     };
+    let forward_auth = super::forward_auth::validate(raw.forward_auth, errs);
+    let log = super::log::validate(raw.log, errs);
     if !ok {
         return None;
     }
@@ -398,6 +402,8 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
         jwt: jwt?,
         envoy: envoy?,
         envoy_dir: None,
+        forward_auth: forward_auth?,
+        log: log?,
     })
 }
 

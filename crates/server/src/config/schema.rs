@@ -76,6 +76,8 @@ const JWT: &[(&str, Ty)] = &[
     ("es256_public_key_file", Ty::Str),
 ];
 const ENVOY: &[(&str, Ty)] = &[("config_dir", Ty::Str), ("failure_mode", Ty::Str)];
+const FORWARD_AUTH: &[(&str, Ty)] = &[("trusted_proxies", Ty::StrArray)];
+const LOG: &[(&str, Ty)] = &[("format", Ty::Str), ("level", Ty::Str)];
 const ROOT: &[(&str, Ty)] = &[
     ("server", Ty::Table(SERVER)),
     ("admin", Ty::Table(ADMIN)),
@@ -85,6 +87,8 @@ const ROOT: &[(&str, Ty)] = &[
     ("policy", Ty::TableArray(POLICY)),
     ("jwt", Ty::Table(JWT)),
     ("envoy", Ty::Table(ENVOY)),
+    ("forward_auth", Ty::Table(FORWARD_AUTH)),
+    ("log", Ty::Table(LOG)),
 ];
 
 /// Reports TOML syntax errors, unknown fields and mistyped values; returns the document with
