@@ -1,5 +1,6 @@
 //! `tollgate`: the rate limiter's command line. `serve` runs the server (built-in default or
-//! `--config FILE`), `validate FILE` checks a configuration and prints its effective policies.
+//! `--config FILE`), `validate FILE` checks a configuration and prints its effective policies,
+//! `replay` runs access logs through a configuration (see `replay.rs`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,6 +8,8 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tollgate_server::{Config, ConfigError, Listeners};
+
+mod replay;
 
 /// Tollgate: a rate limiter as a decision API, a reverse proxy and a forward-auth target.
 #[derive(Parser, Debug)]
@@ -31,12 +34,16 @@ enum Command {
         /// The TOML configuration file.
         file: PathBuf,
     },
+    /// Run access logs through a configuration on their own clock: what would have been
+    /// denied, which keys, at what peak rates; with --sweep, the same for other quotas.
+    Replay(replay::ReplayArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { file } => validate(&file),
+        Command::Replay(args) => replay::run(args),
         Command::Serve { config } => {
             init_tracing();
             match serve(config) {

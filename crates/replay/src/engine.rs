@@ -85,11 +85,22 @@ impl Store for RecordingStore {
     }
 }
 
+/// One policy's decision on the request last evaluated, for `--decisions`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct Traced {
+    pub(crate) policy: &'static str,
+    pub(crate) allowed: bool,
+    pub(crate) remaining: u64,
+    pub(crate) key: String,
+}
+
 /// One configuration replayed: its engine and what it decided.
 #[derive(Debug)]
 pub(crate) struct Run {
     engine: tollgate_http::Engine<RecordingStore, ManualClock>,
     pub(crate) stats: RunStats,
+    /// When tracing: the last request's decisions.
+    pub(crate) traced: Option<Vec<Traced>>,
 }
 
 impl Run {
@@ -106,6 +117,7 @@ impl Run {
         Ok(Run {
             engine: tollgate_server::http_engine(config, store, clock)?,
             stats: RunStats::new(config),
+            traced: None,
         })
     }
 
@@ -118,7 +130,11 @@ impl Run {
     /// Must run outside any tokio runtime: a request the `delay` action holds is dropped
     /// unwaited, and only outside a runtime does that leave its slot consumed, as a held and
     /// then served request would.
-    pub(crate) fn evaluate(&mut self, info: &RequestInfo<'_>, now: Timestamp) {
+    /// Returns the status the server would answer with (200 when it passes the request on).
+    pub(crate) fn evaluate(&mut self, info: &RequestInfo<'_>, now: Timestamp) -> u16 {
+        if let Some(t) = &mut self.traced {
+            t.clear();
+        }
         {
             let mut seen = self.store().seen();
             seen.keys.clear();
@@ -127,13 +143,17 @@ impl Run {
         self.stats.requests += 1;
         let prepared = self.engine.prepare(info);
         if prepared.is_empty() {
-            return;
+            return 200;
         }
         self.stats.matched += 1;
         let Ok(outcome) = self.engine.decide_now(prepared) else {
             // The memory store always answers at once; were it ever not to, say so.
             self.stats.undecided += 1;
-            return;
+            return 503;
+        };
+        let status = match outcome.verdict() {
+            Verdict::Respond(a) => a.status().as_u16(),
+            _ => 200,
         };
         match outcome.verdict() {
             Verdict::Respond(a) if a.status() == StatusCode::TOO_MANY_REQUESTS => {
@@ -155,7 +175,16 @@ impl Run {
             if let Some(p) = self.stats.policies.iter_mut().find(|p| p.name == d.policy) {
                 p.record(key, now, cost, d.allowed);
             }
+            if let Some(t) = &mut self.traced {
+                t.push(Traced {
+                    policy: d.policy,
+                    allowed: d.allowed,
+                    remaining: d.remaining,
+                    key: String::from_utf8_lossy(key).into_owned(),
+                });
+            }
         }
+        status
     }
 
     /// Forgets keys whose quota has fully reset, as the server does every ten seconds.

@@ -50,6 +50,10 @@ pub struct Options {
     pub host: Option<String>,
     /// Candidate quotas to try.
     pub sweep: Option<Sweep>,
+    /// Write every request's decisions here, one JSON object a line (the configuration as
+    /// given, not the candidates): `{"file","line","time","status","decisions":[{"policy",
+    /// "allowed","remaining","key"}]}`.
+    pub decisions: Option<PathBuf>,
 }
 
 impl Options {
@@ -63,6 +67,7 @@ impl Options {
             api_key_header: HeaderName::from_static("x-api-key"),
             host: None,
             sweep: None,
+            decisions: None,
         }
     }
 }
@@ -100,6 +105,14 @@ pub enum ReplayError {
     /// The sweep does not fit the configuration.
     #[error("{0}")]
     Sweep(String),
+    /// The decisions file could not be written.
+    #[error("{path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
     /// The replay's thread stopped unexpectedly.
     #[error("the replay stopped unexpectedly")]
     Stopped,
@@ -148,6 +161,14 @@ fn replay_here(
         );
     }
     let mut replayer = Replayer::new(options, clock, runs);
+    if let Some(path) = &options.decisions {
+        let file = std::fs::File::create(path).map_err(|source| ReplayError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        replayer.trace = Some(io::BufWriter::new(file));
+        replayer.runs[0].traced = Some(Vec::new());
+    }
     let mut report = |lines| {
         progress(&Progress {
             bytes_read: read.get(),
@@ -161,6 +182,16 @@ fn replay_here(
         replay_merged(&mut replayer, &mut sources, &mut report);
     }
     report(replayer.counts.lines);
+    if let (Some(path), Some(mut trace)) = (&options.decisions, replayer.trace.take()) {
+        let failed = replayer
+            .trace_error
+            .take()
+            .map_or_else(|| io::Write::flush(&mut trace), Err);
+        failed.map_err(|source| ReplayError::Write {
+            path: path.clone(),
+            source,
+        })?;
+    }
     Ok(Summary::build(
         options,
         &sources,
@@ -276,6 +307,18 @@ struct Replayer {
     // Reused for every request: a line allocates only for what it brings (its API key).
     headers: HeaderMap,
     extensions: Extensions,
+    trace: Option<io::BufWriter<std::fs::File>>,
+    trace_error: Option<io::Error>,
+}
+
+/// One line of `--decisions`.
+#[derive(serde::Serialize)]
+struct TraceLine<'a> {
+    file: usize,
+    line: u64,
+    time: Option<String>,
+    status: u16,
+    decisions: &'a [crate::engine::Traced],
 }
 
 impl Replayer {
@@ -289,6 +332,8 @@ impl Replayer {
             host: options.host.clone(),
             headers: HeaderMap::new(),
             extensions: Extensions::new(),
+            trace: None,
+            trace_error: None,
         }
     }
 
@@ -327,8 +372,27 @@ impl Replayer {
             .with_host(host)
             .with_client_ip(request.ip)
             .with_extensions(Some(&self.extensions));
-        for run in &mut self.runs {
-            run.evaluate(&info, now);
+        let mut status = 200;
+        for (i, run) in self.runs.iter_mut().enumerate() {
+            let s = run.evaluate(&info, now);
+            if i == 0 {
+                status = s;
+            }
+        }
+        if let (Some(out), Some(decisions)) = (&mut self.trace, &self.runs[0].traced) {
+            let line = TraceLine {
+                file,
+                line,
+                time: crate::summary::rfc3339(now),
+                status,
+                decisions,
+            };
+            let written = serde_json::to_writer(&mut *out, &line)
+                .map_err(io::Error::from)
+                .and_then(|()| io::Write::write_all(out, b"\n"));
+            if let Err(e) = written {
+                self.trace_error.get_or_insert(e);
+            }
         }
     }
 

@@ -271,9 +271,14 @@ impl Summary {
         swept: Option<String>,
         candidates: Vec<Candidate>,
     ) -> Summary {
+        // Each run with its own configuration: the one given, then the candidates'.
+        let configs: Vec<Config> = std::iter::once(options.config.clone())
+            .chain(candidates.iter().map(|c| c.config.clone()))
+            .collect();
         let mut runs = runs
             .into_iter()
-            .map(|r| run_summary(&options.config, r.stats));
+            .zip(&configs)
+            .map(|(r, c)| run_summary(c, r.stats));
         let result = runs
             .next()
             .unwrap_or_else(|| run_summary(&options.config, RunStats::new(&options.config)));

@@ -6,7 +6,7 @@ use crate::summary::{PolicySummary, RunSummary, Summary};
 use crate::sweep::humanize;
 
 /// `1234567` as `1,234,567`.
-fn thousands(n: u64) -> String {
+pub(crate) fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
