@@ -371,9 +371,10 @@ fn run_summary(config: &Config, stats: RunStats) -> RunSummary {
 fn policy_summary(s: &PolicyStats, pc: &tollgate_server::config::PolicyConfig) -> PolicySummary {
     let mut peaks: Vec<u64> = s.keys.values().map(|k| k.peak).collect();
     peaks.sort_unstable();
+    // Nearest rank: the smallest peak at least a share q of the keys are at or below.
     let at = |q: f64| -> u64 {
-        let i = ((peaks.len() as f64 - 1.0) * q).round() as usize;
-        peaks.get(i).copied().unwrap_or(0)
+        let rank = (q * peaks.len() as f64).ceil() as usize;
+        peaks.get(rank.saturating_sub(1)).copied().unwrap_or(0)
     };
     let peak = Quantiles {
         p50: at(0.5),

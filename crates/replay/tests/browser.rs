@@ -86,17 +86,35 @@ fn start(profile: &Path) -> (Browser, String) {
 /// The DevTools websocket of the browser's page.
 fn page_socket(host: &str) -> String {
     let mut stream = TcpStream::connect(host).unwrap_or_else(|e| panic!("{e}"));
-    write!(
-        stream,
-        "GET /json/list HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let mut text = String::new();
     stream
-        .read_to_string(&mut text)
+        .set_read_timeout(Some(PATIENCE))
         .unwrap_or_else(|e| panic!("{e}"));
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let targets: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    write!(stream, "GET /json/list HTTP/1.1\r\nHost: {host}\r\n\r\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Chromium keeps the connection open: read the head, then exactly Content-Length bytes.
+    let mut reader = BufReader::new(stream);
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader
+            .read_line(&mut line)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; length];
+    reader
+        .read_exact(&mut body)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let body = String::from_utf8_lossy(&body);
+    let targets: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
     targets
         .as_array()
         .into_iter()

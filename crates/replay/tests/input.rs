@@ -160,6 +160,7 @@ fn json_lines_with_mapped_fields_and_a_user_key() {
         path: "uri".into(),
         host: "vhost".into(),
         ip: "client".into(),
+        user: "uid".into(),
         ..JsonFields::default()
     };
     let s = replay_with(options);

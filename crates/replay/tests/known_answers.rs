@@ -47,9 +47,10 @@ fn every_algorithm_halves_the_busy_client_and_spares_the_quiet_one() {
         let busy = &p.top_keys[0];
         assert_eq!(busy.key, "ip:203.0.113.1", "{algorithm}");
         // Ten minutes at 20 a minute against 10 a minute: about half, give or take the first
-        // window's burst.
+        // window's burst (the buckets start full) and the sliding counter's estimate (which
+        // weighs the previous window's admitted requests, and so admits a little less).
         assert!(
-            (85..=100).contains(&busy.denied),
+            (85..=115).contains(&busy.denied),
             "{algorithm}: {}",
             busy.denied
         );
