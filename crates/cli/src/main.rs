@@ -36,14 +36,14 @@ enum Command {
     },
     /// Run access logs through a configuration on their own clock: what would have been
     /// denied, which keys, at what peak rates; with --sweep, the same for other quotas.
-    Replay(replay::ReplayArgs),
+    Replay(Box<replay::ReplayArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { file } => validate(&file),
-        Command::Replay(args) => replay::run(args),
+        Command::Replay(args) => replay::run(*args),
         Command::Serve { config } => {
             init_tracing();
             match serve(config) {

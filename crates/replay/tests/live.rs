@@ -141,11 +141,26 @@ async fn check(api: SocketAddr, r: &Request, ip: &str, key_suffix: &str) -> (u16
     (status, json)
 }
 
-/// The live decisions per policy: (policy, allowed, remaining), enforced and shadow.
-fn live_decisions(body: &Value) -> Vec<(String, bool, u64)> {
-    let mut out: Vec<(String, bool, u64)> = ["decisions", "shadow"]
-        .iter()
-        .filter_map(|k| body.get(k).and_then(Value::as_array))
+/// A status and, sorted, each policy's (name, allowed, remaining).
+type Answer = (u16, Vec<(String, bool, u64)>);
+
+/// What `--decisions` wrote, one answer per request.
+fn replayed_answers(path: &std::path::Path) -> Vec<Answer> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{e}"));
+    text.lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or(Value::Null);
+            let status = u16::try_from(v["status"].as_u64().unwrap_or(0)).unwrap_or(0);
+            (status, decisions_of(&v["decisions"]))
+        })
+        .collect()
+}
+
+/// (policy, allowed, remaining) of a list of decisions, sorted.
+fn decisions_of(list: &Value) -> Vec<(String, bool, u64)> {
+    let mut out: Vec<(String, bool, u64)> = list
+        .as_array()
+        .into_iter()
         .flatten()
         .map(|d| {
             (
@@ -155,6 +170,14 @@ fn live_decisions(body: &Value) -> Vec<(String, bool, u64)> {
             )
         })
         .collect();
+    out.sort();
+    out
+}
+
+/// The live decisions per policy: (policy, allowed, remaining), enforced and shadow.
+fn live_decisions(body: &Value) -> Vec<(String, bool, u64)> {
+    let mut out = decisions_of(&body["decisions"]);
+    out.extend(decisions_of(&body["shadow"]));
     out.sort();
     out
 }
@@ -216,30 +239,7 @@ async fn a_replay_decides_as_the_live_server_did() {
         options.format = Format::Json;
         options.decisions = Some(decisions.clone());
         let summary = common::replay_with(options);
-        let text = std::fs::read_to_string(&decisions).unwrap_or_else(|e| panic!("{e}"));
-        let replayed: Vec<(u16, Vec<(String, bool, u64)>)> = text
-            .lines()
-            .map(|l| {
-                let v: Value = serde_json::from_str(l).unwrap_or(Value::Null);
-                let mut d: Vec<(String, bool, u64)> = v["decisions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|d| {
-                        (
-                            d["policy"].as_str().unwrap_or_default().to_owned(),
-                            d["allowed"].as_bool().unwrap_or_default(),
-                            d["remaining"].as_u64().unwrap_or(u64::MAX),
-                        )
-                    })
-                    .collect();
-                d.sort();
-                (
-                    u16::try_from(v["status"].as_u64().unwrap_or(0)).unwrap_or(0),
-                    d,
-                )
-            })
-            .collect();
+        let replayed = replayed_answers(&decisions);
         assert_eq!(replayed.len(), live.len());
         for (i, (l, r)) in live.iter().zip(&replayed).enumerate() {
             assert_eq!(
