@@ -31,7 +31,13 @@ struct Seen {
 impl Seen {
     /// The key and cost `policy` was checked with.
     fn find(&self, policy: &str) -> Option<(&[u8], u32)> {
-        let r = self.checks.iter().find(|r| r.policy == policy)?;
+        // Policy names are interned: the same name is the same pointer, which is cheaper to
+        // compare than the text (the text still decides when the pointers differ).
+        let r = self
+            .checks
+            .iter()
+            .find(|r| std::ptr::eq(r.policy, policy))
+            .or_else(|| self.checks.iter().find(|r| r.policy == policy))?;
         Some((self.keys.get(r.key.clone())?, r.cost))
     }
 }
@@ -172,7 +178,12 @@ impl Run {
             let Some((key, cost)) = seen.find(d.policy) else {
                 continue;
             };
-            if let Some(p) = self.stats.policies.iter_mut().find(|p| p.name == d.policy) {
+            let policies = &mut self.stats.policies;
+            let at = policies
+                .iter()
+                .position(|p| std::ptr::eq(p.name, d.policy))
+                .or_else(|| policies.iter().position(|p| p.name == d.policy));
+            if let Some(p) = at.and_then(|i| policies.get_mut(i)) {
                 p.record(key, now, cost, d.allowed);
             }
             if let Some(t) = &mut self.traced {

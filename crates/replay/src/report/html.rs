@@ -116,7 +116,7 @@ fn header(out: &mut String, s: &Summary) {
             " From {} to {} ({}).",
             escape(a),
             escape(b),
-            window(s.duration_secs)
+            window(s.duration_secs.round())
         );
     }
     out.push_str("</p>\n");
