@@ -10,7 +10,6 @@ use tollgate::Timestamp;
 use tollgate_server::Config;
 
 use crate::engine::Run;
-use crate::format::Format;
 use crate::input::Source;
 use crate::run::{Counts, Options};
 use crate::stats::{PolicyStats, RunStats};
@@ -306,19 +305,7 @@ impl Summary {
                 .source
                 .as_ref()
                 .map(|p| p.display().to_string()),
-            logs: sources
-                .iter()
-                .map(|s| LogSummary {
-                    path: s.path.display().to_string(),
-                    format: match s.format() {
-                        Format::Auto => "auto",
-                        Format::Combined => "combined",
-                        Format::Json => "json",
-                    }
-                    .to_owned(),
-                    lines: s.line_no,
-                })
-                .collect(),
+            logs: sources.iter().map(log_summary).collect(),
             lines: counts.lines,
             bad_lines: BadLines {
                 count: counts.bad,
@@ -347,6 +334,14 @@ impl Summary {
             result,
             sweep,
         }
+    }
+}
+
+fn log_summary(s: &Source) -> LogSummary {
+    LogSummary {
+        path: s.path.display().to_string(),
+        format: s.format().to_string(),
+        lines: s.line_no,
     }
 }
 
