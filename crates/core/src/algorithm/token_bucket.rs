@@ -76,10 +76,11 @@ impl Algorithm for TokenBucket {
         let now = now.as_micros();
         let tat = state.tat.max(now);
         let horizon = u64::from(self.capacity) * self.interval;
-        // Whole tokens in the bucket before this request.
-        let tokens = (now + horizon - tat) / self.interval;
+        // Whole tokens in the bucket before this request (a division: computed only when the
+        // answer reports them, not on the admitted path).
+        let tokens = || (now + horizon - tat) / self.interval;
         if cost > self.capacity {
-            return never(self.capacity, tokens, tat - now);
+            return never(self.capacity, tokens(), tat - now);
         }
         let new_tat = tat + u64::from(cost) * self.interval;
         if new_tat - now <= horizon {
@@ -95,7 +96,7 @@ impl Algorithm for TokenBucket {
             Verdict {
                 allowed: false,
                 limit: u64::from(self.capacity),
-                remaining: tokens,
+                remaining: tokens(),
                 reset_micros: tat - now,
                 retry_after_micros: Some(new_tat - horizon - now),
                 delay_micros: 0,

@@ -67,8 +67,9 @@ struct PolicyTable {
     /// [`Packed::base`] of the quota.
     base: u64,
     packed: Table,
-    /// States too wide for a word; their word in `packed` is [`SPILLED`].
-    spill: KeyMap<Slot>,
+    /// States too wide for a word; their word in `packed` is [`SPILLED`]. Each has a mutex,
+    /// so a spilled key is still decided under the shared lock.
+    spill: KeyMap<Mutex<Slot>>,
     logs: KeyMap<Mutex<LogEntry>>,
 }
 
@@ -124,12 +125,12 @@ pub(super) enum Undo {
     Log,
 }
 
-fn lock_log(entry: &Mutex<LogEntry>) -> std::sync::MutexGuard<'_, LogEntry> {
-    // A poisoned log still holds a valid state: steps do not panic midway.
+/// A poisoned entry still holds a valid state: steps do not panic midway.
+fn lock<T>(entry: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     entry.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn log_mut(entry: &mut Mutex<LogEntry>) -> &mut LogEntry {
+fn get_mut<T>(entry: &mut Mutex<T>) -> &mut T {
     entry.get_mut().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -189,7 +190,7 @@ impl PolicyTable {
     fn load<A: Packed>(&self, alg: &A, hash: u64) -> Option<A::State> {
         let word = self.packed.get(hash)?.load(Ordering::Relaxed);
         if word == SPILLED {
-            return self.spill.get(&hash).map(|&slot| alg.narrow(slot));
+            return self.spill.get(&hash).map(|slot| alg.narrow(*lock(slot)));
         }
         Some(alg.decode(self.base, word))
     }
@@ -207,7 +208,7 @@ impl PolicyTable {
             None => self.packed.insert(hash, word.unwrap_or(SPILLED)),
         }
         if word.is_none() {
-            self.spill.insert(hash, alg.widen(state));
+            self.spill.insert(hash, Mutex::new(alg.widen(state)));
         }
     }
 
@@ -232,7 +233,7 @@ impl PolicyTable {
         let mut current = word.load(Ordering::Relaxed);
         loop {
             if current == SPILLED {
-                return None;
+                return self.try_spilled(alg, hash, now, cost);
             }
             let mut state = alg.decode(self.base, current);
             let verdict = alg.evaluate(&mut state, now, cost);
@@ -249,13 +250,31 @@ impl PolicyTable {
         }
     }
 
+    /// Decides a spilled key under its mutex. It stays spilled until it expires.
+    fn try_spilled<A: Packed>(
+        &self,
+        alg: &A,
+        hash: u64,
+        now: Timestamp,
+        cost: u32,
+    ) -> Option<Verdict> {
+        let mut slot = lock(self.spill.get(&hash)?);
+        let mut state = alg.narrow(*slot);
+        let verdict = alg.evaluate(&mut state, now, cost);
+        if verdict.allowed && cost > 0 {
+            alg.commit(&mut state, now, cost);
+            *slot = alg.widen(&state);
+        }
+        Some(verdict)
+    }
+
     /// When each state expires and what share of its quota it holds at `now` (in 2⁻²⁰ units).
     fn ranked(&mut self, now: Timestamp, index: usize, out: &mut Vec<Candidate>) {
         let base = self.base;
         by_algorithm!(&self.quota, alg => {
             for (hash, word) in self.packed.iter() {
                 let state = if word == SPILLED {
-                    self.spill.get(&hash).map(|&s| alg.narrow(s))
+                    self.spill.get(&hash).map(|s| alg.narrow(*lock(s)))
                 } else {
                     Some(alg.decode(base, word))
                 };
@@ -267,7 +286,7 @@ impl PolicyTable {
             }
         }, alg => {
             for (&hash, entry) in &mut self.logs {
-                let entry = log_mut(entry);
+                let entry = get_mut(entry);
                 let stake = stake(alg.evaluate(&mut entry.state, now, 0));
                 out.push(Candidate { stake, expires_at: entry.expires_at, hash, index });
             }
@@ -278,7 +297,7 @@ impl PolicyTable {
     fn sweep(&mut self, now: u64) {
         let base = self.base;
         by_algorithm!(&self.quota, alg => {
-            self.spill.retain(|_, s| alg.expires_at(&alg.narrow(*s)).as_micros() > now);
+            self.spill.retain(|_, s| alg.expires_at(&alg.narrow(*get_mut(s))).as_micros() > now);
             let spill = &self.spill;
             self.packed.retain(|hash, word| {
                 if word == SPILLED {
@@ -288,12 +307,12 @@ impl PolicyTable {
                 }
             });
         }, _log => {
-            self.logs.retain(|_, e| log_mut(e).expires_at > now);
+            self.logs.retain(|_, e| get_mut(e).expires_at > now);
         });
     }
 
     fn log_bytes(&mut self) -> usize {
-        self.logs.values_mut().map(|e| log_mut(e).bytes()).sum()
+        self.logs.values_mut().map(|e| get_mut(e).bytes()).sum()
     }
 }
 
@@ -377,7 +396,7 @@ impl Shard {
             let Some(entry) = table.logs.get(&hash) else {
                 return Shared::Exclusive;
             };
-            let (verdict, delta) = lock_log(entry).step(alg, now, cost, true);
+            let (verdict, delta) = lock(entry).step(alg, now, cost, true);
             add_bytes(&self.log_bytes, delta);
             if delta > 0 && self.log_bytes() > limits.log_bytes {
                 Shared::DecidedOverBudget(verdict)
@@ -447,7 +466,7 @@ impl Shard {
             .table_index(policy.fingerprint())
             .and_then(|i| self.tables[i].logs.get_mut(&hash));
         let (verdict, delta) = if let Some(entry) = known {
-            log_mut(entry).step(alg, now, cost, commit)
+            get_mut(entry).step(alg, now, cost, commit)
         } else {
             let mut entry = LogEntry {
                 state: SlidingWindowLogState::default(),
@@ -504,7 +523,7 @@ impl Shard {
             self.table_mut(policy).save(alg, hash, &state);
         }, alg => {
             if let Some(entry) = self.table_mut(policy).logs.get_mut(&hash) {
-                let entry = log_mut(entry);
+                let entry = get_mut(entry);
                 alg.refund(&mut entry.state, now, cost);
                 entry.expires_at = alg.expires_at(&entry.state).as_micros();
             }
@@ -572,7 +591,7 @@ impl Shard {
         }
         let now_us = now.as_micros();
         for table in &mut self.tables {
-            table.logs.retain(|_, e| log_mut(e).expires_at > now_us);
+            table.logs.retain(|_, e| get_mut(e).expires_at > now_us);
         }
         self.recount();
         while self.log_bytes() > limits.log_bytes {
@@ -592,7 +611,7 @@ impl Shard {
             for c in ranked.iter().take(count) {
                 let table = &mut self.tables[c.index];
                 if let Some(mut entry) = table.logs.remove(&c.hash) {
-                    excess = excess.saturating_sub(log_mut(&mut entry).bytes());
+                    excess = excess.saturating_sub(get_mut(&mut entry).bytes());
                 }
                 if excess == 0 {
                     break;

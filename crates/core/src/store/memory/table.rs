@@ -201,7 +201,7 @@ mod tests {
         for step in 0..200_000u64 {
             // Few distinct keys, the top bits (which pick the home) drawn from a small set.
             let r = next();
-            let hash = identity(((r % 7) << 61) | (r >> 40) % 3_000);
+            let hash = identity(((r % 7) << 61) | ((r >> 40) % 3_000));
             match next() % 4 {
                 0 | 1 => {
                     if let Some(state) = table.get_mut(hash) {
