@@ -6,7 +6,7 @@
 //! `max(tat, now) + c × interval − now ≤ capacity × interval`; admitting it moves `tat` by
 //! `c × interval`. One integer per key, and the same decisions as counting tokens.
 
-use super::{Algorithm, never};
+use super::{Algorithm, Divisor, never};
 use crate::quota::Rate;
 use crate::{QuotaError, Timestamp, Verdict};
 
@@ -16,6 +16,7 @@ pub struct TokenBucket {
     capacity: u32,
     refill: Rate,
     interval: u64,
+    per_interval: Divisor,
 }
 
 /// A token bucket's theoretical arrival time.
@@ -50,6 +51,7 @@ impl TokenBucket {
             capacity,
             refill,
             interval,
+            per_interval: Divisor::new(interval),
         })
     }
 
@@ -78,7 +80,7 @@ impl Algorithm for TokenBucket {
         let horizon = u64::from(self.capacity) * self.interval;
         // Whole tokens in the bucket before this request (a division: computed only when the
         // answer reports them, not on the admitted path).
-        let tokens = || (now + horizon - tat) / self.interval;
+        let tokens = || self.per_interval.div(now + horizon - tat);
         if cost > self.capacity {
             return never(self.capacity, tokens(), tat - now);
         }
@@ -87,7 +89,7 @@ impl Algorithm for TokenBucket {
             Verdict {
                 allowed: true,
                 limit: u64::from(self.capacity),
-                remaining: (now + horizon - new_tat) / self.interval,
+                remaining: self.per_interval.div(now + horizon - new_tat),
                 reset_micros: new_tat - now,
                 retry_after_micros: None,
                 delay_micros: 0,

@@ -12,8 +12,8 @@
 //! index outgrows 32 bits), times before 2024, and sliding-window counts over 65,535.
 
 use crate::algorithm::{
-    Algorithm, FixedWindow, FixedWindowState, LeakyBucket, LeakyBucketState, SlidingWindowCounter,
-    SlidingWindowCounterState, TokenBucket, TokenBucketState,
+    Algorithm, Divisor, FixedWindow, FixedWindowState, LeakyBucket, LeakyBucketState,
+    SlidingWindowCounter, SlidingWindowCounterState, TokenBucket, TokenBucketState,
 };
 
 /// The word that marks a state kept in a [`Slot`]. No packed state is all ones: bucket times
@@ -48,9 +48,9 @@ pub(super) trait Packed: Algorithm {
 }
 
 /// `window_end / window − base` when `window_end` is a window boundary and the index fits.
-fn window_index(window_end: u64, window: u64, base: u64) -> Option<u64> {
-    let index = window_end / window;
-    if index * window != window_end {
+fn window_index(window_end: u64, window: Divisor, base: u64) -> Option<u64> {
+    let index = window.div(window_end);
+    if index * window.get() != window_end {
         return None;
     }
     index.checked_sub(base).filter(|&i| i < u64::from(u32::MAX))
@@ -63,7 +63,7 @@ impl Packed for FixedWindow {
 
     #[inline]
     fn encode(&self, base: u64, state: &FixedWindowState) -> Option<u64> {
-        let index = window_index(state.window_end, self.window_micros(), base)?;
+        let index = window_index(state.window_end, self.per_window(), base)?;
         Some(index << 32 | u64::from(state.count))
     }
 
@@ -98,7 +98,7 @@ impl Packed for SlidingWindowCounter {
 
     #[inline]
     fn encode(&self, base: u64, state: &SlidingWindowCounterState) -> Option<u64> {
-        let index = window_index(state.window_end, self.window_micros(), base)?;
+        let index = window_index(state.window_end, self.per_window(), base)?;
         let current = u16::try_from(state.current).ok()?;
         let previous = u16::try_from(state.previous).ok()?;
         Some(index << 32 | u64::from(current) << 16 | u64::from(previous))
