@@ -58,13 +58,18 @@ pub fn two_headers() -> HeaderConfig {
     }
 }
 
-/// Tollgate's layer with `quota` and `headers`, keyed by `x-api-key` (then the IP), on `/v1/**`.
-pub fn limited_by(quota: Quota, headers: HeaderConfig) -> Router {
+/// Tollgate's layer with `quota` and `headers`, keyed by `x-api-key` (then the IP), on the
+/// routes under `path` (every route, as tower_governor limits, when `None`).
+pub fn limited_by(quota: Quota, headers: HeaderConfig, path: Option<&str>) -> Router {
+    let route = match path {
+        Some(path) => RouteMatch::any().path(path).unwrap(),
+        None => RouteMatch::any(),
+    };
     let engine = Engine::builder()
         .policy(
             HttpPolicy::new(Policy::new("api", quota).unwrap())
                 .keys(KeyChain::parse(["header:x-api-key", "ip"]).unwrap())
-                .route(RouteMatch::any().path("/v1/**").unwrap()),
+                .route(route),
         )
         .headers(headers)
         .build()
@@ -72,9 +77,9 @@ pub fn limited_by(quota: Quota, headers: HeaderConfig) -> Router {
     hello().layer(RateLimitLayer::new(engine)).with_state(())
 }
 
-/// The default: sliding window counter, all five header lines.
+/// The default: sliding window counter, all five header lines, on `/v1/**`.
 pub fn limited() -> Router {
-    limited_by(sliding_window(), HeaderConfig::default())
+    limited_by(sliding_window(), HeaderConfig::default(), Some("/v1/**"))
 }
 
 /// `tower_governor`'s key: the `x-api-key` header, owned (its limiter keeps `String` keys).
@@ -114,9 +119,10 @@ pub fn app(variant: &str) -> Router {
         "plain" => hello(),
         "governor" => governed(),
         "layer" => limited(),
-        "layer-tb" => limited_by(token_bucket(), HeaderConfig::default()),
-        "layer-tb-2h" => limited_by(token_bucket(), two_headers()),
-        "layer-2h" => limited_by(sliding_window(), two_headers()),
+        // Configured as `governed` is: every route, the token bucket.
+        "layer-tb" => limited_by(token_bucket(), HeaderConfig::default(), None),
+        "layer-tb-2h" => limited_by(token_bucket(), two_headers(), None),
+        "layer-2h" => limited_by(sliding_window(), two_headers(), None),
         other => panic!(
             "unknown variant {other}; use plain, governor, layer, layer-tb, layer-tb-2h or layer-2h"
         ),
