@@ -584,17 +584,20 @@ impl Shard {
 
     /// Brings the logs back within their byte budget: drops those that have reset, then the
     /// least at stake, but never `keep` (the log that just grew), so a client being denied keeps
-    /// its full log and a new log never evicts itself.
+    /// its full log and a new log never evicts itself. It trims to fifteen sixteenths of the
+    /// budget, so the next trim is many new logs away (one ranking per request would make a
+    /// flood of new keys quadratic).
     pub(super) fn trim_logs(&mut self, now: Timestamp, limits: Limits, keep: u64) {
         if self.log_bytes() <= limits.log_bytes {
             return;
         }
+        let target = limits.log_bytes - limits.log_bytes / 16;
         let now_us = now.as_micros();
         for table in &mut self.tables {
             table.logs.retain(|_, e| get_mut(e).expires_at > now_us);
         }
         self.recount();
-        while self.log_bytes() > limits.log_bytes {
+        while self.log_bytes() > target {
             let mut ranked = Vec::new();
             for (index, table) in self.tables.iter_mut().enumerate() {
                 if matches!(table.quota, Quota::SlidingWindowLog(_)) {
@@ -607,7 +610,7 @@ impl Shard {
                 break;
             };
             ranked.sort_unstable();
-            let mut excess = self.log_bytes() - limits.log_bytes;
+            let mut excess = self.log_bytes() - target;
             for c in ranked.iter().take(count) {
                 let table = &mut self.tables[c.index];
                 if let Some(mut entry) = table.logs.remove(&c.hash) {
