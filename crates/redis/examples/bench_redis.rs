@@ -70,10 +70,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.print_evalsha {
         // The same script call the store makes for key "0", for redis-benchmark: the key's
         // hash tag is replaced by __rand_int__ so it spreads over keys like the store does.
-        let name = store.key_of(&Check::new(&policy, b"0", 1));
-        let (_, suffix) = name.rsplit_once("}:").ok_or("unexpected key name")?;
-        let sha = store.script_sha();
-        println!("EVALSHA {sha} 1 tg:{{__rand_int__}}:{suffix} a -1 3 1000000 1000000 0 1");
+        let cmd = store.script_command(&Check::new(&policy, b"0", 1))?;
+        println!("{}", cmd.join(" "));
         return Ok(());
     }
     let stop = Arc::new(AtomicBool::new(false));

@@ -1,0 +1,19 @@
+--! Leaky bucket, one check. Runs after a clock prelude that defines `now` (µs). The caller
+-- computes the verdict (and the delay) from the reply with the pure algorithm
+-- (crates/core/src/algorithm/leaky_bucket.rs).
+--
+-- KEYS[1] "<next_free>": when the next departure slot is free
+-- ARGV    now, interval_us, depth_us (burst x interval), max_delay_us (2^52 for none), cost
+-- Reply   now, admitted (0/1), next_free (as stored, 0 for none)
+local iv, depth, maxd, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local stored = tonumber(redis.call('GET', KEYS[1]) or 0)
+local start = stored
+if start < now then start = now end
+local e = start + cost * iv
+if e - now <= depth and start - now <= maxd then
+  if cost > 0 then
+    redis.call('SET', KEYS[1], string.format('%d', e), 'PX', math.ceil((e - now) / 1000))
+  end
+  return {now, 1, stored}
+end
+return {now, 0, stored}

@@ -1,0 +1,41 @@
+--! Sliding window counter, one check: admits `cost`, or takes up to `want` (a lease).
+-- Runs after a clock prelude that defines `now` (µs) and ceil_mul_div.lua. The caller computes the verdict from the
+-- reply with the pure algorithm (crates/core/src/algorithm/sliding_window.rs).
+--
+-- KEYS[1] "<window_end> <current> <previous>"
+-- ARGV    now, window_us, limit, cost, want (>= cost)
+-- Reply   now, granted (0 when denied), window_end, current, previous (before)
+local w, limit, cost, want = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local e = now - now % w + w
+local cur, prev = 0, 0
+local v = redis.call('GET', KEYS[1])
+if v then
+  local se, sc, sp = string.match(v, '^(%d+) (%d+) (%d+)$')
+  se = tonumber(se)
+  if se >= e then e, cur, prev = se, tonumber(sc), tonumber(sp)
+  elseif se + w == e then prev = tonumber(sc) end
+end
+-- The time the previous window still covers.
+local since = now - e + w
+if since < 0 then since = 0 elseif since > w then since = w end
+local p = prev * (w - since)
+-- weighted = ceil(previous x overlap / window), exactly: admitted iff current + cost + weighted
+-- <= limit (the pure algorithm's comparison, multiplied out).
+local q
+if p < 9007199254740992 then
+  q = math.floor(p / w)
+  if q * w < p then q = q + 1 end
+else
+  q = ceil_mul_div(prev, w - since, w)
+end
+local room = limit - cur - q
+local g = 0
+if cost <= room then
+  g = room
+  if want < g then g = want end
+  if g > 0 then
+    redis.call('SET', KEYS[1], string.format('%d %d %d', e, cur + g, prev), 'PX',
+      math.ceil((e + w - now) / 1000))
+  end
+end
+return {now, g, e, cur, prev}
