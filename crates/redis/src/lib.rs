@@ -40,6 +40,7 @@
 mod config;
 mod deny_cache;
 mod keys;
+mod lease;
 mod script;
 mod store;
 mod verdict;

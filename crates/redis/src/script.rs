@@ -64,19 +64,6 @@ impl ScriptKind {
         }
     }
 
-    /// The script's name, as `docs/redis.md` and the benchmark call it.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            ScriptKind::FixedWindow => "fixed_window",
-            ScriptKind::SlidingLog => "sliding_log",
-            ScriptKind::SlidingCounter => "sliding_counter",
-            ScriptKind::TokenBucket => "token_bucket",
-            ScriptKind::LeakyBucket => "leaky_bucket",
-            ScriptKind::Multi => "multi",
-            ScriptKind::Refund => "refund",
-        }
-    }
-
     fn body(self) -> &'static str {
         match self {
             ScriptKind::FixedWindow => include_str!("script/fixed_window.lua"),

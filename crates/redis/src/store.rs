@@ -12,15 +12,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::{RedisError, Value};
-use tollgate::{Check, Decisions, MemoryStore, Store, StoreError, Timestamp, Verdict};
+use tollgate::{Check, Decision, Decisions, MemoryStore, Store, StoreError, Timestamp, Verdict};
 
 use crate::config::{ClockSource, ConfigError, OnError, RedisConfig};
 use crate::deny_cache::{CacheKey, DenyCache};
 use crate::keys::{KeyHasher, hex, key_name, slot};
+use crate::lease::Leases;
 use crate::script::{ScriptKind, Scripts};
 
 mod calls;
 mod connection;
+mod leased;
 
 use connection::{Connection, classify};
 
@@ -93,6 +95,7 @@ struct Inner {
     scripts: Scripts,
     memory: MemoryStore,
     deny: DenyCache,
+    leases: Leases,
     epoch: Instant,
     /// 0 while Redis is healthy; else the monotonic µs (since `epoch`) of the next probe.
     probe_at: AtomicU64,
@@ -104,6 +107,7 @@ struct Counters {
     script_calls: AtomicU64,
     fallbacks: AtomicU64,
     deny_cache_hits: AtomicU64,
+    leased: AtomicU64,
     errors: AtomicU64,
 }
 
@@ -116,6 +120,8 @@ pub struct RedisStoreStats {
     pub fallbacks: u64,
     /// Requests answered by the deny cache without calling Redis.
     pub deny_cache_hits: u64,
+    /// Requests admitted from a hot-key lease this instance held, without calling Redis.
+    pub leased: u64,
     /// Failed calls to Redis (unreachable, timeout, protocol).
     pub errors: u64,
 }
@@ -173,6 +179,7 @@ impl RedisStore {
                 scripts: Scripts::new(config.clock),
                 memory: MemoryStore::new(),
                 deny: DenyCache::new(config.deny_cache_size),
+                leases: Leases::new(config.lease_table_size),
                 epoch: Instant::now(),
                 probe_at: AtomicU64::new(0),
                 stats: Counters::default(),
@@ -263,6 +270,7 @@ impl RedisStore {
             script_calls: s.script_calls.load(Ordering::Relaxed),
             fallbacks: s.fallbacks.load(Ordering::Relaxed),
             deny_cache_hits: s.deny_cache_hits.load(Ordering::Relaxed),
+            leased: s.leased.load(Ordering::Relaxed),
             errors: s.errors.load(Ordering::Relaxed),
         }
     }
@@ -419,51 +427,131 @@ fn probe_micros() -> u64 {
     u64::try_from(PROBE_INTERVAL.as_micros()).unwrap_or(u64::MAX)
 }
 
-impl Store for RedisStore {
-    async fn apply(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
-        if checks.is_empty() {
-            return Ok(Decisions::new());
-        }
+impl RedisStore {
+    /// One check without a lease: the deny cache, then its algorithm's script.
+    async fn apply_one_plain(
+        &self,
+        now: Timestamp,
+        check: &Check<'_>,
+    ) -> Result<Decision, StoreError> {
+        let checks = std::slice::from_ref(check);
         let prepared = self.prepare(checks)?;
-        let single = checks.len() == 1;
-        if single {
-            if let Some(v) =
-                self.inner
-                    .deny
-                    .get(&prepared[0].cache, checks[0].cost, self.cache_now(now))
-            {
-                self.inner
-                    .stats
-                    .deny_cache_hits
-                    .fetch_add(1, Ordering::Relaxed);
-                return Ok(decisions(checks, vec![v]));
+        let cache = prepared[0].cache;
+        if let Some(v) = self.inner.deny.get(&cache, check.cost, self.cache_now(now)) {
+            self.inner
+                .stats
+                .deny_cache_hits
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(v.into_decision(check.policy.shared_name()));
+        }
+        if !self.may_call_redis() {
+            return Ok(self.fallback_one(now, check).await);
+        }
+        match self.bounded(self.run(now, checks, &prepared)).await {
+            Ok(verdicts) => {
+                self.inner.probe_at.store(0, Ordering::Relaxed);
+                let v = verdicts
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| crate::verdict::protocol("no verdict"))?;
+                if !v.allowed {
+                    self.inner
+                        .deny
+                        .insert(cache, check.cost, self.cache_now(now), v);
+                }
+                Ok(v.into_decision(check.policy.shared_name()))
+            }
+            Err(e) => {
+                self.failed(&e);
+                Ok(self.fallback_one(now, check).await)
             }
         }
+    }
+
+    /// Several checks: one all-or-nothing script call (leases are for single checks).
+    async fn apply_many(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> Result<Decisions, StoreError> {
+        let prepared = self.prepare(checks)?;
         if !self.may_call_redis() {
             return Ok(self.fallback(now, checks).await);
         }
         match self.bounded(self.run(now, checks, &prepared)).await {
             Ok(verdicts) => {
                 self.inner.probe_at.store(0, Ordering::Relaxed);
-                if single {
-                    if let Some(v) = verdicts.first().filter(|v| !v.allowed) {
-                        self.inner.deny.insert(
-                            prepared[0].cache,
-                            checks[0].cost,
-                            self.cache_now(now),
-                            *v,
-                        );
-                    }
-                }
                 Ok(decisions(checks, verdicts))
             }
             Err(e) => {
-                self.inner.stats.errors.fetch_add(1, Ordering::Relaxed);
-                if e.is_retryable() {
-                    self.open_circuit();
-                }
+                self.failed(&e);
                 Ok(self.fallback(now, checks).await)
             }
+        }
+    }
+
+    /// Counts a failed call; opens the circuit when Redis is unreachable or slow.
+    fn failed(&self, e: &StoreError) {
+        self.inner.stats.errors.fetch_add(1, Ordering::Relaxed);
+        if e.is_retryable() {
+            self.open_circuit();
+        }
+    }
+
+    async fn fallback_one(&self, now: Timestamp, check: &Check<'_>) -> Decision {
+        let mut d = self.fallback(now, std::slice::from_ref(check)).await;
+        d.as_slice().first().copied().unwrap_or_else(|| {
+            // The fallback answers every check; an empty answer would be a bug: deny.
+            d.push(
+                Verdict {
+                    allowed: false,
+                    limit: 0,
+                    remaining: 0,
+                    reset_micros: 0,
+                    retry_after_micros: None,
+                    delay_micros: 0,
+                }
+                .into_decision(check.policy.shared_name()),
+            );
+            d.as_slice()[0]
+        })
+    }
+
+    /// Gives every unspent unit of this instance's leases back to Redis: call it when the
+    /// instance shuts down, so its leases do not hold quota back from the others until they
+    /// end. `now` is the caller's clock (used with `clock = local`). Best effort: the first
+    /// failure is returned after trying the rest.
+    pub async fn return_leases(&self, now: Timestamp) -> Result<(), StoreError> {
+        let returns = self.inner.leases.drain();
+        self.return_units(now, &returns).await
+    }
+}
+
+impl Store for RedisStore {
+    async fn apply(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
+        let decision = match checks {
+            [] => return Ok(Decisions::new()),
+            [check] => match check.policy.lease() {
+                Some(lease) if check.cost > 0 => {
+                    self.apply_leased(now, check, lease.ttl_micros(), lease.size())
+                        .await?
+                }
+                _ => self.apply_one_plain(now, check).await?,
+            },
+            _ => return self.apply_many(now, checks).await,
+        };
+        let mut out = Decisions::new();
+        out.push(decision);
+        Ok(out)
+    }
+
+    async fn apply_one(&self, now: Timestamp, check: Check<'_>) -> Result<Decision, StoreError> {
+        match check.policy.lease() {
+            Some(lease) if check.cost > 0 => {
+                self.apply_leased(now, &check, lease.ttl_micros(), lease.size())
+                    .await
+            }
+            _ => self.apply_one_plain(now, &check).await,
         }
     }
 
