@@ -28,7 +28,7 @@
 //!
 //! # Operating it
 //!
-//! - Redis 3.2 or later (tested with 7.0), standalone or Cluster; no modules. Keys are
+//! - Redis 5 or later (tested with 7.0), standalone or Cluster; no modules. Keys are
 //!   `<key_prefix>:{<128-bit HMAC-SHA256 of the client key, hex>}:<policy fingerprint, hex>`,
 //!   each with a TTL of one full reset, so memory follows the active keys.
 //! - Every instance sharing a Redis must use the same `key_secret` and `key_prefix`.

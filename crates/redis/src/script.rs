@@ -6,7 +6,7 @@
 //! ([`crate::verdict`]). Everything the caller can do stays out of Lua: it picks the script
 //! for the algorithm, computes the parameters (horizons, depths, lease sizes), and reads plain
 //! integers back. The clock is chosen once per store by the prelude the scripts start with:
-//! Redis `TIME`, or the caller's `now` (`ARGV[1]`).
+//! Redis `TIME`, or the caller's `now` (then the last `ARGV`).
 
 use redis::{Cmd, Script as RedisScript};
 use tollgate::{Check, Quota, StoreError};
@@ -20,13 +20,12 @@ pub const MAX_DEPTH: u64 = 1 << 51;
 /// A `max_delay` the scripts treat as no bound: above any wait a bucket can have.
 const NO_MAX_DELAY: i64 = 1 << 52;
 
-/// Reads Redis's clock. Redis before 5 replicates scripts verbatim and refuses writes after
-/// `TIME` unless the script switches to effects replication (from 5 on this is the default).
-const REDIS_CLOCK: &str = "if redis.replicate_commands then redis.replicate_commands() end\n\
-     local now = redis.call('TIME')\nnow = now[1] * 1000000 + now[2]\n";
+/// Reads Redis's clock (Redis 5 or later replicates a script's effects, so a script may write
+/// after reading `TIME`).
+const REDIS_CLOCK: &str = "local now = redis.call('TIME')\nnow = now[1] * 1000000 + now[2]\n";
 
-/// Takes the caller's clock from `ARGV[1]`.
-const LOCAL_CLOCK: &str = "local now = tonumber(ARGV[1])\n";
+/// Takes the caller's clock from the last `ARGV`, which the store appends in this mode only.
+const LOCAL_CLOCK: &str = "local now = tonumber(ARGV[#ARGV])\n";
 
 const CEIL_MUL_DIV: &str = include_str!("script/ceil_mul_div.lua");
 
@@ -167,8 +166,8 @@ pub(crate) fn validate(check: &Check<'_>) -> Result<(), StoreError> {
     }
 }
 
-/// Appends the one-check script's `ARGV` after `now` for `check`: admit its cost, or take up to
-/// `want` (a lease, `want >= cost`) logged `at` µs later (sliding window log leases).
+/// Appends the one-check script's `ARGV` for `check`: admit its cost, or take up to `want` (a
+/// lease, `want >= cost`) logged `at` µs later (sliding window log leases).
 pub(crate) fn one_check_args(
     cmd: &mut Cmd,
     check: &Check<'_>,

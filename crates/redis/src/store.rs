@@ -336,13 +336,6 @@ impl RedisStore {
             .unwrap_or(Err(StoreError::Timeout { after }))
     }
 
-    fn clock_arg(&self, now: Timestamp) -> i64 {
-        match self.inner.config.clock {
-            ClockSource::Redis => -1,
-            ClockSource::Local => i64::try_from(now.as_micros()).unwrap_or(i64::MAX),
-        }
-    }
-
     fn mono_micros(&self) -> u64 {
         u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
     }

@@ -54,20 +54,21 @@ impl State {
 /// What a one-check script did: the verdict for the check's cost, and what it took.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Grant {
-    /// The script's clock, µs.
-    pub(crate) now: u64,
     /// Units written: 0 when denied (or a peek), the cost, or up to the lease asked for.
     pub(crate) granted: u32,
     /// The verdict for the check's own cost, as the pure algorithm gives it.
     pub(crate) verdict: Verdict,
     /// The verdict for taking all `granted` units (a lease: its `remaining` and `reset`).
     pub(crate) after_grant: Verdict,
-    /// Fixed window and sliding window counter: the end of the window the units count in.
-    pub(crate) window_end: u64,
+    /// Leases only (0 otherwise): the script's clock, µs.
+    pub(crate) now: u64,
+    /// Leases only: how long after `now` the window the units count in ends (fixed window,
+    /// sliding window counter; 0 for the others).
+    pub(crate) window_left: u64,
 }
 
 /// The integers of a script's reply.
-pub(crate) fn integers(reply: Value) -> Result<Vec<u64>, StoreError> {
+pub(crate) fn integers(reply: Value) -> Result<Vec<i64>, StoreError> {
     let Value::Array(items) = reply else {
         return Err(protocol(&format!(
             "expected an array from the script, got {reply:?}"
@@ -76,8 +77,7 @@ pub(crate) fn integers(reply: Value) -> Result<Vec<u64>, StoreError> {
     items
         .into_iter()
         .map(|item| match item {
-            Value::Int(i) => u64::try_from(i)
-                .map_err(|_| protocol(&format!("negative value {i} from the script"))),
+            Value::Int(i) => Ok(i),
             other => Err(protocol(&format!(
                 "expected an integer in the script's reply, got {other:?}"
             ))),
@@ -85,14 +85,30 @@ pub(crate) fn integers(reply: Value) -> Result<Vec<u64>, StoreError> {
         .collect()
 }
 
-fn at(ints: &[u64], i: usize) -> Result<u64, StoreError> {
+fn at(ints: &[i64], i: usize) -> Result<i64, StoreError> {
     ints.get(i)
         .copied()
         .ok_or_else(|| protocol(&format!("the script replied {} integers", ints.len())))
 }
 
-fn small(v: u64) -> Result<u32, StoreError> {
-    u32::try_from(v).map_err(|_| protocol(&format!("count {v} out of range")))
+fn unsigned(v: i64) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| protocol(&format!("negative value {v} from the script")))
+}
+
+fn small<T: TryInto<u32> + Copy + std::fmt::Display>(v: T) -> Result<u32, StoreError> {
+    v.try_into()
+        .map_err(|_| protocol(&format!("count {v} out of range")))
+}
+
+/// The one-check scripts report times relative to their clock; the pure algorithms run on an
+/// instant this far from the epoch instead (decisions carry only durations).
+const BASE: u64 = 1 << 50;
+
+/// A fixed window's or sliding window counter's instant and window end for a window ending
+/// `left` µs from now: the end on the window grid, as the algorithms normalise it.
+fn on_grid(window: u64, left: u64) -> (u64, u64) {
+    let end = (BASE / window + left / window + 2) * window;
+    (end - left, end)
 }
 
 /// A sliding window log with `total` units, the newest at `newest`, whose oldest units (in
@@ -125,49 +141,61 @@ fn small_sat(v: u64) -> u32 {
 pub(crate) fn one_check(check: &Check<'_>, reply: Value) -> Result<Grant, StoreError> {
     let ints = integers(reply)?;
     let quota = check.policy.quota();
-    let now = at(&ints, 0)?;
-    let granted = small(at(&ints, 1)?)?;
-    let mut window_end = 0;
-    let state = match quota {
-        Quota::FixedWindow(_) => {
-            window_end = at(&ints, 2)?;
-            State::Fixed(FixedWindowState {
-                window_end,
-                count: small(at(&ints, 3)?)?,
-            })
+    let granted = small(at(&ints, 0)?)?;
+    let mut window_left = 0;
+    // The extra integer a lease's reply ends with: the script's clock.
+    let mut lease_now = None;
+    let (now, state) = match quota {
+        Quota::FixedWindow(a) => {
+            window_left = unsigned(at(&ints, 1)?)?;
+            let (now, window_end) = on_grid(a.window_micros(), window_left);
+            lease_now = ints.get(3);
+            let count = small(at(&ints, 2)?)?;
+            (now, State::Fixed(FixedWindowState { window_end, count }))
         }
-        Quota::SlidingWindowCounter(_) => {
-            window_end = at(&ints, 2)?;
-            State::Counter(SlidingWindowCounterState {
+        Quota::SlidingWindowCounter(a) => {
+            window_left = unsigned(at(&ints, 1)?)?;
+            let (now, window_end) = on_grid(a.window_micros(), window_left);
+            lease_now = ints.get(4);
+            let state = SlidingWindowCounterState {
                 window_end,
-                current: small(at(&ints, 3)?)?,
-                previous: small(at(&ints, 4)?)?,
-            })
+                current: small(at(&ints, 2)?)?,
+                previous: small(at(&ints, 3)?)?,
+            };
+            (now, State::Counter(state))
         }
         Quota::SlidingWindowLog(_) => {
-            let (total, newest) = (at(&ints, 2)?, at(&ints, 3)?);
-            // When denied: the unit whose expiry makes room (and every older one).
-            let oldest: Vec<(u64, u64)> = match ints.get(4) {
-                Some(&t) => {
-                    let free = total + u64::from(check.cost)
-                        - u64::from(quota.limit()).min(total + u64::from(check.cost));
-                    vec![(t, free)]
+            let total = unsigned(at(&ints, 1)?)?;
+            let newest = BASE.saturating_add_signed(at(&ints, 2)?);
+            // After a denial: the unit whose expiry makes room (and every older one).
+            let mut oldest = Vec::new();
+            match ints.get(3) {
+                Some(&extra) if granted == 0 => {
+                    let cost = u64::from(check.cost);
+                    let free = (total + cost).saturating_sub(u64::from(quota.limit()));
+                    oldest.push((BASE.saturating_add_signed(extra), free));
                 }
-                None => Vec::new(),
-            };
-            State::Log(log_state(total, newest, &oldest))
+                other => lease_now = other,
+            }
+            (BASE, State::Log(log_state(total, newest, &oldest)))
         }
-        Quota::TokenBucket(_) => State::Token(TokenBucketState { tat: at(&ints, 2)? }),
-        Quota::LeakyBucket(_) => State::Leaky(LeakyBucketState {
-            next_free: at(&ints, 2)?,
-        }),
+        Quota::TokenBucket(_) => {
+            let tat = BASE + unsigned(at(&ints, 1)?)?;
+            (BASE, State::Token(TokenBucketState { tat }))
+        }
+        Quota::LeakyBucket(_) => {
+            let next_free = BASE + unsigned(at(&ints, 1)?)?;
+            (BASE, State::Leaky(LeakyBucketState { next_free }))
+        }
     };
-    let time = Timestamp::from_micros(now);
     pruned(quota, &state, now)?;
+    let time = Timestamp::from_micros(now);
     let verdict = state.clone().evaluate(quota, time, check.cost)?;
-    let admitted = match quota {
-        Quota::LeakyBucket(_) => granted == 1,
-        _ => granted >= check.cost && (check.cost > 0 || verdict.allowed),
+    let leaky = matches!(quota, Quota::LeakyBucket(_));
+    let admitted = if leaky {
+        granted == 1
+    } else {
+        granted >= check.cost && (check.cost > 0 || verdict.allowed)
     };
     if admitted != verdict.allowed {
         return Err(protocol(&format!(
@@ -176,21 +204,21 @@ pub(crate) fn one_check(check: &Check<'_>, reply: Value) -> Result<Grant, StoreE
             check.cost
         )));
     }
-    let after_grant = if granted > check.cost && !matches!(quota, Quota::LeakyBucket(_)) {
+    let after_grant = if granted > check.cost && !leaky {
         state.clone().evaluate(quota, time, granted)?
     } else {
         verdict
     };
     Ok(Grant {
-        now,
-        granted: if matches!(quota, Quota::LeakyBucket(_)) {
+        granted: if leaky {
             check.cost * u32::from(verdict.allowed)
         } else {
             granted
         },
         verdict,
         after_grant,
-        window_end,
+        now: lease_now.copied().map_or(Ok(0), unsigned)?,
+        window_left,
     })
 }
 
@@ -204,7 +232,7 @@ pub(crate) fn multi(
     commit: bool,
 ) -> Result<Vec<Verdict>, StoreError> {
     let ints = integers(reply)?;
-    let now = Timestamp::from_micros(at(&ints, 0)?);
+    let now = Timestamp::from_micros(unsigned(at(&ints, 0)?)?);
     let script_admitted = at(&ints, 1)? == 1;
     let mut pos = 2;
     // One state per distinct key, from its first check's report.
@@ -266,9 +294,9 @@ fn pruned(quota: &Quota, state: &State, now: u64) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn read_state(quota: &Quota, ints: &[u64], pos: &mut usize) -> Result<State, StoreError> {
+fn read_state(quota: &Quota, ints: &[i64], pos: &mut usize) -> Result<State, StoreError> {
     let mut next = || {
-        let v = at(ints, *pos);
+        let v = at(ints, *pos).and_then(unsigned);
         *pos += 1;
         v
     };
@@ -310,27 +338,31 @@ mod tests {
 
     #[test]
     fn replies_of_the_wrong_shape_are_protocol_errors() {
-        for reply in [
-            Value::Nil,
-            Value::Array(vec![Value::Int(1)]),
-            Value::Array(vec![Value::Nil; 4]),
-            Value::Array(vec![Value::Int(-5); 4]),
-        ] {
-            assert!(integers(reply.clone()).is_err() || reply_too_short(reply));
-        }
-    }
-
-    fn reply_too_short(reply: Value) -> bool {
         let policy = tollgate::Policy::new(
             "shape",
             Quota::fixed_window(5, std::time::Duration::from_secs(1))
                 .unwrap_or_else(|e| panic!("{e}")),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        matches!(
-            one_check(&Check::new(&policy, b"k", 1), reply),
-            Err(StoreError::Protocol { .. })
-        )
+        let check = Check::new(&policy, b"k", 1);
+        for reply in [
+            Value::Nil,
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![Value::Nil; 3]),
+            Value::Array(vec![Value::Int(-5); 3]),
+            // Admitted by the script, denied by the algorithm (6 of 5 used).
+            Value::Array(vec![Value::Int(1), Value::Int(1_000), Value::Int(6)]),
+        ] {
+            assert!(matches!(
+                one_check(&check, reply),
+                Err(StoreError::Protocol { .. })
+            ));
+        }
+        let ok = Value::Array(vec![Value::Int(1), Value::Int(250_000), Value::Int(2)]);
+        let grant = one_check(&check, ok).unwrap_or_else(|e| panic!("{e}"));
+        assert!(grant.verdict.allowed);
+        assert_eq!(grant.verdict.remaining, 2);
+        assert_eq!(grant.verdict.reset_micros, 250_000);
     }
 
     #[test]

@@ -26,10 +26,12 @@ use std::time::{Duration, Instant, SystemTime};
 use tollgate::{Check, Policy, Quota, Store, Timestamp};
 use tollgate_redis::{RedisConfig, RedisStore};
 
+mod hot_key;
+
 const KEYS: u64 = 10_000;
 
 /// Before the measured interval: connections made, scripts loaded, the runtime warm.
-const WARM_UP: Duration = Duration::from_millis(500);
+pub(crate) const WARM_UP: Duration = Duration::from_millis(500);
 
 struct Args {
     url: String,
@@ -140,6 +142,17 @@ pub(crate) async fn store(url: &str) -> Result<RedisStore, Box<dyn std::error::E
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
+    if args.hot_key {
+        return hot_key::run(
+            &args.url,
+            args.instances,
+            args.concurrency,
+            args.seconds,
+            args.limit,
+            args.lease,
+        )
+        .await;
+    }
     let policy = spread_policy(&args.algorithm)?;
     if args.print_minimal_args {
         println!("{}", minimal_args(&policy));

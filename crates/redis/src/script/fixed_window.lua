@@ -4,9 +4,10 @@
 -- decides what to write, atomically.
 --
 -- KEYS[1] "<window_end> <count>"
--- ARGV    now, window_us, limit, cost, want (>= cost)
--- Reply   now, granted (0 when denied; cost..want when admitted), window_end, count (before)
-local w, limit, cost, want = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+-- ARGV    window_us, limit, cost, want (>= cost)
+-- Reply   granted (0 when denied; cost..want when admitted), window_end - now, count (before);
+--         and now when it takes a lease (want > cost)
+local w, limit, cost, want = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 -- Exact: floor(a / b) of doubles is exact for integers a < 2^53.
 local e = now - now % w + w
 local c = 0
@@ -25,4 +26,5 @@ if c + cost <= limit then
     redis.call('SET', KEYS[1], string.format('%d %d', e, c + g), 'PX', math.ceil((e - now) / 1000))
   end
 end
-return {now, g, e, c}
+if want > cost then return {g, e - now, c, now} end
+return {g, e - now, c}

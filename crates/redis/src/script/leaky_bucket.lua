@@ -3,17 +3,17 @@
 -- (crates/core/src/algorithm/leaky_bucket.rs).
 --
 -- KEYS[1] "<next_free>": when the next departure slot is free
--- ARGV    now, interval_us, depth_us (burst x interval), max_delay_us (2^52 for none), cost
--- Reply   now, admitted (0/1), next_free (as stored, 0 for none)
-local iv, depth, maxd, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local stored = tonumber(redis.call('GET', KEYS[1]) or 0)
-local start = stored
+-- ARGV    interval_us, depth_us (burst x interval), max_delay_us (2^52 for none), cost
+-- Reply   admitted (0/1), the wait until the next free slot (0 when it is past)
+local iv, depth, maxd, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local start = tonumber(redis.call('GET', KEYS[1]) or 0)
 if start < now then start = now end
+local wait = start - now
 local e = start + cost * iv
-if e - now <= depth and start - now <= maxd then
+if e - now <= depth and wait <= maxd then
   if cost > 0 then
     redis.call('SET', KEYS[1], string.format('%d', e), 'PX', math.ceil((e - now) / 1000))
   end
-  return {now, 1, stored}
+  return {1, wait}
 end
-return {now, 0, stored}
+return {0, wait}

@@ -5,8 +5,8 @@
 -- states this script reports (as the memory store does), so it only decides what to write.
 --
 -- KEYS[i]  the state key of check i (several checks may name one key: they count twice)
--- ARGV[2]  1: write when every check admits; 0: a dry run, nothing written
--- ARGV[3 + 5(i-1) ..] per check: algorithm, p1, p2, p3, cost
+-- ARGV[1]  1: write when every check admits; 0: a dry run, nothing written
+-- ARGV[2 + 5(i-1) ..] per check: algorithm, p1, p2, p3, cost
 --   1 fixed window            window_us, limit, 0
 --   2 sliding window log      window_us, limit, how many of the oldest units to report
 --   3 sliding window counter  window_us, limit, 0
@@ -16,7 +16,7 @@
 -- one-check scripts report it: fixed e c | log total newest n ts_1..ts_n (the n oldest units)
 -- | counter e current previous | token tat | leaky next_free.
 local n = #KEYS
-local commit = ARGV[2] == '1'
+local commit = ARGV[1] == '1'
 local states, out = {}, {now, 1}
 
 local function load(key, alg, p1, p2, p3)
@@ -126,7 +126,7 @@ end
 
 local all, dirty = true, {}
 for i = 1, n do
-  local b = 2 + (i - 1) * 5
+  local b = 1 + (i - 1) * 5
   local alg, p1, p2, p3, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
     tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   local key = KEYS[i]

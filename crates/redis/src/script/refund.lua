@@ -2,13 +2,13 @@
 -- Runs after a clock prelude that defines `now` (µs). Mirrors the pure algorithms' `refund`.
 --
 -- KEYS[i]  the state key of check i
--- ARGV[2 + 5(i-1) ..] per check: algorithm (codes as in multi.lua), p1 (window_us or
+-- ARGV[1 + 5(i-1) ..] per check: algorithm (codes as in multi.lua), p1 (window_us or
 --          interval_us), cost, guard, 0. The guard ties a lease's return to where its units
 --          were taken: the window end (fixed window, sliding window counter: nothing comes
 --          back once that window is over) or the score they were logged at (sliding window
 --          log); 0 for a plain refund.
 for i = 1, #KEYS do
-  local b = 1 + (i - 1) * 5
+  local b = (i - 1) * 5
   local alg, p1, cost, guard = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
     tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
   local key = KEYS[i]

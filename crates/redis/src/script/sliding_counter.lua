@@ -3,9 +3,10 @@
 -- reply with the pure algorithm (crates/core/src/algorithm/sliding_window.rs).
 --
 -- KEYS[1] "<window_end> <current> <previous>"
--- ARGV    now, window_us, limit, cost, want (>= cost)
--- Reply   now, granted (0 when denied), window_end, current, previous (before)
-local w, limit, cost, want = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+-- ARGV    window_us, limit, cost, want (>= cost)
+-- Reply   granted (0 when denied), window_end - now, current, previous (before); and now when
+--         it takes a lease (want > cost)
+local w, limit, cost, want = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local e = now - now % w + w
 local cur, prev = 0, 0
 local v = redis.call('GET', KEYS[1])
@@ -38,4 +39,5 @@ if cost <= room then
       math.ceil((e + w - now) / 1000))
   end
 end
-return {now, g, e, cur, prev}
+if want > cost then return {g, e - now, cur, prev, now} end
+return {g, e - now, cur, prev}

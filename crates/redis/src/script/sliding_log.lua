@@ -9,13 +9,14 @@
 -- the top, so an index is never reused while its member lives.
 --
 -- KEYS[1] the sorted set
--- ARGV    now, window_us, limit, cost, want (>= cost), at: the score offset of this grant (0;
---         a lease logs its units at now + its lifetime, the latest they can be spent)
--- Reply   now, granted (0 when denied), total, newest (0 for none), and when denied with
---         cost <= limit: the score of the oldest unit whose expiry makes room
+-- ARGV    window_us, limit, cost, want (>= cost), at: the score offset of this grant (0; a
+--         lease logs its units at now + its ttl, the latest they can be spent)
+-- Reply   granted (0 when denied), total, newest - now (-now for none); then when denied with
+--         cost <= limit: the score of the oldest unit whose expiry makes room, less now; when
+--         it takes a lease (want > cost): now
 local k = KEYS[1]
-local w, limit, cost, want, at = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]),
-  tonumber(ARGV[5]), tonumber(ARGV[6])
+local w, limit, cost, want, at = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]),
+  tonumber(ARGV[4]), tonumber(ARGV[5])
 -- A unit admitted at t counts while now < t + window.
 redis.call('ZREMRANGEBYSCORE', k, '-inf', string.format('%d', now - w))
 local total = redis.call('ZCARD', k)
@@ -26,9 +27,9 @@ if cost > limit - total then
   local free = total + cost - limit
   if free <= total then
     local r = redis.call('ZRANGE', k, free - 1, free - 1, 'WITHSCORES')
-    return {now, 0, total, newest, tonumber(r[2])}
+    return {0, total, newest - now, tonumber(r[2]) - now}
   end
-  return {now, 0, total, newest}
+  return {0, total, newest - now}
 end
 local g = limit - total
 if want < g then g = want end
@@ -58,4 +59,5 @@ if g > 0 then
   if s > last then last = s end
   redis.call('PEXPIRE', k, math.ceil((last + w - now) / 1000))
 end
-return {now, g, total, newest}
+if want > cost then return {g, total, newest - now, now} end
+return {g, total, newest - now}

@@ -3,12 +3,12 @@
 -- reply with the pure algorithm (crates/core/src/algorithm/token_bucket.rs).
 --
 -- KEYS[1] "<tat>": when the bucket is full again
--- ARGV    now, interval_us, horizon_us (capacity x interval), cost, want (>= cost)
--- Reply   now, granted (0 when denied), tat (as stored, 0 for none)
-local iv, horizon, cost, want = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local stored = tonumber(redis.call('GET', KEYS[1]) or 0)
-local tat = stored
+-- ARGV    interval_us, horizon_us (capacity x interval), cost, want (>= cost)
+-- Reply   granted (0 when denied), the wait until the bucket's tat (0 when it is past)
+local iv, horizon, cost, want = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local tat = tonumber(redis.call('GET', KEYS[1]) or 0)
 if tat < now then tat = now end
+local wait = tat - now
 -- Whole tokens in the bucket: admitted iff tat + cost x interval - now <= horizon.
 local room = math.floor((now + horizon - tat) / iv)
 local g = 0
@@ -20,4 +20,4 @@ if cost <= room then
     redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.ceil((tat - now) / 1000))
   end
 end
-return {now, g, stored}
+return {g, wait}

@@ -8,6 +8,7 @@ use tollgate::{Check, StoreError, Timestamp, Verdict};
 
 use super::connection::{Conn, classify, is_noscript};
 use super::{Prepared, RedisStore};
+use crate::config::ClockSource;
 use crate::script::{self, ScriptKind};
 use crate::verdict::{self, Grant, protocol};
 
@@ -33,8 +34,10 @@ impl RedisStore {
         for key in keys {
             cmd.arg(*key);
         }
-        cmd.arg(self.clock_arg(now));
         args(&mut cmd)?;
+        if self.inner.config.clock == ClockSource::Local {
+            cmd.arg(now.as_micros());
+        }
         Ok(cmd)
     }
 

@@ -102,13 +102,11 @@ impl RedisStore {
                 .insert(cache, check.cost, clock, granted.verdict);
             return Ok(granted.verdict.into_decision(name));
         }
-        // The lease ends where its units stop counting: the window's end, or `ttl` after it
-        // was taken (a log's units are logged at that instant).
-        let end = match check.policy.quota() {
-            Quota::FixedWindow(_) | Quota::SlidingWindowCounter(_) => {
-                granted.window_end.min(granted.now + ttl)
-            }
-            _ => granted.now + ttl,
+        // The lease lasts until its units stop counting (the window's end) or `ttl` has passed
+        // (a log's units are logged at that instant).
+        let span = match check.policy.quota() {
+            Quota::FixedWindow(_) | Quota::SlidingWindowCounter(_) => granted.window_left.min(ttl),
+            _ => ttl,
         };
         let mut after_grant = granted.after_grant;
         if log {
@@ -118,14 +116,12 @@ impl RedisStore {
         renewal.install(&Grant {
             units: granted.granted - check.cost,
             taken_at: sent,
-            until: lease::until(
-                sent,
-                end - granted.now,
-                self.inner.config.clock == ClockSource::Redis,
-            ),
+            until: lease::until(sent, span, self.inner.config.clock == ClockSource::Redis),
             after_grant,
             guard: match check.policy.quota() {
-                Quota::FixedWindow(_) | Quota::SlidingWindowCounter(_) => granted.window_end,
+                Quota::FixedWindow(_) | Quota::SlidingWindowCounter(_) => {
+                    granted.now + granted.window_left
+                }
                 Quota::SlidingWindowLog(_) => granted.now + ttl,
                 _ => 0,
             },
