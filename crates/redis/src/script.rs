@@ -6,7 +6,7 @@
 //! ([`crate::verdict`]). Everything the caller can do stays out of Lua: it picks the script
 //! for the algorithm, computes the parameters (horizons, depths, lease sizes), and reads plain
 //! integers back. The clock is chosen once per store by the prelude the scripts start with:
-//! Redis `TIME`, or the caller's `now` (then the last `ARGV`).
+//! Redis `TIME`, or the caller's `now` (then the first `ARGV`, taken off before the body runs).
 
 use redis::{Cmd, Script as RedisScript};
 use tollgate::{Check, Quota, StoreError};
@@ -24,8 +24,9 @@ const NO_MAX_DELAY: i64 = 1 << 52;
 /// after reading `TIME`).
 const REDIS_CLOCK: &str = "local now = redis.call('TIME')\nnow = now[1] * 1000000 + now[2]\n";
 
-/// Takes the caller's clock from the last `ARGV`, which the store appends in this mode only.
-const LOCAL_CLOCK: &str = "local now = tonumber(ARGV[#ARGV])\n";
+/// Takes the caller's clock from the first `ARGV`, which the store sends in this mode only; the
+/// bodies see the same `ARGV` in both modes.
+const LOCAL_CLOCK: &str = "local now = tonumber(table.remove(ARGV, 1))\n";
 
 const CEIL_MUL_DIV: &str = include_str!("script/ceil_mul_div.lua");
 
@@ -166,46 +167,38 @@ pub(crate) fn validate(check: &Check<'_>) -> Result<(), StoreError> {
     }
 }
 
-/// Appends the one-check script's `ARGV` for `check`: admit its cost, or take up to `want` (a
-/// lease, `want >= cost`) logged `at` µs later (sliding window log leases).
+/// Appends the one-check script's `ARGV` for `check`: admit its cost or, when `want` exceeds
+/// it, take up to `want` units (a lease) logged `at` µs later (sliding window log). A plain
+/// check sends three or four values: every one Redis parses costs.
 pub(crate) fn one_check_args(
     cmd: &mut Cmd,
     check: &Check<'_>,
     want: u32,
     at: u64,
 ) -> Result<(), StoreError> {
-    let cost = i64::from(check.cost);
-    let want = i64::from(want.max(check.cost));
-    match check.policy.quota() {
-        Quota::FixedWindow(a) => {
-            cmd.arg(int(a.window_micros()))
-                .arg(a.limit())
-                .arg(cost)
-                .arg(want);
-        }
-        Quota::SlidingWindowCounter(a) => {
-            cmd.arg(int(a.window_micros()))
-                .arg(a.limit())
-                .arg(cost)
-                .arg(want);
-        }
-        Quota::SlidingWindowLog(a) => {
-            cmd.arg(int(a.window_micros()))
-                .arg(a.limit())
-                .arg(cost)
-                .arg(want)
-                .arg(int(at));
-        }
-        Quota::TokenBucket(a) => {
-            let horizon = u64::from(a.capacity()) * a.interval_micros();
-            cmd.arg(int(a.interval_micros()))
-                .arg(int(horizon))
-                .arg(cost)
-                .arg(want);
-        }
+    let cost = check.cost;
+    let (p1, p2) = match check.policy.quota() {
+        Quota::FixedWindow(a) => (a.window_micros(), u64::from(a.limit())),
+        Quota::SlidingWindowCounter(a) => (a.window_micros(), u64::from(a.limit())),
+        Quota::SlidingWindowLog(a) => (a.window_micros(), u64::from(a.limit())),
+        Quota::TokenBucket(a) => (
+            a.interval_micros(),
+            u64::from(a.capacity()) * a.interval_micros(),
+        ),
         Quota::LeakyBucket(a) => {
             let [interval, depth, max_delay] = leaky_params(check, a)?;
-            cmd.arg(interval).arg(depth).arg(max_delay).arg(cost);
+            cmd.arg(interval).arg(depth).arg(cost);
+            if max_delay < NO_MAX_DELAY {
+                cmd.arg(max_delay);
+            }
+            return Ok(());
+        }
+    };
+    cmd.arg(int(p1)).arg(int(p2)).arg(cost);
+    if want > cost {
+        cmd.arg(want);
+        if matches!(check.policy.quota(), Quota::SlidingWindowLog(_)) {
+            cmd.arg(int(at));
         }
     }
     Ok(())

@@ -44,6 +44,7 @@ struct Args {
     lease: Option<u32>,
     instances: usize,
     limit: u32,
+    threads: usize,
 }
 
 fn args() -> Result<Args, String> {
@@ -58,6 +59,7 @@ fn args() -> Result<Args, String> {
         lease: None,
         instances: 3,
         limit: 100_000,
+        threads: 1,
     };
     let mut it = std::env::args().skip(1).peekable();
     while let Some(flag) = it.next() {
@@ -72,6 +74,7 @@ fn args() -> Result<Args, String> {
             "--print-minimal-args" => out.print_minimal_args = true,
             "--hot-key" => out.hot_key = true,
             "--instances" => out.instances = number(value()?)? as usize,
+            "--threads" => out.threads = number(value()?)? as usize,
             "--limit" => out.limit = u32::try_from(number(value()?)?).map_err(|e| e.to_string())?,
             "--lease" => {
                 // An optional size: `--lease` alone takes the default.
@@ -139,9 +142,24 @@ pub(crate) async fn store(url: &str) -> Result<RedisStore, Box<dyn std::error::E
     Ok(store)
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
+    // The callers' runtime: `--threads 0` is a current-thread runtime, otherwise that many
+    // workers. One by default: on a 2-core machine that leaves Redis the other core, as it
+    // would have on a machine of its own.
+    let runtime = match args.threads {
+        0 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+    };
+    runtime.block_on(bench(args))
+}
+
+async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.hot_key {
         return hot_key::run(
             &args.url,

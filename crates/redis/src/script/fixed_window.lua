@@ -4,10 +4,11 @@
 -- decides what to write, atomically.
 --
 -- KEYS[1] "<window_end> <count>"
--- ARGV    window_us, limit, cost, want (>= cost)
+-- ARGV    window_us, limit, cost, [want: a lease, > cost]
 -- Reply   granted (0 when denied; cost..want when admitted), window_end - now, count (before);
 --         and now when it takes a lease (want > cost)
-local w, limit, cost, want = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local w, limit, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local want = tonumber(ARGV[4]) or cost
 -- Exact: floor(a / b) of doubles is exact for integers a < 2^53.
 local e = now - now % w + w
 local c = 0

@@ -3,9 +3,10 @@
 -- (crates/core/src/algorithm/leaky_bucket.rs).
 --
 -- KEYS[1] "<next_free>": when the next departure slot is free
--- ARGV    interval_us, depth_us (burst x interval), max_delay_us (2^52 for none), cost
+-- ARGV    interval_us, depth_us (burst x interval), cost, [max_delay_us]
 -- Reply   admitted (0/1), the wait until the next free slot (0 when it is past)
-local iv, depth, maxd, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local iv, depth, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local maxd = tonumber(ARGV[4]) or depth
 local start = tonumber(redis.call('GET', KEYS[1]) or 0)
 if start < now then start = now end
 local wait = start - now

@@ -3,9 +3,10 @@
 -- reply with the pure algorithm (crates/core/src/algorithm/token_bucket.rs).
 --
 -- KEYS[1] "<tat>": when the bucket is full again
--- ARGV    interval_us, horizon_us (capacity x interval), cost, want (>= cost)
+-- ARGV    interval_us, horizon_us (capacity x interval), cost, [want: a lease, > cost]
 -- Reply   granted (0 when denied), the wait until the bucket's tat (0 when it is past)
-local iv, horizon, cost, want = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local iv, horizon, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local want = tonumber(ARGV[4]) or cost
 local tat = tonumber(redis.call('GET', KEYS[1]) or 0)
 if tat < now then tat = now end
 local wait = tat - now

@@ -34,10 +34,10 @@ impl RedisStore {
         for key in keys {
             cmd.arg(*key);
         }
-        args(&mut cmd)?;
         if self.inner.config.clock == ClockSource::Local {
             cmd.arg(now.as_micros());
         }
+        args(&mut cmd)?;
         Ok(cmd)
     }
 
