@@ -69,7 +69,12 @@ for a in algs:
 PY
 rm -f "$RESULTS"
 
-echo "== one hot key, 3 instances x $CONCURRENCY callers (bench_redis --hot-key)"
-"$BENCH" --url "$URL" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN" --hot-key
-"$BENCH" --url "$URL" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN" --hot-key --lease
+echo "== one hot key, 3 instances x $CONCURRENCY callers (bench_redis --hot-key): a limit the"
+echo "   run does not reach (decisions/s), then one it reaches every window (over-admission)"
+for round in $(seq "$ROUNDS"); do
+  "$BENCH" --url "$URL" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN" --hot-key
+  "$BENCH" --url "$URL" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN" --hot-key --lease
+done
+"$BENCH" --url "$URL" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN" --hot-key --limit 200000
+"$BENCH" --url "$URL" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN" --hot-key --limit 200000 --lease
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

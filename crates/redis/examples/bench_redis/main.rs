@@ -58,7 +58,7 @@ fn args() -> Result<Args, String> {
         hot_key: false,
         lease: None,
         instances: 3,
-        limit: 100_000,
+        limit: 1_000_000,
         threads: 1,
     };
     let mut it = std::env::args().skip(1).peekable();
@@ -199,6 +199,7 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ (t as u64);
             let mut denied = 0u64;
             while !stop.load(Ordering::Relaxed) {
+                tokio::task::coop::consume_budget().await;
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;

@@ -1,5 +1,5 @@
 --! Several checks, all-or-nothing: every check's cost is written only if every check admits.
--- Runs after a clock prelude that defines `now` (µs) and ceil_mul_div.lua. Why one script: a
+-- Runs after a clock prelude that defines `now` (µs); ceil_mul_div.lua is spliced in below. Why one script: a
 -- request checked against several policies must be decided in one atomic step, and Redis runs
 -- a script without interleaving. The caller replays the checks with the pure algorithms on the
 -- states this script reports (as the memory store does), so it only decides what to write.
@@ -46,7 +46,8 @@ local function load(key, alg, p1, p2, p3)
       q = math.floor(p / p1)
       if q * p1 < p then q = q + 1 end
     else
-      q = ceil_mul_div(prev, p1 - since, p1)
+      local a, b, d = prev, p1 - since, p1
+      --[[ceil_mul_div]]
     end
     return {e = e, c = cur, prev = prev, weighted = q, report = {e, cur, prev}}
   elseif alg == 2 then

@@ -1,5 +1,5 @@
 --! Sliding window counter, one check: admits `cost`, or takes up to `want` (a lease).
--- Runs after a clock prelude that defines `now` (µs) and ceil_mul_div.lua. The caller computes the verdict from the
+-- Runs after a clock prelude that defines `now` (µs); ceil_mul_div.lua is spliced in below. The caller computes the verdict from the
 -- reply with the pure algorithm (crates/core/src/algorithm/sliding_window.rs).
 --
 -- KEYS[1] "<window_end> <current> <previous>"
@@ -28,7 +28,8 @@ if p < 9007199254740992 then
   q = math.floor(p / w)
   if q * w < p then q = q + 1 end
 else
-  q = ceil_mul_div(prev, w - since, w)
+  local a, b, d = prev, w - since, w
+  --[[ceil_mul_div]]
 end
 local room = limit - cur - q
 local g = 0

@@ -20,6 +20,28 @@ local want, at = tonumber(ARGV[4]) or cost, tonumber(ARGV[5]) or 0
 -- A unit admitted at t counts while now < t + window.
 redis.call('ZREMRANGEBYSCORE', k, '-inf', string.format('%d', now - w))
 local total = redis.call('ZCARD', k)
+-- Redis 7 and later: PEXPIRE ... GT keeps a later expiry (a lease's units logged ahead), so
+-- a plain admission needs neither the newest unit nor the count at its own instant.
+local v7 = redis.REDIS_VERSION_NUM and cost > 0 and want == cost and at == 0
+  and total + cost <= limit
+if v7 then
+  local ss = string.format('%d', now)
+  local expire = math.ceil(w / 1000)
+  if cost == 1 and redis.call('ZADD', k, 'NX', ss, ss .. ':0000000001') == 1 then
+    -- added
+  else
+    local first = redis.call('ZCOUNT', k, ss, ss)
+    for i = 1, cost do
+      redis.call('ZADD', k, ss, string.format('%s:%010d', ss, first + i))
+    end
+  end
+  if total == 0 then
+    redis.call('PEXPIRE', k, expire)
+  else
+    redis.call('PEXPIRE', k, expire, 'GT')
+  end
+  return {cost, total, 0}
+end
 local top = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
 local newest = 0
 if top[2] then newest = tonumber(top[2]) end

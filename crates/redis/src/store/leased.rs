@@ -23,9 +23,11 @@ impl RedisStore {
         let name = check.policy.shared_name();
         let mac = self.inner.hasher.mac(check.key);
         let cache: CacheKey = (check.policy.fingerprint(), u128::from_be_bytes(mac));
-        let clock = self.cache_now(now);
         let mut evicted = Vec::new();
         let slot = loop {
+            // Read afresh on every pass: a task that waited for a renewal spends now, not
+            // when it arrived.
+            let clock = self.cache_now(now);
             if let Some(v) = self.inner.deny.get(&cache, check.cost, clock) {
                 self.inner
                     .stats
@@ -96,10 +98,11 @@ impl RedisStore {
         };
         self.inner.probe_at.store(0, Ordering::Relaxed);
         if !granted.verdict.allowed {
-            // Cached before the waiting tasks wake, so they are answered from it.
+            // Cached before the waiting tasks wake, so they are answered from it; dated when
+            // the request left, as its retry time counts from no earlier.
             self.inner
                 .deny
-                .insert(cache, check.cost, clock, granted.verdict);
+                .insert(cache, check.cost, sent, granted.verdict);
             return Ok(granted.verdict.into_decision(name));
         }
         // The lease lasts until its units stop counting (the window's end) or `ttl` has passed
