@@ -4,10 +4,12 @@
 //! store) have nothing to save and ignore it; `tollgate-redis` honours it (its `docs/redis.md`
 //! states and proves how far the instances can over-admit together).
 
+use std::fmt;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 use crate::clock::duration_micros;
+use crate::quota::format_duration;
 use crate::{Quota, QuotaError};
 
 /// The longest a lease lives when the policy does not say: one second, and at most a tenth
@@ -97,6 +99,18 @@ impl Lease {
             ));
         }
         Ok(())
+    }
+}
+
+/// In the configuration's notation: `lease=100 lease_ttl=1s`.
+impl fmt::Display for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "lease={} lease_ttl={}",
+            self.size,
+            format_duration(self.ttl())
+        )
     }
 }
 
