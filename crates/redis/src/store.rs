@@ -22,6 +22,7 @@ use crate::script::{ScriptKind, Scripts};
 
 mod calls;
 mod connection;
+mod failure;
 mod leased;
 
 use connection::{Connection, classify};
@@ -37,8 +38,9 @@ const DENY_RETRY: Duration = Duration::from_secs(1);
 ///
 /// # Semantics
 ///
-/// Decisions equal the pure algorithms' of `tollgate::algorithm` (the Lua port does the same
-/// integer arithmetic in microseconds). With [`ClockSource::Redis`] (the default) the script
+/// Decisions equal the pure algorithms' of `tollgate::algorithm`: a script decides what to
+/// write in Redis and reports the state it read, and those algorithms compute the verdict from
+/// it (a script that disagrees with them is a [`StoreError::Protocol`]). With [`ClockSource::Redis`] (the default) the script
 /// reads Redis `TIME`, so the caller's `now` is ignored and instances whose clocks disagree
 /// still decide as one; [`ClockSource::Local`] uses the caller's `now`. Every key written gets
 /// a TTL of one full reset in the same script, so no key outlives its meaning even if a client
@@ -57,9 +59,16 @@ const DENY_RETRY: Duration = Duration::from_secs(1);
 /// # Cost per algorithm
 ///
 /// The counters and buckets keep one short string per key and cost O(1) per request. The
-/// sliding window log keeps a list of up to `limit` entries, reads it whole on each request
-/// (O(limit)) and writes only what changed (the expired head, the new tail): fine for small
-/// limits, otherwise prefer the sliding window counter.
+/// sliding window log keeps a sorted set of up to `limit` members, one per admitted unit, and
+/// costs O((1 + cost) log n) per request; about 41 bytes per unit up to 128 units, 118 beyond
+/// (`docs/redis.md`).
+///
+/// # Hot-key leases
+///
+/// A single check of a policy with a [`Lease`](tollgate::Lease) is spent from this instance's
+/// lease of its key; taking the next lease is the only call to Redis. `docs/redis.md` states the
+/// bound on what N instances over-admit together (none for the window algorithms) and proves
+/// it. Call [`RedisStore::return_leases`] when the instance stops.
 ///
 /// # Failures
 ///
@@ -348,76 +357,6 @@ impl RedisStore {
             ClockSource::Redis => self.mono_micros(),
         }
     }
-
-    /// Whether this call may go to Redis: always while healthy; when the circuit is open, one
-    /// call per probe interval.
-    fn may_call_redis(&self) -> bool {
-        let at = self.inner.probe_at.load(Ordering::Relaxed);
-        if at == 0 {
-            return true;
-        }
-        let now = self.mono_micros();
-        now >= at
-            && self
-                .inner
-                .probe_at
-                .compare_exchange(
-                    at,
-                    now + probe_micros(),
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-    }
-
-    fn open_circuit(&self) {
-        let next = self.mono_micros().max(1) + probe_micros();
-        let _ = self
-            .inner
-            .probe_at
-            .compare_exchange(0, next, Ordering::AcqRel, Ordering::Relaxed);
-    }
-
-    async fn fallback(&self, now: Timestamp, checks: &[Check<'_>]) -> Decisions {
-        self.inner.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
-        match self.inner.config.on_error {
-            OnError::Local => self.inner.memory.apply_now(now, checks),
-            OnError::Allow => checks
-                .iter()
-                .map(|c| {
-                    let limit = u64::from(c.policy.quota().limit());
-                    Verdict {
-                        allowed: true,
-                        limit,
-                        remaining: limit,
-                        reset_micros: 0,
-                        retry_after_micros: None,
-                        delay_micros: 0,
-                    }
-                    .into_decision(c.policy.shared_name())
-                })
-                .collect(),
-            OnError::Deny => checks
-                .iter()
-                .map(|c| {
-                    let retry = u64::try_from(DENY_RETRY.as_micros()).unwrap_or(u64::MAX);
-                    Verdict {
-                        allowed: false,
-                        limit: u64::from(c.policy.quota().limit()),
-                        remaining: 0,
-                        reset_micros: retry,
-                        retry_after_micros: Some(retry),
-                        delay_micros: 0,
-                    }
-                    .into_decision(c.policy.shared_name())
-                })
-                .collect(),
-        }
-    }
-}
-
-fn probe_micros() -> u64 {
-    u64::try_from(PROBE_INTERVAL.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl RedisStore {
@@ -481,33 +420,6 @@ impl RedisStore {
                 Ok(self.fallback(now, checks).await)
             }
         }
-    }
-
-    /// Counts a failed call; opens the circuit when Redis is unreachable or slow.
-    fn failed(&self, e: &StoreError) {
-        self.inner.stats.errors.fetch_add(1, Ordering::Relaxed);
-        if e.is_retryable() {
-            self.open_circuit();
-        }
-    }
-
-    async fn fallback_one(&self, now: Timestamp, check: &Check<'_>) -> Decision {
-        let mut d = self.fallback(now, std::slice::from_ref(check)).await;
-        d.as_slice().first().copied().unwrap_or_else(|| {
-            // The fallback answers every check; an empty answer would be a bug: deny.
-            d.push(
-                Verdict {
-                    allowed: false,
-                    limit: 0,
-                    remaining: 0,
-                    reset_micros: 0,
-                    retry_after_micros: None,
-                    delay_micros: 0,
-                }
-                .into_decision(check.policy.shared_name()),
-            );
-            d.as_slice()[0]
-        })
     }
 
     /// Gives every unspent unit of this instance's leases back to Redis: call it when the
