@@ -140,6 +140,16 @@ impl AnyStore {
         }
     }
 
+    /// Gives the unspent units of this instance's hot-key leases back to Redis (policies with
+    /// `lease`), so a stopping instance does not hold quota back from the others until its
+    /// leases end. Nothing to do for memory.
+    pub async fn return_leases(&self, now: Timestamp) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(r) => r.return_leases(now).await,
+        }
+    }
+
     /// Drops state whose quota has fully reset (memory); Redis keys expire by TTL.
     pub fn purge(&self, now: Timestamp) {
         match self {

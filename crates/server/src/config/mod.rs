@@ -331,6 +331,9 @@ impl fmt::Display for PolicyConfig {
         if self.require_key {
             f.write_str(" require_key=true")?;
         }
+        if let Some(lease) = self.policy.lease() {
+            write!(f, " {lease}")?;
+        }
         Ok(())
     }
 }

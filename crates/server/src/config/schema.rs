@@ -69,6 +69,8 @@ const POLICY: &[(&str, Ty)] = &[
     ("action", Ty::Str),
     ("max_delay", Ty::Str),
     ("require_key", Ty::Bool),
+    ("lease", Ty::Int),
+    ("lease_ttl", Ty::Str),
 ];
 const JWT: &[(&str, Ty)] = &[
     ("hs256_secret_env", Ty::Str),
