@@ -139,11 +139,7 @@ fn serve(path: Option<PathBuf>, envoy: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 #[tokio::main]
-async fn run(
-    path: Option<PathBuf>,
-    envoy: Option<PathBuf>,
-    config: Config,
-) -> anyhow::Result<()> {
+async fn run(path: Option<PathBuf>, envoy: Option<PathBuf>, config: Config) -> anyhow::Result<()> {
     let shutdown = shutdown_signal();
     let listeners = Listeners::bind(&config)
         .await

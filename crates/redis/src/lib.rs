@@ -40,6 +40,7 @@ mod config;
 mod deny_cache;
 mod keys;
 mod store;
+pub mod stream_queue;
 
 pub use config::{
     ClockSource, ConfigError, DEFAULT_KEY_PREFIX, DEFAULT_KEY_SECRET, DEFAULT_TIMEOUT, OnError,

@@ -1,0 +1,200 @@
+//! A `queue` policy's settings, the `queue_*` fields of a `[[policy]]` with `action = "queue"`:
+//! how large a request may be to be queued, how many may wait, how often and how patiently a
+//! delivery is tried, and when another instance takes over a stopped one's messages.
+
+use std::time::Duration;
+
+use tollgate::parse_duration;
+use toml::Spanned;
+
+use super::Errors;
+
+/// `queue_*`: how a `queue` policy stores and delivers requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueSettings {
+    /// `queue_max_body`: the largest request body queued, in bytes (default 1 MiB); a larger
+    /// one is answered 413.
+    pub max_body: usize,
+    /// `queue_max_depth`: the most requests waiting or being delivered (default 10,000); past
+    /// it, 429 with `Retry-After`.
+    pub max_depth: u64,
+    /// `queue_attempts`: deliveries tried before a request becomes a dead letter (default 10).
+    pub attempts: u32,
+    /// `queue_backoff`: the wait before the first retry (default 1s); it doubles each time, up
+    /// to [`MAX_BACKOFF`].
+    pub backoff: Duration,
+    /// `queue_claim_after`: how long a request taken by an instance that stopped (no heartbeat)
+    /// waits before another instance takes it over (default 30s; Redis only).
+    pub claim_after: Duration,
+    /// `queue_concurrency`: requests one instance holds at once, being delivered or waiting for
+    /// a retry (default 64).
+    pub concurrency: usize,
+}
+
+/// The longest wait between two attempts.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        QueueSettings {
+            max_body: 1 << 20,
+            max_depth: 10_000,
+            attempts: 10,
+            backoff: Duration::from_secs(1),
+            claim_after: Duration::from_secs(30),
+            concurrency: 64,
+        }
+    }
+}
+
+impl QueueSettings {
+    /// The wait before retry number `retry` (1 for the first): `backoff × 2^(retry − 1)`, at
+    /// most [`MAX_BACKOFF`].
+    pub fn backoff_for(&self, retry: u32) -> Duration {
+        let doublings = retry.saturating_sub(1).min(30);
+        self.backoff
+            .saturating_mul(1 << doublings)
+            .min(MAX_BACKOFF.max(self.backoff))
+    }
+}
+
+/// The `queue_*` fields of one `[[policy]]`, as written.
+pub(super) struct RawQueueFields<'a> {
+    pub(super) max_body: Option<&'a Spanned<i64>>,
+    pub(super) max_depth: Option<&'a Spanned<i64>>,
+    pub(super) attempts: Option<&'a Spanned<i64>>,
+    pub(super) backoff: Option<&'a Spanned<String>>,
+    pub(super) claim_after: Option<&'a Spanned<String>>,
+    pub(super) concurrency: Option<&'a Spanned<i64>>,
+}
+
+impl RawQueueFields<'_> {
+    /// Each field that is set, with where it is written.
+    fn present(&self) -> Vec<(&'static str, usize)> {
+        let int = |f: Option<&Spanned<i64>>| f.map(|v| v.span().start);
+        let text = |f: Option<&Spanned<String>>| f.map(|v| v.span().start);
+        [
+            ("queue_max_body", int(self.max_body)),
+            ("queue_max_depth", int(self.max_depth)),
+            ("queue_attempts", int(self.attempts)),
+            ("queue_backoff", text(self.backoff)),
+            ("queue_claim_after", text(self.claim_after)),
+            ("queue_concurrency", int(self.concurrency)),
+        ]
+        .into_iter()
+        .filter_map(|(name, at)| at.map(|at| (name, at)))
+        .collect()
+    }
+}
+
+/// Validates the `queue_*` fields of a policy: `Some(None)` for a policy that does not queue
+/// (where they are errors), `Some(Some(..))` for one that does, `None` after an error.
+pub(super) fn validate(
+    fields: &RawQueueFields<'_>,
+    queues: bool,
+    ctx: &str,
+    errs: &mut Errors<'_>,
+) -> Option<Option<QueueSettings>> {
+    if !queues {
+        let present = fields.present();
+        for (name, at) in &present {
+            errs.at(
+                *at,
+                format!("{ctx}field \"{name}\" applies to action = \"queue\" only; remove it or set action = \"queue\""),
+            );
+        }
+        return present.is_empty().then_some(None);
+    }
+    let d = QueueSettings::default();
+    let mut ok = true;
+    let mut int = |v: Option<&Spanned<i64>>, name: &str, min: i64, max: i64, default: i64| -> i64 {
+        match v {
+            Some(v) if (min..=max).contains(v.get_ref()) => *v.get_ref(),
+            Some(v) => {
+                errs.at(
+                    v.span().start,
+                    format!(
+                        "{ctx}field \"{name}\" must be from {min} to {max}, not {}",
+                        v.get_ref()
+                    ),
+                );
+                ok = false;
+                default
+            }
+            None => default,
+        }
+    };
+    let max_body = int(fields.max_body, "queue_max_body", 0, 64 << 20, 1 << 20);
+    let max_depth = int(fields.max_depth, "queue_max_depth", 1, 100_000_000, 10_000);
+    let attempts = int(fields.attempts, "queue_attempts", 1, 1_000, 10);
+    let concurrency = int(fields.concurrency, "queue_concurrency", 1, 4_096, 64);
+    let mut time = |v: Option<&Spanned<String>>, name: &str, min: Duration, default: Duration| {
+        let Some(v) = v else { return default };
+        match parse_duration(v.get_ref()) {
+            Ok(t) if t >= min && t <= Duration::from_secs(86_400) => t,
+            Ok(_) => {
+                errs.at(
+                    v.span().start,
+                    format!("{ctx}field \"{name}\" must be from {min:?} to 1d"),
+                );
+                ok = false;
+                default
+            }
+            Err(e) => {
+                errs.at(
+                    v.span().start,
+                    format!(
+                        "{ctx}field \"{name}\": {}; write e.g. {name} = \"1s\"",
+                        e.reason()
+                    ),
+                );
+                ok = false;
+                default
+            }
+        }
+    };
+    let backoff = time(
+        fields.backoff,
+        "queue_backoff",
+        Duration::from_millis(1),
+        d.backoff,
+    );
+    let claim_after = time(
+        fields.claim_after,
+        "queue_claim_after",
+        Duration::from_secs(1),
+        d.claim_after,
+    );
+    ok.then(|| {
+        Some(QueueSettings {
+            max_body: usize::try_from(max_body).unwrap_or(d.max_body),
+            max_depth: u64::try_from(max_depth).unwrap_or(d.max_depth),
+            attempts: u32::try_from(attempts).unwrap_or(d.attempts),
+            backoff,
+            claim_after,
+            concurrency: usize::try_from(concurrency).unwrap_or(d.concurrency),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_bound() {
+        let s = QueueSettings {
+            backoff: Duration::from_millis(100),
+            ..QueueSettings::default()
+        };
+        let waits: Vec<u128> = (1..=5).map(|n| s.backoff_for(n).as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1600]);
+        assert_eq!(s.backoff_for(40), MAX_BACKOFF);
+        // A first wait above the bound is kept as it is, never shortened.
+        let long = QueueSettings {
+            backoff: Duration::from_secs(600),
+            ..QueueSettings::default()
+        };
+        assert_eq!(long.backoff_for(3), Duration::from_secs(600));
+    }
+}
