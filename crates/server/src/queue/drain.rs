@@ -234,10 +234,17 @@ impl Drainer {
             (false, true) => now,
             (false, false) => now + POLL,
         };
-        self.waiting.extend(got.into_iter().map(|message| Held {
-            message,
-            not_before: now,
-        }));
+        // A claim can hand back an entry this instance holds already (one it was too slow to
+        // touch): it is delivered once.
+        let held: HashSet<String> = self.entries().into_iter().collect();
+        self.waiting.extend(
+            got.into_iter()
+                .filter(|m| !held.contains(&m.entry))
+                .map(|message| Held {
+                    message,
+                    not_before: now,
+                }),
+        );
     }
 
     /// Asks the bucket for a slot for every message that may go now, in order, and starts the
