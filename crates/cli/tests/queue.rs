@@ -142,6 +142,8 @@ fn an_instance_killed_mid_drain_loses_nothing_and_the_survivor_finishes() {
     // At least once: only what the killed instance held (at most its concurrency) can go twice.
     assert!(twice <= 16, "{twice} delivered twice");
     assert!(up.arrivals().len() > at_kill);
+    // What the killed instance held was taken over, not found by chance.
+    assert!(b.metric("tollgate_queue_claimed_total{policy=\"hooks\"}") > 0.0);
     assert!(
         b.metric("tollgate_queue_deliveries_total{policy=\"hooks\",result=\"delivered\"}") > 0.0
     );

@@ -97,6 +97,7 @@ pub struct QueueCounters {
     refused: AtomicU64,
     retries: AtomicU64,
     dead: AtomicU64,
+    claimed: AtomicU64,
     depth: AtomicU64,
     dead_depth: AtomicU64,
     /// When the oldest message was queued (ms since the epoch); 0: none.
@@ -136,6 +137,11 @@ impl QueueCounters {
     /// A message moved to the dead letters.
     pub fn dead(&self) {
         self.dead.fetch_add(1, Relaxed);
+    }
+
+    /// Messages taken over from an instance that stopped holding them (Redis).
+    pub fn claimed(&self, n: u64) {
+        self.claimed.fetch_add(n, Relaxed);
     }
 
     /// The queue's size as last read from its store.
@@ -374,7 +380,7 @@ impl Metrics {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         type Series = fn(&QueueCounters, u64) -> Vec<(&'static str, f64)>;
-        let families: [(&str, &str, &str, Series); 8] = [
+        let families: [(&str, &str, &str, Series); 9] = [
             (
                 "tollgate_queue_enqueued_total",
                 "counter",
@@ -414,6 +420,12 @@ impl Metrics {
                 "counter",
                 "Messages moved to the dead letters after their last attempt.",
                 |q, _| vec![("", q.dead.load(Relaxed) as f64)],
+            ),
+            (
+                "tollgate_queue_claimed_total",
+                "counter",
+                "Messages taken over from an instance that stopped (no heartbeat for queue_claim_after).",
+                |q, _| vec![("", q.claimed.load(Relaxed) as f64)],
             ),
             (
                 "tollgate_queue_depth",

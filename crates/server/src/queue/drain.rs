@@ -209,6 +209,8 @@ impl Drainer {
             match backend.claim(room, self.settings.claim_after).await {
                 Ok(claimed) => {
                     if !claimed.is_empty() {
+                        let n = u64::try_from(claimed.len()).unwrap_or(u64::MAX);
+                        self.queue.counters.claimed(n);
                         tracing::info!(policy = %self.queue.name, count = claimed.len(), "queue: took over messages of a stopped instance");
                     }
                     got = claimed;
