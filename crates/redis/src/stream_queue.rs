@@ -208,6 +208,17 @@ pub enum Pushed {
     Full,
 }
 
+/// What [`StreamQueue::redrive`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redriven {
+    /// Back in the queue.
+    Queued,
+    /// Not a dead letter of this queue.
+    NotDead,
+    /// The queue holds its most messages: the dead letter stays where it is.
+    Full,
+}
+
 /// A message to queue.
 #[derive(Clone, Copy, Debug)]
 pub struct NewMessage<'a> {
@@ -464,21 +475,35 @@ impl StreamQueue {
         reply::dead_letters(reply)
     }
 
-    /// Puts dead letter `id` back in the queue with a fresh count of attempts; `false` when
-    /// `id` is not a dead letter of this queue.
-    pub async fn redrive(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+    /// Puts dead letter `id` back in the queue with a fresh count of attempts, unless the
+    /// queue holds `max_depth` messages already.
+    pub async fn redrive(
+        &self,
+        id: &str,
+        now_ms: u64,
+        max_depth: u64,
+    ) -> Result<Redriven, StoreError> {
         if !valid_message_id(id) {
-            return Ok(false);
+            return Ok(Redriven::NotDead);
         }
         let key = self.status_key(id)?;
+        let args = vec![
+            GROUP.into(),
+            now_ms.to_string().into_bytes(),
+            max_depth.to_string().into_bytes(),
+        ];
         let reply = self
             .eval(
                 &self.shared.scripts.redrive,
                 &[&self.stream, &self.dead, &key],
-                vec![GROUP.into(), now_ms.to_string().into_bytes()],
+                args,
             )
             .await?;
-        Ok(reply::text(&reply).is_some())
+        Ok(match (reply::int(&reply), reply::text(&reply)) {
+            (Some(0), _) => Redriven::Full,
+            (_, Some(_)) => Redriven::Queued,
+            _ => Redriven::NotDead,
+        })
     }
 
     /// Deletes dead letter `id` for good; `false` when it is not a dead letter of this queue.

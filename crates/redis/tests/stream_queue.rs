@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use common::{RedisCluster, RedisServer};
 use tollgate_redis::RedisConfig;
-use tollgate_redis::stream_queue::{MessageState, NewMessage, Pushed, StreamQueue, StreamQueues};
+use tollgate_redis::stream_queue::{
+    MessageState, NewMessage, Pushed, Redriven, StreamQueue, StreamQueues,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -178,8 +180,15 @@ async fn a_message_lives_from_push_to_delivered_or_dead_and_back() {
     );
 
     // Re-driven: the same id, fresh attempts, a new entry; then delivered.
-    assert!(q.redrive("one", 5_000).await.unwrap());
-    assert!(!q.redrive("one", 5_000).await.unwrap());
+    // Not past the queue's bound: a full queue keeps it dead.
+    let _ = q.push(message("filler", b"f"), 10).await.unwrap();
+    assert_eq!(q.redrive("one", 5_000, 1).await.unwrap(), Redriven::Full);
+    let filler = q.read(1).await.unwrap().pop().unwrap();
+    q.complete(&filler, 200, 5_000, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(q.redrive("one", 5_000, 1).await.unwrap(), Redriven::Queued);
+    assert_eq!(q.redrive("one", 5_000, 1).await.unwrap(), Redriven::NotDead);
     let status = q.status("one").await.unwrap().unwrap();
     assert_eq!(
         (status.state, status.attempts, status.status),
@@ -248,7 +257,7 @@ async fn a_queue_lives_in_one_cluster_slot() {
         };
         let m = q.read(1).await.unwrap().pop().unwrap();
         q.bury(&m, 1, Some(500), "", 2).await.unwrap();
-        assert!(q.redrive("one", 3).await.unwrap());
+        assert_eq!(q.redrive("one", 3, 10).await.unwrap(), Redriven::Queued);
         let m = q.read(1).await.unwrap().pop().unwrap();
         q.complete(&m, 200, 4, Duration::from_secs(60))
             .await

@@ -3,11 +3,16 @@
 --
 -- KEYS[1]  the queue's stream   KEYS[2]  the dead-letter stream   KEYS[3]  the status hash
 -- ARGV[1]  the group   ARGV[2]  now (ms since the epoch)
+-- ARGV[3]  the most messages the queue may hold (a re-drive respects it too)
 --
--- Returns the new entry's id, or false when the message is not a dead letter.
+-- Returns the new entry's id, 0 when the queue is full, or false when the message is not a
+-- dead letter.
 local dead = redis.call('HGET', KEYS[3], 'dead')
 if not dead then
   return false
+end
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[3]) then
+  return 0
 end
 local e = redis.call('XRANGE', KEYS[2], dead, dead)
 if #e == 0 then

@@ -5,11 +5,14 @@
 //!   at a time (`next` is the `after` of the next page);
 //! - `POST /v1/queues/{policy}/dead/{id}/redrive`: one dead letter back in the queue, with a
 //!   fresh count of attempts and the same id (so the same `Idempotency-Key`);
-//! - `POST /v1/queues/{policy}/redrive`: every dead letter back in the queue;
+//! - `POST /v1/queues/{policy}/redrive`: every dead letter back in the queue (as many as it
+//!   has room for: re-driving respects `queue_max_depth`, and answers 409 when it is full);
 //! - `DELETE /v1/queues/{policy}/dead/{id}`: a dead letter dropped for good.
 
 use hyper::{Method, Response, StatusCode};
 use serde_json::{Value, json};
+
+use tollgate_redis::stream_queue::Redriven;
 
 use crate::Shared;
 use crate::queue::{self, Queue};
@@ -48,10 +51,17 @@ pub(crate) async fn handle(
             Some("no queue of this name: GET /v1/queues lists them"),
         );
     };
+    // Re-driving respects the queue's bound, as the running configuration sets it.
+    let max_depth = shared
+        .engine()
+        .policy(&name)
+        .and_then(|p| p.queue)
+        .unwrap_or_default()
+        .max_depth;
     match (method, &segments[1..]) {
         (&Method::GET, ["dead"]) => dead_letters(&queue, query).await,
-        (&Method::POST, ["redrive"]) => redrive_all(&queue).await,
-        (&Method::POST, ["dead", id, "redrive"]) => redrive(&queue, id).await,
+        (&Method::POST, ["redrive"]) => redrive_all(&queue, max_depth).await,
+        (&Method::POST, ["dead", id, "redrive"]) => redrive(&queue, id, max_depth).await,
         (&Method::DELETE, ["dead", id]) => discard(&queue, id).await,
         (_, ["dead"] | ["redrive"] | ["dead", _, "redrive"] | ["dead", _]) => not_allowed(),
         _ => problem(
@@ -144,13 +154,22 @@ async fn dead_letters(queue: &Queue, query: Option<&str>) -> Response<Body> {
     )
 }
 
-async fn redrive(queue: &Queue, id: &str) -> Response<Body> {
-    match queue.backend.redrive(id, queue::now_ms()).await {
-        Ok(true) => {
+fn full() -> Response<Body> {
+    problem(
+        StatusCode::CONFLICT,
+        "Queue full",
+        Some("the queue holds queue_max_depth messages: re-drive once it has room"),
+    )
+}
+
+async fn redrive(queue: &Queue, id: &str, max_depth: u64) -> Response<Body> {
+    match queue.backend.redrive(id, queue::now_ms(), max_depth).await {
+        Ok(Redriven::Queued) => {
             queue.wake.notify_one();
             json_response(StatusCode::OK, &json!({ "id": id, "state": "queued" }))
         }
-        Ok(false) => problem(
+        Ok(Redriven::Full) => full(),
+        Ok(Redriven::NotDead) => problem(
             StatusCode::NOT_FOUND,
             "Not found",
             Some("no dead letter of this queue has this id"),
@@ -159,18 +178,29 @@ async fn redrive(queue: &Queue, id: &str) -> Response<Body> {
     }
 }
 
-async fn redrive_all(queue: &Queue) -> Response<Body> {
+/// Re-drives dead letters oldest first until none is left or the queue is full; answers how
+/// many went back and whether the queue filled up (then some remain).
+async fn redrive_all(queue: &Queue, max_depth: u64) -> Response<Body> {
     let mut redriven = 0u64;
     let mut after: Option<String> = None;
-    loop {
+    let mut filled = false;
+    'pages: loop {
         let page = match queue.backend.dead_letters(after.as_deref(), MAX_PAGE).await {
             Ok(page) => page,
             Err(e) => return unavailable(&e),
         };
         for d in &page {
-            match queue.backend.redrive(&d.message.id, queue::now_ms()).await {
-                Ok(true) => redriven += 1,
-                Ok(false) => {}
+            match queue
+                .backend
+                .redrive(&d.message.id, queue::now_ms(), max_depth)
+                .await
+            {
+                Ok(Redriven::Queued) => redriven += 1,
+                Ok(Redriven::NotDead) => {}
+                Ok(Redriven::Full) => {
+                    filled = true;
+                    break 'pages;
+                }
                 Err(e) => return unavailable(&e),
             }
         }
@@ -179,8 +209,13 @@ async fn redrive_all(queue: &Queue) -> Response<Body> {
             _ => break,
         }
     }
-    queue.wake.notify_one();
-    json_response(StatusCode::OK, &json!({ "redriven": redriven }))
+    if redriven > 0 {
+        queue.wake.notify_one();
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({ "redriven": redriven, "queue_full": filled }),
+    )
 }
 
 async fn discard(queue: &Queue, id: &str) -> Response<Body> {

@@ -180,6 +180,68 @@ pub(super) fn validate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Config, ConfigError};
+
+    const PROXY: &str = "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:3000\"\n";
+
+    fn errors(text: &str) -> Vec<String> {
+        match Config::parse("q.toml", text) {
+            Err(ConfigError::Invalid(d)) => d.0.iter().map(ToString::to_string).collect(),
+            other => panic!("expected errors, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_queue_policy_has_defaults_and_shows_them() {
+        let text = format!(
+            "{PROXY}[[policy]]\nname = \"hooks\"\nalgorithm = \"leaky_bucket\"\nrate = \"5/s\"\n\
+             action = \"queue\"\nqueue_attempts = 4\nqueue_backoff = \"250ms\"\n"
+        );
+        let config = Config::parse("q.toml", &text).expect("valid");
+        let p = &config.policies[0];
+        assert_eq!(
+            p.queue,
+            Some(QueueSettings {
+                attempts: 4,
+                backoff: Duration::from_millis(250),
+                ..QueueSettings::default()
+            })
+        );
+        assert!(p.to_string().contains("action=queue queue_max_body=1048576 queue_max_depth=10000 queue_attempts=4 queue_backoff=250ms"), "{p}");
+    }
+
+    #[test]
+    fn misplaced_or_wrong_queue_fields_are_reported_with_their_line() {
+        let text = format!(
+            "{PROXY}[[policy]]\nname = \"api\"\nlimit = 5\nwindow = \"1m\"\naction = \"queue\"\n\
+             [[policy]]\nname = \"plain\"\nalgorithm = \"leaky_bucket\"\nrate = \"5/s\"\nqueue_max_depth = 5\n\
+             [[policy]]\nname = \"hooks\"\nalgorithm = \"leaky_bucket\"\nrate = \"5/s\"\naction = \"queue\"\n\
+             queue_attempts = 0\nqueue_backoff = \"1.5s\"\nqueue_claim_after = \"10ms\"\n"
+        );
+        let errs = errors(&text);
+        let expect = [
+            "q.toml:8:10: policy \"api\": action \"queue\" needs algorithm \"leaky_bucket\"",
+            "q.toml:13:19: policy \"plain\": field \"queue_max_depth\" applies to action = \"queue\" only",
+            "q.toml:19:18: policy \"hooks\": field \"queue_attempts\" must be from 1 to 1000, not 0",
+            "q.toml:20:17: policy \"hooks\": field \"queue_backoff\": ",
+            "q.toml:21:21: policy \"hooks\": field \"queue_claim_after\" must be from 1s to 1d",
+        ];
+        assert_eq!(errs.len(), expect.len(), "{errs:#?}");
+        for (e, want) in errs.iter().zip(expect) {
+            assert!(e.starts_with(want), "{e}\nwanted {want}");
+        }
+    }
+
+    #[test]
+    fn a_queue_policy_needs_the_proxy() {
+        let text = "[[policy]]\nname = \"hooks\"\nalgorithm = \"leaky_bucket\"\nrate = \"5/s\"\naction = \"queue\"\n";
+        let errs = errors(text);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with("q.toml:1:1: policy \"hooks\": action \"queue\" needs [proxy]"),
+            "{errs:?}"
+        );
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_bound() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tollgate::StoreError;
 use tollgate_redis::stream_queue::{
-    DeadLetter, MessageStatus, NewMessage, Pushed, QueueStats, QueuedMessage, StreamQueue,
+    DeadLetter, MessageStatus, NewMessage, Pushed, QueueStats, QueuedMessage, Redriven, StreamQueue,
 };
 
 use super::memory::MemoryQueue;
@@ -159,10 +159,15 @@ impl Backend {
         }
     }
 
-    pub(crate) async fn redrive(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+    pub(crate) async fn redrive(
+        &self,
+        id: &str,
+        now_ms: u64,
+        max_depth: u64,
+    ) -> Result<Redriven, StoreError> {
         match self {
-            Backend::Memory(q) => Ok(q.redrive(id, now_ms)),
-            Backend::Redis(q) => q.redrive(id, now_ms).await,
+            Backend::Memory(q) => Ok(q.redrive(id, now_ms, max_depth)),
+            Backend::Redis(q) => q.redrive(id, now_ms, max_depth).await,
         }
     }
 

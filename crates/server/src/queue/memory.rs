@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tollgate_redis::stream_queue::{
     DeadLetter, MessageState, MessageStatus, NewMessage, Pushed, QueueStats, QueuedMessage,
+    Redriven,
 };
 
 /// Statuses of finished messages kept at most, the oldest dropped first.
@@ -191,13 +192,16 @@ impl MemoryQueue {
             .collect()
     }
 
-    pub(crate) fn redrive(&self, id: &str, now_ms: u64) -> bool {
+    pub(crate) fn redrive(&self, id: &str, now_ms: u64, max_depth: u64) -> Redriven {
         let mut s = self.state();
         let Some(at) = s.dead.iter().position(|d| d.message.id == id) else {
-            return false;
+            return Redriven::NotDead;
         };
+        if u64::try_from(s.ready.len() + s.taken.len()).unwrap_or(u64::MAX) >= max_depth {
+            return Redriven::Full;
+        }
         let Some(dead) = s.dead.remove(at) else {
-            return false;
+            return Redriven::NotDead;
         };
         let mut message = dead.message;
         message.entry = s.entry();
@@ -209,7 +213,7 @@ impl MemoryQueue {
             st.updated_ms = now_ms;
         }
         s.ready.push_back(message);
-        true
+        Redriven::Queued
     }
 
     pub(crate) fn discard(&self, id: &str) -> bool {
@@ -240,6 +244,102 @@ impl MemoryQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Push,
+        Read(usize),
+        Complete(usize),
+        Bury(usize),
+        Redrive(usize),
+        Discard(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => Just(Op::Push),
+            2 => (0usize..4).prop_map(Op::Read),
+            2 => (0usize..8).prop_map(Op::Complete),
+            1 => (0usize..8).prop_map(Op::Bury),
+            1 => (0usize..8).prop_map(Op::Redrive),
+            1 => (0usize..8).prop_map(Op::Discard),
+        ]
+    }
+
+    proptest! {
+        /// Against a model of plain lists: the depth bound holds (waiting and taken count), reads
+        /// come in queue order, every message is in exactly one place, and its status says
+        /// which.
+        #[test]
+        fn the_memory_queue_follows_its_model(ops in proptest::collection::vec(op(), 1..80)) {
+            const DEPTH: u64 = 5;
+            let q = MemoryQueue::default();
+            let (mut ready, mut taken, mut dead, mut done) =
+                (VecDeque::new(), Vec::<QueuedMessage>::new(), Vec::<String>::new(), Vec::new());
+            let mut next = 0;
+            for op in ops {
+                match op {
+                    Op::Push => {
+                        let id = format!("m{next}");
+                        next += 1;
+                        let full = (ready.len() + taken.len()) as u64 >= DEPTH;
+                        let pushed = q.push(NewMessage { id: &id, key: b"k", payload: b"p", enqueued_ms: next }, DEPTH);
+                        prop_assert_eq!(pushed == Pushed::Full, full);
+                        if !full {
+                            ready.push_back(id);
+                        }
+                    }
+                    Op::Read(n) => {
+                        let got = q.read(n);
+                        let want: Vec<String> = ready.drain(..n.min(ready.len())).collect();
+                        prop_assert_eq!(got.iter().map(|m| m.id.clone()).collect::<Vec<_>>(), want);
+                        taken.extend(got);
+                    }
+                    Op::Complete(i) if i < taken.len() => {
+                        let m = taken.remove(i);
+                        q.complete(&m, 200, 1, Duration::from_secs(60));
+                        done.push(m.id);
+                    }
+                    Op::Bury(i) if i < taken.len() => {
+                        let m = taken.remove(i);
+                        dead.push(m.id.clone());
+                        q.bury(DeadLetter { message: m, attempts: 1, status: Some(500), error: None, died_ms: 1 }, 100);
+                    }
+                    Op::Redrive(i) if i < dead.len() => {
+                        let full = (ready.len() + taken.len()) as u64 >= DEPTH;
+                        let redriven = q.redrive(&dead[i], 2, DEPTH);
+                        if full {
+                            prop_assert_eq!(redriven, Redriven::Full);
+                        } else {
+                            prop_assert_eq!(redriven, Redriven::Queued);
+                            ready.push_back(dead.remove(i));
+                        }
+                    }
+                    Op::Discard(i) if i < dead.len() => {
+                        let id = dead.remove(i);
+                        prop_assert!(q.discard(&id));
+                        prop_assert!(q.status(&id).is_none());
+                    }
+                    _ => {}
+                }
+                let stats = q.stats();
+                prop_assert_eq!(stats.depth, (ready.len() + taken.len()) as u64);
+                prop_assert!(stats.depth <= DEPTH);
+                prop_assert_eq!(stats.dead, dead.len() as u64);
+                let state = |id: &String| q.status(id).map(|s| s.state);
+                for id in &ready {
+                    prop_assert_eq!(state(id), Some(MessageState::Queued));
+                }
+                for id in &dead {
+                    prop_assert_eq!(state(id), Some(MessageState::Dead));
+                }
+                for id in &done {
+                    prop_assert_eq!(state(id), Some(MessageState::Delivered));
+                }
+            }
+        }
+    }
 
     fn new(id: &str) -> NewMessage<'_> {
         NewMessage {
@@ -302,8 +402,10 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["b"]
         );
-        assert!(q.redrive("a", 9));
-        assert!(!q.redrive("a", 9));
+        assert_eq!(q.redrive("a", 9, 1), Redriven::Queued);
+        assert_eq!(q.redrive("a", 9, 10), Redriven::NotDead);
+        // The queue holds its most: a re-drive waits for room.
+        assert_eq!(q.redrive("b", 9, 1), Redriven::Full);
         let a = q.status("a");
         assert_eq!(
             a.as_ref().map(|s| (s.state, s.attempts)),
