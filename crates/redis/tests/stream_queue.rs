@@ -208,10 +208,7 @@ async fn a_message_lives_from_push_to_delivered_or_dead_and_back() {
     );
     assert_eq!(q.stats().await.unwrap().depth, 0);
     let ttl: i64 = redis
-        .command(&[
-            "PTTL",
-            &format!("{}", q.stream_key().replace(":stream", ":s:one")),
-        ])
+        .command(&["PTTL", &q.stream_key().replace(":stream", ":s:one")])
         .unwrap()
         .trim()
         .parse()

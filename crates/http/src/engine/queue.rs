@@ -79,7 +79,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             index: entry.index,
             key: entry.key.clone(),
             cost: self.inner.policies[entry.index].http.cost,
-            decision: decision.clone(),
+            decision: *decision,
             others,
         }))
     }
@@ -96,7 +96,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         ticket: &QueueTicket,
     ) -> Result<RateLimitHeaders, Box<Answer>> {
         let mut decisions = Decisions::new();
-        decisions.push(ticket.decision.clone());
+        decisions.push(ticket.decision);
         let mut indexes: SmallVec<[usize; 4]> = SmallVec::new();
         indexes.push(ticket.index);
         if !ticket.others.is_empty() {

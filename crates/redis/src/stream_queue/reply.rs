@@ -172,8 +172,11 @@ pub(super) fn dead_letters(reply: Value) -> Result<Vec<DeadLetter>, StoreError> 
         .collect()
 }
 
+/// A stream entry's fields, by name.
+type Fields<'a> = Vec<(&'a str, &'a [u8])>;
+
 /// One entry: the message, and every field by name.
-fn entry(item: &Value) -> Result<(QueuedMessage, Vec<(&str, &[u8])>), StoreError> {
+fn entry(item: &Value) -> Result<(QueuedMessage, Fields<'_>), StoreError> {
     let bad = || unexpected("stream entry", item);
     let Value::Array(parts) = item else {
         return Err(bad());

@@ -247,7 +247,7 @@ impl Conn {
                 client.write_all(b"HTTP/1.1 100 Continue\r\n\r\n"),
             )
             .await;
-            if !sent.is_some_and(|r| r.is_ok()) {
+            if sent.is_none_or(|r| r.is_err()) {
                 return Err(BodyProblem::ClientGone);
             }
         }
