@@ -21,39 +21,22 @@
 //! have delivered it before it stopped), which is what the message id, sent as an idempotency
 //! key, is for.
 
+mod conn;
 mod reply;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use sha2::{Digest, Sha256};
 use tollgate::StoreError;
 
 use crate::RedisConfig;
 use crate::keys::hex;
+use conn::{Connection, QueueScript};
 pub use reply::{DeadLetter, MessageState, MessageStatus, QueueStats, QueuedMessage};
 
 /// The consumer group every instance reads with.
 const GROUP: &str = "tollgate";
-
-/// One Lua script and its SHA-1.
-struct QueueScript {
-    text: &'static str,
-    sha: String,
-}
-
-impl QueueScript {
-    fn new(text: &'static str) -> Self {
-        QueueScript {
-            text,
-            sha: redis::Script::new(text).get_hash().to_owned(),
-        }
-    }
-}
 
 struct Scripts {
     push: QueueScript,
@@ -66,20 +49,6 @@ struct Scripts {
     redrive: QueueScript,
     discard: QueueScript,
     stats: QueueScript,
-}
-
-enum Connection {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl Connection {
-    async fn query(&self, cmd: &redis::Cmd) -> Result<Value, RedisError> {
-        match self {
-            Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
-            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
-        }
-    }
 }
 
 struct Shared {
@@ -119,41 +88,7 @@ impl StreamQueues {
         config.validate().map_err(|e| StoreError::Protocol {
             reason: e.to_string(),
         })?;
-        let unavailable = |e: RedisError| StoreError::Unavailable {
-            reason: e.to_string(),
-        };
-        let connection = if config.cluster {
-            #[allow(unused_mut)]
-            let mut builder = ClusterClientBuilder::new(config.nodes.clone());
-            #[cfg(feature = "tls")]
-            if let Some(pem) = &config.tls_root_cert_pem {
-                builder = builder.certs(tls_certificates(pem));
-            }
-            let client = builder
-                .connection_timeout(timeout)
-                .response_timeout(timeout)
-                .build()
-                .map_err(unavailable)?;
-            let connection = tokio::time::timeout(timeout, client.get_async_connection())
-                .await
-                .map_err(|_| StoreError::Timeout { after: timeout })?
-                .map_err(unavailable)?;
-            Connection::Cluster(connection)
-        } else {
-            let url = config.nodes.first().map_or("", String::as_str);
-            let client = match &config.tls_root_cert_pem {
-                #[cfg(feature = "tls")]
-                Some(pem) => redis::Client::build_with_tls(url, tls_certificates(pem)),
-                _ => redis::Client::open(url),
-            }
-            .map_err(unavailable)?;
-            let manager = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(timeout))
-                .set_response_timeout(Some(timeout));
-            Connection::Single(
-                ConnectionManager::new_lazy_with_config(client, manager).map_err(unavailable)?,
-            )
-        };
+        let connection = conn::connect(config, timeout).await?;
         Ok(StreamQueues {
             shared: Arc::new(Shared {
                 connection,
@@ -290,6 +225,7 @@ impl StreamQueue {
             GROUP.as_bytes().to_vec(),
         ];
         let reply = self
+            .shared
             .eval(&self.shared.scripts.push, &[&self.stream, &status], args)
             .await?;
         Ok(match reply::text(&reply) {
@@ -306,6 +242,7 @@ impl StreamQueue {
             count.max(1).to_string().into_bytes(),
         ];
         let reply = self
+            .shared
             .eval(&self.shared.scripts.read, &[&self.stream], args)
             .await?;
         reply::entries(reply)
@@ -325,6 +262,7 @@ impl StreamQueue {
             count.max(1).to_string().into_bytes(),
         ];
         let reply = self
+            .shared
             .eval(&self.shared.scripts.claim, &[&self.stream], args)
             .await?;
         reply::entries(reply)
@@ -354,6 +292,7 @@ impl StreamQueue {
         ];
         args.extend(entries.iter().map(|e| e.as_bytes().to_vec()));
         let reply = self
+            .shared
             .eval(&self.shared.scripts.keep, &[&self.stream], args)
             .await?;
         Ok(reply::texts(&reply))
@@ -363,6 +302,7 @@ impl StreamQueue {
     pub async fn attempt(&self, id: &str, now_ms: u64) -> Result<u32, StoreError> {
         let status = self.status_key(id)?;
         let reply = self
+            .shared
             .eval(
                 &self.shared.scripts.attempt,
                 &[&status],
@@ -391,7 +331,7 @@ impl StreamQueue {
             .arg(error)
             .arg("updated")
             .arg(now_ms);
-        self.query(&cmd).await.map(drop)
+        self.shared.query(&cmd).await.map(drop)
     }
 
     /// Message `message` was delivered (the upstream answered `status`): acknowledged, removed
@@ -413,7 +353,8 @@ impl StreamQueue {
             now_ms.to_string().into_bytes(),
             millis(keep).max(1).to_string().into_bytes(),
         ];
-        self.eval(&self.shared.scripts.finish, &[&self.stream, &key], args)
+        self.shared
+            .eval(&self.shared.scripts.finish, &[&self.stream, &key], args)
             .await
             .map(drop)
     }
@@ -437,13 +378,14 @@ impl StreamQueue {
             error.as_bytes().to_vec(),
             now_ms.to_string().into_bytes(),
         ];
-        self.eval(
-            &self.shared.scripts.bury,
-            &[&self.stream, &self.dead, &key],
-            args,
-        )
-        .await
-        .map(drop)
+        self.shared
+            .eval(
+                &self.shared.scripts.bury,
+                &[&self.stream, &self.dead, &key],
+                args,
+            )
+            .await
+            .map(drop)
     }
 
     /// The status of message `id`; `None` when this queue does not know it (never queued here,
@@ -454,7 +396,7 @@ impl StreamQueue {
         }
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(format!("{}{id}", self.status));
-        let reply = self.query(&cmd).await?;
+        let reply = self.shared.query(&cmd).await?;
         Ok(reply::status(&reply))
     }
 
@@ -471,7 +413,7 @@ impl StreamQueue {
             .arg("+")
             .arg("COUNT")
             .arg(count.max(1));
-        let reply = self.query(&cmd).await?;
+        let reply = self.shared.query(&cmd).await?;
         reply::dead_letters(reply)
     }
 
@@ -493,6 +435,7 @@ impl StreamQueue {
             max_depth.to_string().into_bytes(),
         ];
         let reply = self
+            .shared
             .eval(
                 &self.shared.scripts.redrive,
                 &[&self.stream, &self.dead, &key],
@@ -513,6 +456,7 @@ impl StreamQueue {
         }
         let key = self.status_key(id)?;
         let reply = self
+            .shared
             .eval(
                 &self.shared.scripts.discard,
                 &[&self.dead, &key],
@@ -525,6 +469,7 @@ impl StreamQueue {
     /// The queue's depth, dead letters and oldest message.
     pub async fn stats(&self) -> Result<QueueStats, StoreError> {
         let reply = self
+            .shared
             .eval(
                 &self.shared.scripts.stats,
                 &[&self.stream, &self.dead],
@@ -533,96 +478,8 @@ impl StreamQueue {
             .await?;
         reply::stats(&reply)
     }
-
-    /// Runs `script` by its SHA-1, sending its text once when Redis does not have it (a restart,
-    /// a failover, a Cluster node that never saw it).
-    async fn eval(
-        &self,
-        script: &QueueScript,
-        keys: &[&str],
-        args: Vec<Vec<u8>>,
-    ) -> Result<Value, StoreError> {
-        let build = |name: &str, first: &str| {
-            let mut cmd = redis::cmd(name);
-            cmd.arg(first).arg(keys.len());
-            for k in keys {
-                cmd.arg(*k);
-            }
-            for a in &args {
-                cmd.arg(a.as_slice());
-            }
-            cmd
-        };
-        match self.send(&build("EVALSHA", &script.sha)).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.send(&build("EVAL", script.text)).await
-            }
-            other => other,
-        }
-        .map_err(|e| self.classify(e))
-    }
-
-    async fn query(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {
-        self.send(cmd).await.map_err(|e| self.classify(e))
-    }
-
-    /// One command, bounded by the timeout (reported as a timeout error).
-    async fn send(&self, cmd: &redis::Cmd) -> Result<Value, RedisError> {
-        let after = self.shared.timeout;
-        tokio::time::timeout(after, self.shared.connection.query(cmd))
-            .await
-            .unwrap_or_else(|_| {
-                Err(RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no answer from Redis in time",
-                )))
-            })
-    }
-
-    /// Whether a failure is worth retrying (Redis away, slow, failing over) or not.
-    fn classify(&self, e: RedisError) -> StoreError {
-        if e.is_timeout() {
-            return StoreError::Timeout {
-                after: self.shared.timeout,
-            };
-        }
-        let retryable = e.is_io_error()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || matches!(
-                e.kind(),
-                ErrorKind::Io
-                    | ErrorKind::ClusterConnectionNotFound
-                    | ErrorKind::Server(
-                        ServerErrorKind::TryAgain
-                            | ServerErrorKind::ClusterDown
-                            | ServerErrorKind::MasterDown
-                            | ServerErrorKind::BusyLoading
-                            | ServerErrorKind::Moved
-                            | ServerErrorKind::Ask
-                            | ServerErrorKind::ReadOnly
-                    )
-            );
-        if retryable {
-            StoreError::Unavailable {
-                reason: e.to_string(),
-            }
-        } else {
-            StoreError::Protocol {
-                reason: e.to_string(),
-            }
-        }
-    }
 }
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-#[cfg(feature = "tls")]
-fn tls_certificates(root_pem: &[u8]) -> redis::TlsCertificates {
-    redis::TlsCertificates {
-        client_tls: None,
-        root_cert: Some(root_pem.to_vec()),
-    }
 }

@@ -139,60 +139,36 @@ impl Conn {
             enqueued_ms: queue::now_ms(),
         };
         let pushed = queue.backend.push(message, settings.max_depth).await;
-        let (status, content_type, extra, text) = match pushed {
+        let reply = match pushed {
             Ok(Pushed::Queued(_)) => {
                 queue.counters.enqueued();
                 queue.wake.notify_one();
-                let location = format!("{STATUS_PATH}{id}");
-                let text = serde_json::json!({
-                    "id": id, "policy": ticket.policy(), "state": "queued", "location": location,
-                })
-                .to_string();
-                (StatusCode::ACCEPTED, JSON, ("location", location), text)
+                accepted(&id, ticket.policy())
             }
-            full_or_failed => {
+            Ok(Pushed::Full) => {
                 engine.http().refund_queued(ticket);
-                let (status, title, detail, retry) = if matches!(full_or_failed, Ok(Pushed::Full)) {
-                    queue.counters.full();
-                    let retry = policy.map_or(1, |p| retry_secs(p.policy.quota()));
-                    (
-                        StatusCode::TOO_MANY_REQUESTS,
-                        "Queue full",
-                        "the queue holds its most requests (queue_max_depth); try again later",
-                        retry,
-                    )
-                } else {
-                    if let Err(e) = &full_or_failed {
-                        tracing::warn!(policy = ticket.policy(), error = %e, "queue: cannot store a request");
-                    }
-                    (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "Queue unavailable",
-                        "the queue's store did not answer; try again later",
-                        1,
-                    )
-                };
-                let text = crate::response::problem_body(status, title, Some(detail));
-                (
-                    status,
-                    PROBLEM_JSON,
-                    ("retry-after", retry.to_string()),
-                    text,
-                )
+                queue.counters.full();
+                let retry = policy.map_or(1, |p| retry_secs(p.policy.quota()));
+                refused(StatusCode::TOO_MANY_REQUESTS, "Queue full", retry)
+            }
+            Err(e) => {
+                engine.http().refund_queued(ticket);
+                tracing::warn!(policy = ticket.policy(), error = %e, "queue: cannot store a request");
+                refused(StatusCode::SERVICE_UNAVAILABLE, "Queue unavailable", 1)
             }
         };
         write_answer_as(
             &mut self.out,
-            status,
-            content_type,
+            reply.status,
+            reply.content_type,
             |out| {
                 headers.write(out);
-                out.extend_from_slice(extra.0.as_bytes());
+                out.extend_from_slice(reply.header.0.as_bytes());
                 out.extend_from_slice(b": ");
-                out.extend_from_slice(extra.1.as_bytes());
+                out.extend_from_slice(reply.header.1.as_bytes());
                 out.extend_from_slice(b"\r\n");
             },
-            text.as_bytes(),
+            reply.body.as_bytes(),
             plan.version,
             close,
         );
@@ -361,6 +337,45 @@ fn status_target(bytes: &[u8]) -> Result<(String, Version, bool), (Refusal, Vers
         .unwrap_or_default()
         .to_owned();
     Ok((id, version, head.close))
+}
+
+/// What the proxy answers a request it tried to queue.
+struct QueueReply {
+    status: StatusCode,
+    content_type: &'static [u8],
+    /// `Location` of a 202, `Retry-After` of a refusal.
+    header: (&'static str, String),
+    body: String,
+}
+
+/// `202 Accepted`: where the stored request's status is.
+fn accepted(id: &str, policy: &str) -> QueueReply {
+    let location = format!("{STATUS_PATH}{id}");
+    let body = serde_json::json!({
+        "id": id, "policy": policy, "state": "queued", "location": location,
+    })
+    .to_string();
+    QueueReply {
+        status: StatusCode::ACCEPTED,
+        content_type: JSON,
+        header: ("location", location),
+        body,
+    }
+}
+
+/// A 429 (full) or 503 (the store failed), to try again after `retry` seconds.
+fn refused(status: StatusCode, title: &str, retry: u64) -> QueueReply {
+    let detail = if status == StatusCode::TOO_MANY_REQUESTS {
+        "the queue holds its most requests (queue_max_depth); try again later"
+    } else {
+        "the queue's store did not answer; try again later"
+    };
+    QueueReply {
+        status,
+        content_type: PROBLEM_JSON,
+        header: ("retry-after", retry.to_string()),
+        body: crate::response::problem_body(status, title, Some(detail)),
+    }
 }
 
 /// `Retry-After` for a full queue: a slot frees when the next delivery departs, one leaky-
