@@ -233,6 +233,21 @@ mod tests {
     }
 
     #[test]
+    fn the_reference_configuration_documents_a_valid_queue_policy_with_the_defaults() {
+        let example = include_str!("../../examples/tollgate.toml");
+        let block: Vec<&str> = example
+            .lines()
+            .skip_while(|l| *l != "# [[policy]]")
+            .take_while(|l| l.starts_with("# "))
+            .map(|l| &l[2..])
+            .collect();
+        assert!(block.len() > 10, "no queue policy in the example");
+        let text = format!("{PROXY}{}\n", block.join("\n"));
+        let config = Config::parse("example", &text).expect("the example's queue policy is valid");
+        assert_eq!(config.policies[0].queue, Some(QueueSettings::default()));
+    }
+
+    #[test]
     fn a_queue_policy_needs_the_proxy() {
         let text = "[[policy]]\nname = \"hooks\"\nalgorithm = \"leaky_bucket\"\nrate = \"5/s\"\naction = \"queue\"\n";
         let errs = errors(text);
