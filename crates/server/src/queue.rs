@@ -277,7 +277,32 @@ pub(crate) fn decode(payload: &[u8]) -> Option<(&[u8], &[u8])> {
     }
     let (len, rest) = rest.split_first_chunk::<4>()?;
     let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
-    (len <= rest.len()).then(|| rest.split_at(len))
+    let (head, body) = rest.split_at_checked(len)?;
+    stored_head_ok(head).then_some((head, body))
+}
+
+/// Whether a stored head is what the relay stores: one request head (request line and header
+/// fields, every line ending in CRLF, no final empty line) without framing or an idempotency
+/// key of its own, which the delivery writes. Whatever else a damaged store hands back is
+/// never sent: the upstream reads only requests the relay framed.
+fn stored_head_ok(head: &[u8]) -> bool {
+    let lines = head.iter().filter(|b| **b == b'\n').count();
+    if lines == 0 || head.windows(2).filter(|w| *w == b"\r\n").count() != lines {
+        return false;
+    }
+    let mut whole = Vec::with_capacity(head.len() + 2);
+    whole.extend_from_slice(head);
+    whole.extend_from_slice(b"\r\n");
+    let mut headers = vec![httparse::EMPTY_HEADER; 512];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(&whole) {
+        Ok(httparse::Status::Complete(n)) if n == whole.len() => req.headers.iter().all(|h| {
+            !["content-length", "transfer-encoding", "idempotency-key"]
+                .iter()
+                .any(|name| h.name.eq_ignore_ascii_case(name))
+        }),
+        _ => false,
+    }
 }
 
 /// The method and target of a stored request, for listings.
@@ -303,6 +328,22 @@ mod tests {
         );
         assert_eq!(request_line(&p), Some(("POST".into(), "/hook".into())));
         assert_eq!(decode(b""), None);
+        // Heads the relay would never store are never delivered.
+        for head in [
+            &b"POST /hook HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\n"[..],
+            b"POST /hook HTTP/1.1\r\nhost: a\r\nTransfer-Encoding: chunked\r\n",
+            b"POST /hook HTTP/1.1\r\nidempotency-key: x\r\n",
+            b"POST /hook HTTP/1.1\nhost: a\n",
+            b"POST /hook HTTP/1.1\r\nhost: a\r\n\r\nGET /smuggled HTTP/1.1\r\n",
+            b"not a request\r\n",
+        ] {
+            assert_eq!(
+                decode(&encode(head, b"")),
+                None,
+                "{}",
+                String::from_utf8_lossy(head)
+            );
+        }
         assert_eq!(decode(&[2, 0, 0, 0, 0]), None);
         assert_eq!(decode(&[1, 0, 0, 0, 9, b'x']), None);
     }

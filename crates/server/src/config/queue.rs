@@ -106,75 +106,81 @@ pub(super) fn validate(
         return present.is_empty().then_some(None);
     }
     let d = QueueSettings::default();
-    let mut ok = true;
-    let mut int = |v: Option<&Spanned<i64>>, name: &str, min: i64, max: i64, default: i64| -> i64 {
-        match v {
-            Some(v) if (min..=max).contains(v.get_ref()) => *v.get_ref(),
-            Some(v) => {
-                errs.at(
-                    v.span().start,
-                    format!(
-                        "{ctx}field \"{name}\" must be from {min} to {max}, not {}",
-                        v.get_ref()
-                    ),
-                );
-                ok = false;
-                default
-            }
-            None => default,
-        }
-    };
-    let max_body = int(fields.max_body, "queue_max_body", 0, 64 << 20, 1 << 20);
-    let max_depth = int(fields.max_depth, "queue_max_depth", 1, 100_000_000, 10_000);
-    let attempts = int(fields.attempts, "queue_attempts", 1, 1_000, 10);
-    let concurrency = int(fields.concurrency, "queue_concurrency", 1, 4_096, 64);
-    let mut time = |v: Option<&Spanned<String>>, name: &str, min: Duration, default: Duration| {
-        let Some(v) = v else { return default };
-        match parse_duration(v.get_ref()) {
-            Ok(t) if t >= min && t <= Duration::from_secs(86_400) => t,
-            Ok(_) => {
-                errs.at(
-                    v.span().start,
-                    format!("{ctx}field \"{name}\" must be from {min:?} to 1d"),
-                );
-                ok = false;
-                default
-            }
-            Err(e) => {
-                errs.at(
-                    v.span().start,
-                    format!(
-                        "{ctx}field \"{name}\": {}; write e.g. {name} = \"1s\"",
-                        e.reason()
-                    ),
-                );
-                ok = false;
-                default
-            }
-        }
-    };
+    let second = Duration::from_secs(1);
+    // Each checked, so that every mistake is reported, then combined.
+    let max_body = int(fields.max_body, "queue_max_body", (0, 64 << 20), ctx, errs);
+    let max_depth = int(
+        fields.max_depth,
+        "queue_max_depth",
+        (1, 100_000_000),
+        ctx,
+        errs,
+    );
+    let attempts = int(fields.attempts, "queue_attempts", (1, 1_000), ctx, errs);
+    let concurrency = int(
+        fields.concurrency,
+        "queue_concurrency",
+        (1, 4_096),
+        ctx,
+        errs,
+    );
     let backoff = time(
         fields.backoff,
         "queue_backoff",
         Duration::from_millis(1),
-        d.backoff,
+        ctx,
+        errs,
     );
-    let claim_after = time(
-        fields.claim_after,
-        "queue_claim_after",
-        Duration::from_secs(1),
-        d.claim_after,
+    let claim_after = time(fields.claim_after, "queue_claim_after", second, ctx, errs);
+    Some(Some(QueueSettings {
+        max_body: max_body?.map_or(Some(d.max_body), |n| usize::try_from(n).ok())?,
+        max_depth: max_depth?.map_or(Some(d.max_depth), |n| u64::try_from(n).ok())?,
+        attempts: attempts?.map_or(Some(d.attempts), |n| u32::try_from(n).ok())?,
+        backoff: backoff?.unwrap_or(d.backoff),
+        claim_after: claim_after?.unwrap_or(d.claim_after),
+        concurrency: concurrency?.map_or(Some(d.concurrency), |n| usize::try_from(n).ok())?,
+    }))
+}
+
+/// An integer field within `(min, max)`: `Some(None)` when absent, `None` after an error.
+fn int(
+    v: Option<&Spanned<i64>>,
+    name: &str,
+    (min, max): (i64, i64),
+    ctx: &str,
+    errs: &mut Errors<'_>,
+) -> Option<Option<i64>> {
+    let Some(v) = v else { return Some(None) };
+    let n = *v.get_ref();
+    if (min..=max).contains(&n) {
+        return Some(Some(n));
+    }
+    errs.at(
+        v.span().start,
+        format!("{ctx}field \"{name}\" must be from {min} to {max}, not {n}"),
     );
-    ok.then(|| {
-        Some(QueueSettings {
-            max_body: usize::try_from(max_body).unwrap_or(d.max_body),
-            max_depth: u64::try_from(max_depth).unwrap_or(d.max_depth),
-            attempts: u32::try_from(attempts).unwrap_or(d.attempts),
-            backoff,
-            claim_after,
-            concurrency: usize::try_from(concurrency).unwrap_or(d.concurrency),
-        })
-    })
+    None
+}
+
+/// A duration field from `min` to a day: `Some(None)` when absent, `None` after an error.
+fn time(
+    v: Option<&Spanned<String>>,
+    name: &str,
+    min: Duration,
+    ctx: &str,
+    errs: &mut Errors<'_>,
+) -> Option<Option<Duration>> {
+    let Some(v) = v else { return Some(None) };
+    let message = match parse_duration(v.get_ref()) {
+        Ok(t) if t >= min && t <= Duration::from_secs(86_400) => return Some(Some(t)),
+        Ok(_) => format!("{ctx}field \"{name}\" must be from {min:?} to 1d"),
+        Err(e) => format!(
+            "{ctx}field \"{name}\": {}; write e.g. {name} = \"1s\"",
+            e.reason()
+        ),
+    };
+    errs.at(v.span().start, message);
+    None
 }
 
 #[cfg(test)]

@@ -95,82 +95,7 @@ impl Metrics {
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        type Series = fn(&QueueCounters, u64) -> Vec<(&'static str, f64)>;
-        let families: [(&str, &str, &str, Series); 9] = [
-            (
-                "tollgate_queue_enqueued_total",
-                "counter",
-                "Requests stored by the queue action.",
-                |q, _| vec![("", q.enqueued.load(Relaxed) as f64)],
-            ),
-            (
-                "tollgate_queue_refused_total",
-                "counter",
-                "Requests the queue refused: full (429) or too large (413).",
-                |q, _| {
-                    vec![
-                        ("reason=\"full\"", q.full.load(Relaxed) as f64),
-                        ("reason=\"too_large\"", q.too_large.load(Relaxed) as f64),
-                    ]
-                },
-            ),
-            (
-                "tollgate_queue_deliveries_total",
-                "counter",
-                "Deliveries the upstream answered for good: delivered (2xx, 3xx) or refused (a final 4xx).",
-                |q, _| {
-                    vec![
-                        ("result=\"delivered\"", q.delivered.load(Relaxed) as f64),
-                        ("result=\"refused\"", q.refused.load(Relaxed) as f64),
-                    ]
-                },
-            ),
-            (
-                "tollgate_queue_retries_total",
-                "counter",
-                "Deliveries that failed (5xx, 408, 429, timeout, connection) and are tried again.",
-                |q, _| vec![("", q.retries.load(Relaxed) as f64)],
-            ),
-            (
-                "tollgate_queue_dead_letters_total",
-                "counter",
-                "Messages moved to the dead letters after their last attempt.",
-                |q, _| vec![("", q.dead.load(Relaxed) as f64)],
-            ),
-            (
-                "tollgate_queue_claimed_total",
-                "counter",
-                "Messages taken over from an instance that stopped (no heartbeat for queue_claim_after).",
-                |q, _| vec![("", q.claimed.load(Relaxed) as f64)],
-            ),
-            (
-                "tollgate_queue_depth",
-                "gauge",
-                "Messages waiting or being delivered (with Redis, the whole deployment's queue).",
-                |q, _| vec![("", q.depth.load(Relaxed) as f64)],
-            ),
-            (
-                "tollgate_queue_dead_letters",
-                "gauge",
-                "Dead letters waiting to be re-driven or discarded.",
-                |q, _| vec![("", q.dead_depth.load(Relaxed) as f64)],
-            ),
-            (
-                "tollgate_queue_oldest_age_seconds",
-                "gauge",
-                "Age of the oldest message in the queue (0 when it is empty).",
-                |q, now| {
-                    let oldest = q.oldest_ms.load(Relaxed);
-                    let age = if oldest == 0 {
-                        0
-                    } else {
-                        now.saturating_sub(oldest)
-                    };
-                    vec![("", age as f64 / 1000.0)]
-                },
-            ),
-        ];
-        for (name, kind, help, series) in families {
+        for (name, kind, help, series) in FAMILIES {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} {kind}");
             for (policy, q) in &queues {
@@ -186,3 +111,83 @@ impl Metrics {
         }
     }
 }
+
+/// The values of one family for a queue's counters (at `now`, ms since the epoch): label
+/// pairs (empty for none) and values.
+type Series = fn(&QueueCounters, u64) -> Vec<(&'static str, f64)>;
+
+/// Every `tollgate_queue_*` family: name, type, help, series.
+const FAMILIES: [(&str, &str, &str, Series); 9] = [
+    (
+        "tollgate_queue_enqueued_total",
+        "counter",
+        "Requests stored by the queue action.",
+        |q, _| vec![("", q.enqueued.load(Relaxed) as f64)],
+    ),
+    (
+        "tollgate_queue_refused_total",
+        "counter",
+        "Requests the queue refused: full (429) or too large (413).",
+        |q, _| {
+            vec![
+                ("reason=\"full\"", q.full.load(Relaxed) as f64),
+                ("reason=\"too_large\"", q.too_large.load(Relaxed) as f64),
+            ]
+        },
+    ),
+    (
+        "tollgate_queue_deliveries_total",
+        "counter",
+        "Deliveries the upstream answered for good: delivered (2xx, 3xx) or refused (a final 4xx).",
+        |q, _| {
+            vec![
+                ("result=\"delivered\"", q.delivered.load(Relaxed) as f64),
+                ("result=\"refused\"", q.refused.load(Relaxed) as f64),
+            ]
+        },
+    ),
+    (
+        "tollgate_queue_retries_total",
+        "counter",
+        "Deliveries that failed (5xx, 408, 429, timeout, connection) and are tried again.",
+        |q, _| vec![("", q.retries.load(Relaxed) as f64)],
+    ),
+    (
+        "tollgate_queue_dead_letters_total",
+        "counter",
+        "Messages moved to the dead letters after their last attempt.",
+        |q, _| vec![("", q.dead.load(Relaxed) as f64)],
+    ),
+    (
+        "tollgate_queue_claimed_total",
+        "counter",
+        "Messages taken over from an instance that stopped (no heartbeat for queue_claim_after).",
+        |q, _| vec![("", q.claimed.load(Relaxed) as f64)],
+    ),
+    (
+        "tollgate_queue_depth",
+        "gauge",
+        "Messages waiting or being delivered (with Redis, the whole deployment's queue).",
+        |q, _| vec![("", q.depth.load(Relaxed) as f64)],
+    ),
+    (
+        "tollgate_queue_dead_letters",
+        "gauge",
+        "Dead letters waiting to be re-driven or discarded.",
+        |q, _| vec![("", q.dead_depth.load(Relaxed) as f64)],
+    ),
+    (
+        "tollgate_queue_oldest_age_seconds",
+        "gauge",
+        "Age of the oldest message in the queue (0 when it is empty).",
+        |q, now| {
+            let oldest = q.oldest_ms.load(Relaxed);
+            let age = if oldest == 0 {
+                0
+            } else {
+                now.saturating_sub(oldest)
+            };
+            vec![("", age as f64 / 1000.0)]
+        },
+    ),
+];

@@ -105,19 +105,9 @@ impl Conn {
             .await
         {
             Ok(body) => body,
-            Err(BodyProblem::ClientGone) => return Ok(false),
-            Err(BodyProblem::Malformed) => {
-                self.refuse(client, MALFORMED_BODY, plan.version).await;
-                return Ok(false);
-            }
-            Err(BodyProblem::TooLarge) => {
-                queue.counters.too_large();
-                let refusal = Refusal {
-                    status: StatusCode::PAYLOAD_TOO_LARGE,
-                    title: "Content too large",
-                    detail: "the request body is larger than this queue stores (queue_max_body)",
-                };
-                self.refuse(client, refusal, plan.version).await;
+            Err(problem) => {
+                self.refuse_body(client, problem, &queue, plan.version)
+                    .await;
                 return Ok(false);
             }
         };
@@ -138,8 +128,7 @@ impl Conn {
             payload: &queue::encode(&self.uphead, &body),
             enqueued_ms: queue::now_ms(),
         };
-        let pushed = queue.backend.push(message, settings.max_depth).await;
-        let reply = match pushed {
+        let reply = match queue.backend.push(message, settings.max_depth).await {
             Ok(Pushed::Queued(_)) => {
                 queue.counters.enqueued();
                 queue.wake.notify_one();
@@ -176,6 +165,30 @@ impl Conn {
             .await
             .is_some_and(|r| r.is_ok());
         Ok(written && !close)
+    }
+
+    /// Answers a request whose body the queue cannot take (413, or 400 for broken chunking);
+    /// the connection then ends: the rest of the body is unread.
+    async fn refuse_body(
+        &mut self,
+        client: &mut TcpStream,
+        problem: BodyProblem,
+        queue: &queue::Queue,
+        version: Version,
+    ) {
+        let refusal = match problem {
+            BodyProblem::ClientGone => return,
+            BodyProblem::Malformed => MALFORMED_BODY,
+            BodyProblem::TooLarge => {
+                queue.counters.too_large();
+                Refusal {
+                    status: StatusCode::PAYLOAD_TOO_LARGE,
+                    title: "Content too large",
+                    detail: "the request body is larger than this queue stores (queue_max_body)",
+                }
+            }
+        };
+        self.refuse(client, refusal, version).await;
     }
 
     /// Writes `answer` (a 429 or 503 of the engine); whether it was written.
