@@ -1,28 +1,55 @@
 #!/usr/bin/env bash
-# Core benchmarks: check() throughput of every algorithm next to governor's keyed limiter in the
-# same run, and bytes per tracked key at 1,000,000 keys. Prints a table of ratios to governor
-# (higher is better for Tollgate). Usage: scripts/bench-core.sh [criterion filter]
+# Core benchmarks in one run, next to governor 0.10's keyed limiter:
+#   1. Limiter::check throughput (polled once, as an embedding app does) of every algorithm
+#      against governor on the same workload, interleaved rounds (benches/check.rs): 100,000
+#      keys round-robin or one hot key, 1 or 2 threads, every decision admitted or every one
+#      denied, String API keys and u64 keys. Prints the ratios (governor's time / Tollgate's:
+#      above 1.00 Tollgate is faster) as the issue's table, for the token bucket and for every
+#      algorithm against governor's token bucket;
+#   2. bytes per tracked key at 1,000,000 keys, Tollgate and governor (benches/memory_per_key.rs).
+# Usage: scripts/bench-core.sh            (TOLLGATE_BENCH_ROUNDS, TOLLGATE_BENCH_OPS as in check.rs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-filter="${1:-}"
-cargo bench -p tollgate --bench check -- ${filter:+"$filter"} >/tmp/tollgate-bench-check.log 2>&1 \
-  || { tail -20 /tmp/tollgate-bench-check.log; exit 1; }
-python3 - <<'PY'
-import json, os, glob
-root = "target/criterion"
+LOG="$(mktemp /tmp/tollgate-bench-core.XXXXXX)"
+trap 'rm -f "$LOG"' EXIT
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+cargo bench -q -p tollgate --bench check >"$LOG" 2>&1 || { tail -20 "$LOG"; exit 1; }
+echo "load average after the throughput run: $(cut -d' ' -f1-3 /proc/loadavg)"
+python3 - "$LOG" <<'PY'
+import sys
 rows = {}
-for path in glob.glob(f"{root}/check_*/*/new/estimates.json"):
-    group = path.split("/")[2]
-    name = path.split("/")[3]
-    mean = json.load(open(path))["mean"]["point_estimate"]
-    rows.setdefault(group, {})[name] = mean
-print(f"{'scenario':<22}{'algorithm':<26}{'ns/iter':>10}{'Mdecisions/s':>14}{'vs governor':>13}")
-for group in sorted(rows):
-    threads = int(group.split("_")[1].rstrip("t"))
-    gov = rows[group].get("governor_keyed")
-    for name, ns in sorted(rows[group].items()):
-        rate = threads * 1e3 / ns
-        ratio = (gov / ns) if gov else float("nan")
-        print(f"{group:<22}{name:<26}{ns:>10.1f}{rate:>14.2f}{ratio:>13.2f}")
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) == 8 and f[0] in ("1", "100k"):
+        keys, shape, threads, mode, contender, ns, _, ratio = f
+        rows[(keys, shape, threads, mode, contender)] = float(ratio)
+if not rows:
+    sys.exit("bench-core: no results in the check bench's output")
+algorithms = ["token_bucket", "fixed_window", "sliding_window_counter", "leaky_bucket",
+              "sliding_window_log"]
+scenarios = [("100k", "1", "100k keys, 1 thread"), ("100k", "2", "100k keys, 2 threads"),
+             ("1", "1", "one hot key, 1 thread"), ("1", "2", "one hot key, 2 threads")]
+def cell(keys, shape, threads, alg):
+    a = rows.get((keys, shape, threads, "admit", alg), float("nan"))
+    d = rows.get((keys, shape, threads, "deny", alg), float("nan"))
+    return "%.2f / %.2f" % (a, d)
+print("\nToken bucket: Tollgate / governor throughput, admit / deny (above 1.00: Tollgate faster)")
+print("%-26s %16s %16s" % ("scenario", "String keys", "u64 keys"))
+for keys, threads, label in scenarios:
+    print("%-26s %16s %16s" % (label, cell(keys, "String", threads, "token_bucket"),
+                               cell(keys, "u64", threads, "token_bucket")))
+print("\nEvery algorithm / governor's token bucket, lowest over the 8 scenarios of each key "
+      "shape (admit / deny)")
+print("%-26s %16s %16s" % ("algorithm", "String keys", "u64 keys"))
+for alg in algorithms:
+    cells = []
+    for shape in ("String", "u64"):
+        lows = []
+        for mode in ("admit", "deny"):
+            vals = [rows.get((k, shape, t, mode, alg), float("nan")) for k, t, _ in scenarios]
+            lows.append(min(vals))
+        cells.append("%.2f / %.2f" % tuple(lows))
+    print("%-26s %16s %16s" % (alg, *cells))
 PY
-cargo bench -p tollgate --bench memory_per_key 2>/dev/null | tail -8
+echo
+cargo bench -q -p tollgate --bench memory_per_key 2>/dev/null | tail -8

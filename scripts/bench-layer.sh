@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
-# What the tower layer costs an axum hello-world, measured with wrk (an efficient load generator
-# in its own process): four servers, each in its own process with 2 runtime workers (plain; with
-# only the five header lines the layer adds, as fixed values; with the layer and the memory
-# store through `Router::layer`; with the layer wrapped around the whole router), loaded in turns
-# for several rounds. Reports per round and as medians:
-#   - requests/s: what wrk got; wrk shares the 2 cores, so this moves with the machine's load;
+# What the tower layer costs an axum hello-world, next to tower_governor on the same app, measured
+# with wrk (an efficient load generator in its own process). Each variant is its own server
+# process with 2 runtime workers, loaded in turns (order rotated) for several rounds:
+#   plain        the hello-world alone
+#   governor     tower_governor 0.8, use_headers(), token bucket of 10,000 an hour per x-api-key
+#   layer-tb-2h  Tollgate's layer, the same token bucket and key, configured to send the same two
+#                header lines (reset_format = "none", ietf = false)
+#   layer-tb     the same, with the five-line default (X-RateLimit-* and RateLimit-Policy/RateLimit)
+#   layer        the sliding window counter (10,000 an hour), five lines: the recommended default
+# (BENCH_VARIANTS picks others: headers = the five lines as fixed values and no limiter; outer =
+# the layer around the whole router; layer-2h = sliding window counter, two lines.)
+# Reports per round and as medians:
 #   - server CPU µs per request (user + system, from /proc): what a server whose clients are
-#     elsewhere pays per request, and so the throughput it would lose; steadier than req/s when
-#     the machine is shared.
-# Usage: scripts/bench-layer.sh [SECONDS per turn, default 3] [ROUNDS, default 7]
+#     elsewhere pays per request; steadier than req/s when the machine is shared;
+#   - what each adds over plain, and the layer's added CPU over governor's (the issue's target:
+#     layer-tb-2h adds no more than governor);
+#   - requests/s: what wrk got; wrk shares the 2 cores, so this moves with the machine's load.
+# Usage: scripts/bench-layer.sh [SECONDS per turn, default 3] [ROUNDS, default 5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS="${1:-3}"
-ROUNDS="${2:-7}"
+ROUNDS="${2:-5}"
 CONNS="${BENCH_CONNECTIONS:-32}"
+read -r -a VARIANTS <<<"${BENCH_VARIANTS:-plain governor layer-tb-2h layer-tb layer}"
 
 if ! command -v wrk >/dev/null; then
   if [ "$(id -u)" -eq 0 ]; then
@@ -35,17 +44,17 @@ cleanup() {
 trap cleanup EXIT
 
 declare -A URL PID
-for v in plain headers layer outer; do
+for v in "${VARIANTS[@]}"; do
   TOLLGATE_BENCH_SERVE=$v "$BIN" --bench >"$WORK/$v.url" &
   PID[$v]=$!
   PIDS+=($!)
 done
-for v in plain headers layer outer; do
+for v in "${VARIANTS[@]}"; do
   for _ in $(seq 100); do [ -s "$WORK/$v.url" ] && break; sleep 0.05; done
   URL[$v]="$(head -1 "$WORK/$v.url")"
 done
 
-# 1,000 API keys in turn, the same request bytes for all three servers.
+# 1,000 API keys in turn, the same request bytes for every server.
 cat >"$WORK/keys.lua" <<'LUA'
 local n = 0
 request = function()
@@ -66,37 +75,52 @@ turn() {
   reqs="$(awk '/requests in/ {print $1}' <<<"$out")"
   if grep -q "Non-2xx" <<<"$out"; then echo "bench-layer: $1 answered non-2xx" >&2; exit 1; fi
   awk -v r="$rps" -v n="$reqs" -v t="$((after - before))" -v hz="$TICK" \
-    'BEGIN { printf "%.0f %.2f\n", r, t / hz * 1e6 / n }'
+    'BEGIN { printf "%.0f %.3f\n", r, t / hz * 1e6 / n }'
 }
 
-VARIANTS=(plain headers layer outer)
 for v in "${VARIANTS[@]}"; do turn "$v" >/dev/null; done # warm-up
-echo "req/s and server CPU µs per request; layer = Router::layer, outer = around the router"
-printf '%-6s %8s %8s %8s %8s | %7s %7s %7s %7s\n' round plain headers layer outer plain headers layer outer
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "server CPU µs per request (req/s), per round"
+printf '%-6s' round; for v in "${VARIANTS[@]}"; do printf ' %20s' "$v"; done; echo
 : >"$WORK/rounds"
 for r in $(seq 1 "$ROUNDS"); do
   order=("${VARIANTS[@]}")
   # Rotate the order, so that none always gets the quieter moment.
-  for _ in $(seq 1 $((r % 4))); do order=("${order[@]:1}" "${order[0]}"); done
+  for _ in $(seq 1 $((r % ${#VARIANTS[@]}))); do order=("${order[@]:1}" "${order[0]}"); done
   declare -A RPS CPU
   for v in "${order[@]}"; do
     read -r RPS[$v] CPU[$v] < <(turn "$v")
   done
-  printf '%-6s %8s %8s %8s %8s | %7s %7s %7s %7s\n' "$r" "${RPS[plain]}" "${RPS[headers]}" \
-    "${RPS[layer]}" "${RPS[outer]}" "${CPU[plain]}" "${CPU[headers]}" "${CPU[layer]}" "${CPU[outer]}"
-  echo "${RPS[plain]} ${RPS[headers]} ${RPS[layer]} ${RPS[outer]} ${CPU[plain]} ${CPU[headers]} ${CPU[layer]} ${CPU[outer]}" >>"$WORK/rounds"
+  printf '%-6s' "$r"
+  line=""
+  for v in "${VARIANTS[@]}"; do
+    printf ' %11s (%6s)' "${CPU[$v]}" "${RPS[$v]}"
+    line+="$v ${CPU[$v]} ${RPS[$v]} "
+  done
+  echo
+  echo "$line" >>"$WORK/rounds"
 done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$WORK/rounds" <<'PY'
 import statistics, sys
-rows = [list(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
+rounds = []
+for line in open(sys.argv[1]):
+    f = line.split()
+    rounds.append({f[i]: (float(f[i + 1]), float(f[i + 2])) for i in range(0, len(f), 3)})
+names = list(rounds[0])
 med = statistics.median
-names = ["headers only", "layer", "outer"]
-print("median req/s: plain %.0f, " % med([r[0] for r in rows])
-      + ", ".join("%s %.0f" % (n, med([r[i + 1] for r in rows])) for i, n in enumerate(names)))
-print("median server CPU per request: plain %.2f µs, " % med([r[4] for r in rows])
-      + ", ".join("%s %.2f µs" % (n, med([r[i + 5] for r in rows])) for i, n in enumerate(names)))
-print("throughput lost (median of per-round ratios): "
-      + ", ".join("%s %.1f%%" % (n, med([100 * (1 - r[i + 1] / r[0]) for r in rows])) for i, n in enumerate(names)))
-print("server CPU added per request (median of per-round ratios): "
-      + ", ".join("%s %.1f%%" % (n, med([100 * (r[i + 5] / r[4] - 1) for r in rows])) for i, n in enumerate(names)))
+print("\nmedians over %d rounds (added = this variant's CPU per request minus plain's, same round)" % len(rounds))
+print("%-14s %12s %12s %10s" % ("variant", "CPU µs/req", "added µs", "req/s"))
+for n in names:
+    cpu = med(r[n][0] for r in rounds)
+    added = med(r[n][0] - r["plain"][0] for r in rounds) if "plain" in names else float("nan")
+    print("%-14s %12.2f %12.2f %10.0f" % (n, cpu, added, med(r[n][1] for r in rounds)))
+if "governor" in names and "plain" in names:
+    gov = [r["governor"][0] - r["plain"][0] for r in rounds]
+    for n in names:
+        if n.startswith("layer"):
+            ours = [r[n][0] - r["plain"][0] for r in rounds]
+            print("%s adds %.2f µs per request where governor adds %.2f (median per round); "
+                  "difference %+.2f µs (median of per-round differences)"
+                  % (n, med(ours), med(gov), med(o - g for o, g in zip(ours, gov))))
 PY

@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
-# Benchmarks the Redis store: decisions/s and p50/p99 latency through RedisStore with 50
-# concurrent callers, side by side with redis-benchmark sending the raw EVALSHA of the same
-# script at the same concurrency, against one redis-server this script starts (and stops).
+# Benchmarks the Redis store against one redis-server this script starts (and stops).
 #
-#   scripts/bench-redis.sh [seconds] [concurrency]
+# Per algorithm, in rounds that alternate the three so a noisy machine hurts each alike:
+#   store    decisions/s through RedisStore (examples/bench_redis), CONCURRENCY callers,
+#            10,000 keys, nothing denied
+#   own      redis-benchmark -P 16 -c 50 sending the store's own script call: its ceiling
+#   minimal  redis-benchmark -P 16 -c 50 sending the least Lua that makes the same decision
+#            with Redis TIME (crates/redis/examples/bench_redis/minimal/<algorithm>.lua)
+# and the ratios store/minimal (the target: >= 0.8), own/minimal and store/own, per round and
+# as the median over the rounds. Then one hot key decided by 3 instances, without and with
+# leases (decisions/s, admitted, over-admitted).
+#
+#   scripts/bench-redis.sh [seconds per run, default 5] [rounds, default 3] [concurrency, 50]
 #
 # Needs redis-server, redis-cli and redis-benchmark (apt-get install redis-server redis-tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECONDS_RUN=${1:-10}
-CONCURRENCY=${2:-50}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target-redis}
+SECONDS_RUN=${1:-5}
+ROUNDS=${2:-3}
+CONCURRENCY=${3:-50}
+ALGORITHMS=(fixed_window sliding_window_log sliding_window_counter token_bucket leaky_bucket)
 
-for tool in redis-server redis-cli redis-benchmark; do
-  command -v "$tool" >/dev/null || { echo "missing $tool: apt-get install -y redis-server redis-tools" >&2; exit 1; }
+for tool in redis-server redis-cli redis-benchmark python3; do
+  command -v "$tool" >/dev/null || { echo "missing $tool: apt-get install -y redis-server redis-tools python3" >&2; exit 1; }
 done
 
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -26,25 +35,47 @@ for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; slee
 cargo build --profile profiling -q -p tollgate-redis --example bench_redis
 BENCH="${CARGO_TARGET_DIR:-target}/profiling/examples/bench_redis"
 URL="redis://127.0.0.1:$PORT"
+MINIMAL=crates/redis/examples/bench_redis/minimal
 
-# The exact script call the store makes, with the key's hash tag randomised like the store's.
-read -r -a CALL <<<"$("$BENCH" --url "$URL" --print-evalsha)"
-redis-cli -p "$PORT" SCRIPT LOAD "$(cat crates/redis/src/script.lua)" >/dev/null
-
-echo "== RedisStore (examples/bench_redis), $CONCURRENCY callers, ${SECONDS_RUN}s"
-STORE_OUT=$("$BENCH" --url "$URL" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN")
-echo "$STORE_OUT"
-STORE_RPS=$(sed -E 's/.*= ([0-9]+) decisions\/s.*/\1/' <<<"$STORE_OUT")
-
-echo "== redis-benchmark raw EVALSHA, -c $CONCURRENCY"
-# About as many requests as the store made, so both run for a similar time.
-N=$(( STORE_RPS * SECONDS_RUN ))
-RAW_OUT=$(redis-benchmark -p "$PORT" -c "$CONCURRENCY" -n "$N" -r 10000 --csv "${CALL[@]}")
-echo "$RAW_OUT"
-RAW_RPS=$(tail -n 1 <<<"$RAW_OUT" | cut -d, -f2 | tr -d '"')
-
-python3 - "$STORE_RPS" "$RAW_RPS" <<'PY'
-import sys
-store, raw = float(sys.argv[1]), float(sys.argv[2])
-print(f"== ratio store/raw = {store:.0f}/{raw:.0f} = {store / raw:.2f} (target >= 0.8)")
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+RESULTS=$(mktemp)
+for round in $(seq "$ROUNDS"); do
+  for alg in "${ALGORITHMS[@]}"; do
+    # The store's exact call for a key whose hash tag redis-benchmark randomises.
+    read -r -a OWN <<<"$("$BENCH" --url "$URL" --algorithm "$alg" --print-command)"
+    MIN_SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat "$MINIMAL/$alg.lua")")
+    read -r -a MIN_ARGS <<<"$("$BENCH" --url "$URL" --algorithm "$alg" --print-minimal-args)"
+    STORE_OUT=$("$BENCH" --url "$URL" --algorithm "$alg" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN")
+    STORE=$(sed -E 's/.*= ([0-9]+) decisions\/s.*/\1/' <<<"$STORE_OUT")
+    # Enough requests for about as long a run as the store's at twice its rate.
+    N=$(( STORE * SECONDS_RUN * 2 ))
+    OWN_RPS=$(redis-benchmark -p "$PORT" -c 50 -P 16 -n "$N" -r 10000 --csv "${OWN[@]}" | tail -n 1 | cut -d, -f2 | tr -d '"')
+    MIN_RPS=$(redis-benchmark -p "$PORT" -c 50 -P 16 -n "$N" -r 10000 --csv EVALSHA "$MIN_SHA" 1 'tg:{__rand_int__}:minimal' "${MIN_ARGS[@]}" | tail -n 1 | cut -d, -f2 | tr -d '"')
+    echo "$round $alg $STORE $OWN_RPS $MIN_RPS" | tee -a "$RESULTS"
+    redis-cli -p "$PORT" FLUSHALL >/dev/null
+  done
+done
+python3 - "$RESULTS" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+algs = list(dict.fromkeys(r[1] for r in rows))
+print(f"{'algorithm':24} {'store/s':>9} {'own/s':>9} {'minimal/s':>9} {'store/min':>9} {'own/min':>8} {'store/own':>9}   store/min per round")
+for a in algs:
+    rs = [(float(r[2]), float(r[3]), float(r[4])) for r in rows if r[1] == a]
+    med = lambda xs: statistics.median(xs)
+    per = " ".join(f"{s / m:.2f}" for s, o, m in rs)
+    s, o, m = med([x[0] for x in rs]), med([x[1] for x in rs]), med([x[2] for x in rs])
+    print(f"{a:24} {s:9.0f} {o:9.0f} {m:9.0f} {med([x[0] / x[2] for x in rs]):9.2f} "
+          f"{med([x[1] / x[2] for x in rs]):8.2f} {med([x[0] / x[1] for x in rs]):9.2f}   {per}")
 PY
+rm -f "$RESULTS"
+
+echo "== one hot key, 3 instances x $CONCURRENCY callers (bench_redis --hot-key): a limit the"
+echo "   run does not reach (decisions/s), then one it reaches every window (over-admission)"
+for round in $(seq "$ROUNDS"); do
+  "$BENCH" --url "$URL" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN" --hot-key
+  "$BENCH" --url "$URL" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN" --hot-key --lease
+done
+"$BENCH" --url "$URL" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN" --hot-key --limit 200000
+"$BENCH" --url "$URL" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN" --hot-key --limit 200000 --lease
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

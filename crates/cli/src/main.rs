@@ -1,9 +1,11 @@
 //! `tollgate`: the rate limiter's command line. `serve` runs the server (built-in default or
 //! `--config FILE`), `validate FILE` checks a configuration and prints its effective policies,
-//! `completions` and `man` print the shell completions and the man page.
+//! `completions` and `man` print the shell completions and the man page, and `replay` runs access
+//! logs through a configuration (see `replay.rs`).
 
 mod generate;
 mod logging;
+mod replay;
 mod systemd;
 
 use std::path::{Path, PathBuf};
@@ -55,12 +57,16 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Run access logs through a configuration on their own clock: what would have been
+    /// denied, which keys, at what peak rates; with --sweep, the same for other quotas.
+    Replay(Box<replay::ReplayArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Validate { file } => return validate(&file),
+        Command::Replay(args) => return replay::run(*args),
         Command::Serve {
             config,
             envoy_config,

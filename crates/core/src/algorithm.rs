@@ -58,6 +58,46 @@ pub trait Algorithm {
     }
 }
 
+/// Division by a number fixed when a quota is built (a window, a refill interval), by
+/// multiplication: a 64-bit `div` takes 25 to 90 cycles on the x86 cores this runs on, several
+/// times what the rest of a decision's arithmetic does, and every admitted request needs one.
+///
+/// `m = ⌊2⁶⁴ / d⌋` gives an estimate `⌊n·m / 2⁶⁴⌋` that is the quotient or one less (since
+/// `n·m / 2⁶⁴ > n/d − 1`); one comparison corrects it. Exact for every `u64`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Divisor {
+    d: u64,
+    m: u64,
+}
+
+impl Divisor {
+    /// Dividing by `d`, which must be positive (quotas never have a zero window or interval).
+    pub(crate) fn new(d: u64) -> Self {
+        let d = d.max(1);
+        let m = if d == 1 {
+            0
+        } else {
+            ((1u128 << 64) / u128::from(d)) as u64
+        };
+        Divisor { d, m }
+    }
+
+    /// The divisor.
+    pub(crate) fn get(self) -> u64 {
+        self.d
+    }
+
+    /// `⌊n / d⌋`.
+    #[inline]
+    pub(crate) fn div(self, n: u64) -> u64 {
+        if self.d == 1 {
+            return n;
+        }
+        let q = ((u128::from(n) * u128::from(self.m)) >> 64) as u64;
+        if n - q * self.d >= self.d { q + 1 } else { q }
+    }
+}
+
 /// The verdict for a cost the quota can never admit: denied, with no retry time that would lie.
 pub(crate) fn never(limit: u32, remaining: u64, reset_micros: u64) -> Verdict {
     Verdict {
@@ -67,5 +107,53 @@ pub(crate) fn never(limit: u32, remaining: u64, reset_micros: u64) -> Verdict {
         reset_micros,
         retry_after_micros: None,
         delay_micros: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Divisor;
+
+    #[test]
+    fn divisor_divides_exactly() {
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let edges = [0, 1, 2, 3, 59_999_999, 60_000_000, u64::MAX - 1, u64::MAX];
+        let mut divisors = vec![
+            1,
+            2,
+            3,
+            7,
+            1_000,
+            333_334,
+            60_000_000,
+            86_400_000_000,
+            u64::MAX,
+        ];
+        for _ in 0..2_000 {
+            let d = next() >> (next() % 64);
+            divisors.push(d.max(1));
+        }
+        for d in divisors {
+            let divisor = Divisor::new(d);
+            let mut numerators = edges.to_vec();
+            for _ in 0..200 {
+                numerators.push(next() >> (next() % 64));
+            }
+            for n in numerators {
+                assert_eq!(divisor.div(n), n / d, "{n} / {d}");
+            }
+            for k in [1, 2, 1_000_003] {
+                let n = d.saturating_mul(k);
+                for n in [n.saturating_sub(1), n, n.saturating_add(1)] {
+                    assert_eq!(divisor.div(n), n / d, "{n} / {d}");
+                }
+            }
+        }
     }
 }

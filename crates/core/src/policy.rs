@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use crate::{Quota, QuotaError};
+use crate::{Lease, Quota, QuotaError};
 
 /// The longest policy name accepted, in bytes.
 pub const MAX_POLICY_NAME: usize = 128;
@@ -20,6 +20,7 @@ pub struct Policy {
     name: &'static str,
     quota: Quota,
     fingerprint: u64,
+    lease: Option<Lease>,
 }
 
 impl Policy {
@@ -42,7 +43,22 @@ impl Policy {
             name: intern(name),
             quota,
             fingerprint,
+            lease: None,
         })
+    }
+
+    /// The same policy with hot-key leases for shared stores (see [`Lease`]). Refused where
+    /// a lease is unsound for the quota. The [`fingerprint`](Self::fingerprint) stays the same:
+    /// leases take from the same state, so turning them on or off keeps the counters.
+    pub fn with_lease(mut self, lease: Lease) -> Result<Self, QuotaError> {
+        lease.check(&self.quota)?;
+        self.lease = Some(lease);
+        Ok(self)
+    }
+
+    /// The policy's lease, if it has one.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
     }
 
     /// The name.

@@ -1,5 +1,6 @@
-//! Many threads on one key never over-admit, and batches that lock shards in opposite orders
-//! never deadlock.
+//! Many threads on one key never over-admit — whether its state is updated by compare-and-swap
+//! on its packed word, under its own mutex (a spilled state, a sliding log) or while it moves
+//! from one to the other — and batches that lock shards in opposite orders never deadlock.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,13 +12,23 @@ use tollgate::{Check, MemoryStore, Policy, Quota, Rate, Timestamp};
 const NOW: Timestamp = Timestamp::from_secs(1_800_000_000);
 
 fn hammer(store: &MemoryStore, policy: &Policy, threads: usize, per_thread: usize) -> u64 {
+    hammer_at(store, policy, NOW, threads, per_thread)
+}
+
+fn hammer_at(
+    store: &MemoryStore,
+    policy: &Policy,
+    now: Timestamp,
+    threads: usize,
+    per_thread: usize,
+) -> u64 {
     let admitted = Arc::new(AtomicU64::new(0));
     thread::scope(|scope| {
         for _ in 0..threads {
             let admitted = Arc::clone(&admitted);
             scope.spawn(move || {
                 for _ in 0..per_thread {
-                    let d = store.apply_now(NOW, &[Check::new(policy, b"hot", 1)]);
+                    let d = store.apply_now(now, &[Check::new(policy, b"hot", 1)]);
                     admitted.fetch_add(u64::from(d.allowed()), Ordering::Relaxed);
                 }
             });
@@ -42,6 +53,52 @@ fn every_algorithm_admits_exactly_its_quota_under_contention()
         let policy = Policy::new("hot", quota)?;
         // 8 threads × 1,000 = 8,000 attempts at one instant against a quota of 5,000.
         assert_eq!(hammer(&store, &policy, 8, 1_000), 5_000, "{policy}");
+    }
+    Ok(())
+}
+
+/// States that do not fit a word: a sliding window counter whose counts pass 65,535 (it starts
+/// packed and spills midway, while eight threads race on it) and a fixed window before 2024
+/// (spilled from the first request).
+#[test]
+fn spilled_and_spilling_states_admit_exactly_their_quota() -> Result<(), Box<dyn std::error::Error>>
+{
+    let store = MemoryStore::new();
+    let spilling = Policy::new(
+        "spilling",
+        Quota::sliding_window_counter(70_000, Duration::from_secs(60))?,
+    )?;
+    assert_eq!(hammer(&store, &spilling, 8, 10_000), 70_000);
+    let old = Policy::new("old", Quota::fixed_window(5_000, Duration::from_secs(60))?)?;
+    assert_eq!(
+        hammer_at(&store, &old, Timestamp::from_secs(1_000_000), 8, 1_000),
+        5_000
+    );
+    Ok(())
+}
+
+/// Threads on different keys do not disturb each other's counts: each of 64 keys, spread over
+/// the shards and hammered by four threads at once, admits exactly its own quota.
+#[test]
+fn many_keys_many_threads_each_key_exact() -> Result<(), Box<dyn std::error::Error>> {
+    let store = MemoryStore::builder().shards(16).build();
+    let policy = Policy::new("k", Quota::token_bucket(100, "1/h".parse()?)?)?;
+    let admitted: Vec<AtomicU64> = (0..64).map(|_| AtomicU64::new(0)).collect();
+    thread::scope(|scope| {
+        for t in 0..4u64 {
+            let (store, policy, admitted) = (&store, &policy, &admitted);
+            scope.spawn(move || {
+                for i in 0..20_000u64 {
+                    let k = ((i * 7 + t * 13) % 64) as usize;
+                    let key = (k as u64).to_le_bytes();
+                    let d = store.apply_now(NOW, &[Check::new(policy, &key, 1)]);
+                    admitted[k].fetch_add(u64::from(d.allowed()), Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    for (k, a) in admitted.iter().enumerate() {
+        assert_eq!(a.load(Ordering::Relaxed), 100, "key {k}");
     }
     Ok(())
 }

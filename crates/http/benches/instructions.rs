@@ -9,7 +9,10 @@
 //! ```
 //!
 //! (the second where there are no hardware counters, as in most VMs). VARIANT is `plain`,
-//! `layer` or `unmatched`; each runs `TOLLGATE_REQUESTS` requests (default 200 000).
+//! `governor` (tower_governor with `use_headers()`), `layer` (sliding window counter, five
+//! header lines), `layer-tb` (token bucket, five lines), `layer-tb-2h` and `layer-2h` (the two
+//! lines tower_governor sends) or `unmatched`; each runs `TOLLGATE_REQUESTS` requests (default
+//! 200 000).
 //! Without `--bench` (as under `cargo test --benches`) it runs a few requests of each.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -17,14 +20,21 @@ mod common;
 
 use tower::ServiceExt;
 
-use common::{hello, limited, request};
+use common::{app, limited, request};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let benching = args.iter().any(|a| a == "--bench");
     let variants: Vec<&str> = match args.iter().skip(1).find(|a| !a.starts_with('-')) {
         Some(v) => vec![v.as_str()],
-        None => vec!["plain", "layer", "unmatched"],
+        None => vec![
+            "plain",
+            "governor",
+            "layer",
+            "layer-tb",
+            "layer-tb-2h",
+            "unmatched",
+        ],
     };
     let n: u64 = std::env::var("TOLLGATE_REQUESTS")
         .ok()
@@ -36,10 +46,8 @@ fn main() {
         .unwrap();
     for variant in variants {
         let (app, path) = match variant {
-            "plain" => (hello(), "/v1/hello"),
-            "layer" => (limited(), "/v1/hello"),
             "unmatched" => (limited(), "/open"),
-            other => panic!("unknown variant {other}; use plain, layer or unmatched"),
+            other => (app(other), "/v1/hello"),
         };
         rt.block_on(async {
             for _ in 0..n {

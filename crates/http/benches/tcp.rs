@@ -5,7 +5,13 @@
 //! ratios. Run with `cargo bench -p tollgate-http --bench tcp` (`TOLLGATE_BENCH_SECS` per turn,
 //! default 1; `TOLLGATE_BENCH_ROUNDS`, default 11; `TOLLGATE_BENCH_THREADS`, runtime workers
 //! shared by server and client, default 2).
+//!
+//! With `TOLLGATE_BENCH_SERVE=VARIANT` it only serves one variant for an external load
+//! generator (scripts/bench-layer.sh): `plain`, `headers`, `outer` or any app of
+//! `common::app` (`governor`, `layer`, `layer-tb`, `layer-tb-2h`, `layer-2h`).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -187,11 +193,8 @@ fn main() {
             let addr = match variant.as_str() {
                 "plain" => serve(hello()).await,
                 "headers" => serve(headers_only()).await,
-                "layer" => serve(limited()).await,
                 "outer" => serve_outer().await,
-                other => {
-                    panic!("TOLLGATE_BENCH_SERVE={other}: use plain, headers, layer or outer")
-                }
+                other => serve(common::app(other)).await,
             };
             println!("http://{addr}/v1/hello");
             std::future::pending::<()>().await;

@@ -809,6 +809,9 @@ impl<S: Store, C: Clock> Engine<S, C> {
         if !self.inner.limiter.store().is_immediate() {
             return Err(prepared);
         }
+        if let Some(outcome) = self.decide_one_now(&prepared) {
+            return Ok(outcome);
+        }
         let decided = {
             let future = std::pin::pin!(self.decide_ref(&prepared));
             future.poll(&mut Context::from_waker(Waker::noop()))
@@ -818,6 +821,43 @@ impl<S: Store, C: Clock> Engine<S, C> {
             // The store broke its promise; what it was doing is dropped unfinished.
             Poll::Pending => self.failed(pending_immediate_store(), &prepared.entries),
         })
+    }
+
+    /// The common request, one rejecting policy, decided by an immediate store: one poll of the
+    /// store's single-check future and the headers of one decision, without the general path's
+    /// lists and state machine (a tenth of what the layer adds to a request). `None` for any
+    /// other request, before anything is decided.
+    #[inline]
+    fn decide_one_now(&self, prepared: &Prepared) -> Option<Outcome<S, C>> {
+        let [entry] = prepared.entries.as_slice() else {
+            return None;
+        };
+        let compiled = &self.inner.policies[entry.index];
+        if prepared.refusal.is_some() || compiled.http.action != Action::Reject {
+            return None;
+        }
+        let now = self.inner.limiter.clock().now();
+        let future = std::pin::pin!(self.inner.limiter.store().apply_one(now, self.check(entry)));
+        let decision = match future.poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Ok(decision)) => decision,
+            Poll::Ready(Err(error)) => return Some(self.failed(error.into(), &prepared.entries)),
+            Poll::Pending => {
+                return Some(self.failed(pending_immediate_store(), &prepared.entries));
+            }
+        };
+        let decisions: Decisions = std::iter::once(decision).collect();
+        if !decision.allowed {
+            let headers = self.render(&decisions, &prepared.entries);
+            return Some(self.deny(decisions, headers, &prepared.entries));
+        }
+        let mut headers = HeaderList::new();
+        render(
+            &self.inner.headers,
+            now,
+            &[(&decision, &compiled.text)],
+            &mut headers,
+        );
+        Some(self.outcome(decisions, headers, Verdict::Pass))
     }
 
     async fn decide_ref(&self, prepared: &Prepared) -> Outcome<S, C> {

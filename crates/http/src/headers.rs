@@ -36,6 +36,9 @@ pub enum ResetFormat {
     Epoch,
     /// Seconds from now.
     Delta,
+    /// No `X-RateLimit-Reset` at all: `X-RateLimit-Limit` and `X-RateLimit-Remaining` only, the
+    /// two lines `tower_governor` sends (and all many clients read).
+    Omitted,
 }
 
 impl FromStr for ResetFormat {
@@ -45,7 +48,8 @@ impl FromStr for ResetFormat {
         match s.trim() {
             "epoch" => Ok(ResetFormat::Epoch),
             "delta" => Ok(ResetFormat::Delta),
-            _ => Err(ConfigError::new(s, "use \"epoch\" or \"delta\"")),
+            "none" => Ok(ResetFormat::Omitted),
+            _ => Err(ConfigError::new(s, "use \"epoch\", \"delta\" or \"none\"")),
         }
     }
 }
@@ -284,8 +288,9 @@ pub(crate) fn render(
     };
     if config.legacy {
         let reset = match config.reset_format {
-            ResetFormat::Delta => fields::reset_delta_secs(worst),
-            ResetFormat::Epoch => fields::reset_epoch_secs(now, worst),
+            ResetFormat::Delta => Some(fields::reset_delta_secs(worst)),
+            ResetFormat::Epoch => Some(fields::reset_epoch_secs(now, worst)),
+            ResetFormat::Omitted => None,
         };
         let limit = if worst.limit == worst_text.limit {
             Value::Static(worst_text.limit_text)
@@ -294,7 +299,9 @@ pub(crate) fn render(
         };
         out.push(Field::new(Which::Limit, limit));
         out.push(Field::new(Which::Remaining, Value::Number(worst.remaining)));
-        out.push(Field::new(Which::Reset, Value::Number(reset)));
+        if let Some(reset) = reset {
+            out.push(Field::new(Which::Reset, Value::Number(reset)));
+        }
     }
     if config.ietf {
         let policy = if let [(_, only)] = items {
@@ -425,6 +432,7 @@ impl fmt::Display for ResetFormat {
         f.write_str(match self {
             ResetFormat::Epoch => "epoch",
             ResetFormat::Delta => "delta",
+            ResetFormat::Omitted => "none",
         })
     }
 }

@@ -187,6 +187,34 @@ async fn reset_delta_legacy_off_ietf_off_and_http_date() {
     assert!(header(&r, "ratelimit").is_some());
 }
 
+/// `reset_format = "none"` with the IETF fields off: the two lines tower_governor sends, and
+/// a 429 still carries its Retry-After.
+#[tokio::test]
+async fn limit_and_remaining_only() {
+    let clock = manual_clock();
+    let engine = builder(clock.clone())
+        .policy(policy(fixed("p", 2, 60), &["ip"], None))
+        .headers(HeaderConfig {
+            reset_format: "none".parse().unwrap(),
+            ietf: false,
+            ..HeaderConfig::default()
+        })
+        .build()
+        .unwrap();
+    let app = app(engine);
+    let r = send(&app, get("/", "1.1.1.1", &[])).await;
+    let mut names: Vec<&str> = r.headers().keys().map(|n| n.as_str()).collect();
+    names.retain(|n| n.contains("ratelimit"));
+    names.sort_unstable();
+    assert_eq!(names, ["x-ratelimit-limit", "x-ratelimit-remaining"]);
+    assert_eq!(header_u64(&r, "x-ratelimit-remaining"), 1);
+    send(&app, get("/", "1.1.1.1", &[])).await;
+    let r = send(&app, get("/", "1.1.1.1", &[])).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header_u64(&r, "retry-after"), 60);
+    assert!(header(&r, "x-ratelimit-reset").is_none());
+}
+
 #[tokio::test]
 async fn retry_after_is_never_zero_and_never_before_t() {
     let clock = manual_clock();

@@ -67,6 +67,10 @@ pub struct RedisConfig {
     /// entry; a refund by another instance does not (the denial then lasts until its
     /// `retry_after`, never less).
     pub deny_cache_size: usize,
+    /// How many (policy, key) hot-key leases this instance holds at most (default 65,536; 0
+    /// turns leases off). Only policies with a [`Lease`](tollgate::Lease) take them; when the
+    /// table is full, a key without a lease is decided in Redis as without one.
+    pub lease_table_size: usize,
     /// For `rediss://` (feature `tls`): the CA certificate (PEM) that signed the server's
     /// certificate, when it is not in the system's trust store.
     pub tls_root_cert_pem: Option<Vec<u8>>,
@@ -87,6 +91,7 @@ impl fmt::Debug for RedisConfig {
             .field("key_secret", &"<redacted>")
             .field("key_prefix", &self.key_prefix)
             .field("deny_cache_size", &self.deny_cache_size)
+            .field("lease_table_size", &self.lease_table_size)
             .field("tls_root_cert_pem", &self.tls_root_cert_pem.is_some())
             .finish()
     }
@@ -104,6 +109,7 @@ impl RedisConfig {
             key_secret: DEFAULT_KEY_SECRET.to_vec(),
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             deny_cache_size: 65_536,
+            lease_table_size: 65_536,
             tls_root_cert_pem: None,
         }
     }

@@ -1,8 +1,9 @@
 //! Redis store for Tollgate: every instance of a deployment shares one count per (policy, key).
 //!
-//! [`RedisStore`] implements [`tollgate::Store`]: the five algorithms run inside Redis as one
-//! Lua script ([`SCRIPT`]), so each request is decided in one atomic, all-or-nothing step with
-//! exactly the pure algorithms' arithmetic. Standalone (`redis://`, `rediss://` with the `tls`
+//! [`RedisStore`] implements [`tollgate::Store`]: each request is decided in one atomic,
+//! all-or-nothing script call in Redis (a small script per algorithm, one for requests checked
+//! against several policies; `docs/redis.md` describes them), and the verdict is computed from
+//! the state the script read with the pure algorithms themselves. Standalone (`redis://`, `rediss://` with the `tls`
 //! feature) or Cluster (seed nodes; MOVED/ASK handled by the client). [`RedisConfig`] sets the
 //! timeout, the failure mode ([`OnError`]), whose clock decides ([`ClockSource`]) and how keys
 //! are named; client keys are stored only as a keyed hash.
@@ -27,7 +28,7 @@
 //!
 //! # Operating it
 //!
-//! - Redis 3.2 or later (tested with 7.0), standalone or Cluster; no modules. Keys are
+//! - Redis 5 or later (tested with 7.0), standalone or Cluster; no modules. Keys are
 //!   `<key_prefix>:{<128-bit HMAC-SHA256 of the client key, hex>}:<policy fingerprint, hex>`,
 //!   each with a TTL of one full reset, so memory follows the active keys.
 //! - Every instance sharing a Redis must use the same `key_secret` and `key_prefix`.
@@ -39,11 +40,15 @@
 mod config;
 mod deny_cache;
 mod keys;
+mod lease;
+mod script;
 mod store;
 pub mod stream_queue;
+mod verdict;
 
 pub use config::{
     ClockSource, ConfigError, DEFAULT_KEY_PREFIX, DEFAULT_KEY_SECRET, DEFAULT_TIMEOUT, OnError,
     RedisConfig,
 };
-pub use store::{BuildError, MAX_DEPTH, RedisStore, RedisStoreStats, SCRIPT};
+pub use script::MAX_DEPTH;
+pub use store::{BuildError, RedisStore, RedisStoreStats};

@@ -1,31 +1,31 @@
 //! [`RedisStore`]: the [`Store`] whose state lives in Redis, so every instance of a deployment
 //! shares one count per (policy, key).
 //!
-//! One request is one script call (EVALSHA of `script.lua`, which carries the five algorithms),
-//! except in a Cluster when the request's keys land in different slots: see
+//! One request is one script call (EVALSHA of the small script of its policy's algorithm, or of
+//! the multi-check script when it is checked against several policies), except in a Cluster
+//! when the request's keys land in different slots: see
 //! [`RedisStore`]'s "Cluster" section. Failures (Redis down, slow, or answering nonsense) follow
 //! [`OnError`]; a circuit keeps a failed Redis from costing every call its timeout.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
-use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
-use tollgate::{Check, Decisions, MemoryStore, Quota, Store, StoreError, Timestamp, Verdict};
+use redis::{RedisError, Value};
+use tollgate::{Check, Decision, Decisions, MemoryStore, Store, StoreError, Timestamp, Verdict};
 
 use crate::config::{ClockSource, ConfigError, OnError, RedisConfig};
 use crate::deny_cache::{CacheKey, DenyCache};
 use crate::keys::{KeyHasher, hex, key_name, slot};
+use crate::lease::Leases;
+use crate::script::{ScriptKind, Scripts};
 
-/// The Lua source of the one script: the five algorithms, applied all-or-nothing.
-pub const SCRIPT: &str = include_str!("script.lua");
+mod calls;
+mod connection;
+mod failure;
+mod leased;
 
-/// A Lua double is exact below 2^53, and the script adds a leaky bucket's depth to timestamps
-/// (about 2^51 µs today): buckets deeper than this (71 years) are refused, not rounded.
-pub const MAX_DEPTH: u64 = 1 << 51;
+use connection::{Connection, classify};
 
 /// How long a failed Redis is left alone before one call tries it again.
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
@@ -38,8 +38,9 @@ const DENY_RETRY: Duration = Duration::from_secs(1);
 ///
 /// # Semantics
 ///
-/// Decisions equal the pure algorithms' of `tollgate::algorithm` (the Lua port does the same
-/// integer arithmetic in microseconds). With [`ClockSource::Redis`] (the default) the script
+/// Decisions equal the pure algorithms' of `tollgate::algorithm`: a script decides what to
+/// write in Redis and reports the state it read, and those algorithms compute the verdict from
+/// it (a script that disagrees with them is a [`StoreError::Protocol`]). With [`ClockSource::Redis`] (the default) the script
 /// reads Redis `TIME`, so the caller's `now` is ignored and instances whose clocks disagree
 /// still decide as one; [`ClockSource::Local`] uses the caller's `now`. Every key written gets
 /// a TTL of one full reset in the same script, so no key outlives its meaning even if a client
@@ -58,9 +59,16 @@ const DENY_RETRY: Duration = Duration::from_secs(1);
 /// # Cost per algorithm
 ///
 /// The counters and buckets keep one short string per key and cost O(1) per request. The
-/// sliding window log keeps a list of up to `limit` entries, reads it whole on each request
-/// (O(limit)) and writes only what changed (the expired head, the new tail): fine for small
-/// limits, otherwise prefer the sliding window counter.
+/// sliding window log keeps a sorted set of up to `limit` members, one per admitted unit, and
+/// costs O((1 + cost) log n) per request; about 41 bytes per unit up to 128 units, 118 beyond
+/// (`docs/redis.md`).
+///
+/// # Hot-key leases
+///
+/// A single check of a policy with a [`Lease`](tollgate::Lease) is spent from this instance's
+/// lease of its key; taking the next lease is the only call to Redis. `docs/redis.md` states the
+/// bound on what N instances over-admit together (none for the window algorithms) and proves
+/// it. Call [`RedisStore::return_leases`] when the instance stops.
 ///
 /// # Failures
 ///
@@ -93,9 +101,10 @@ struct Inner {
     config: RedisConfig,
     connection: Connection,
     hasher: KeyHasher,
-    sha: String,
+    scripts: Scripts,
     memory: MemoryStore,
     deny: DenyCache,
+    leases: Leases,
     epoch: Instant,
     /// 0 while Redis is healthy; else the monotonic µs (since `epoch`) of the next probe.
     probe_at: AtomicU64,
@@ -107,6 +116,7 @@ struct Counters {
     script_calls: AtomicU64,
     fallbacks: AtomicU64,
     deny_cache_hits: AtomicU64,
+    leased: AtomicU64,
     errors: AtomicU64,
 }
 
@@ -119,35 +129,17 @@ pub struct RedisStoreStats {
     pub fallbacks: u64,
     /// Requests answered by the deny cache without calling Redis.
     pub deny_cache_hits: u64,
+    /// Requests admitted from a hot-key lease this instance held, without calling Redis.
+    pub leased: u64,
     /// Failed calls to Redis (unreachable, timeout, protocol).
     pub errors: u64,
 }
 
-enum Connection {
-    /// Reconnects by itself; created lazily, so a Redis that is down at start is no error.
-    Single(ConnectionManager),
-    Cluster(Box<ClusterState>),
-}
-
-struct ClusterState {
-    client: ClusterClient,
-    /// Connected in the background, so no call waits longer than its timeout for it.
-    conn: RwLock<Option<ClusterConnection>>,
-    connecting: Arc<AtomicBool>,
-}
-
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-/// One check ready for the script: its Redis key, slot, cache key and script arguments.
-struct Prepared {
+/// One check ready for a script: its Redis key, slot and deny-cache key.
+pub(crate) struct Prepared {
     key: String,
     slot: u16,
     cache: CacheKey,
-    args: [i64; 5],
 }
 
 /// An error while building a [`RedisStore`].
@@ -189,51 +181,14 @@ impl RedisStore {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let connect_timeout = config.timeout.max(Duration::from_millis(250));
-        let connection = if config.cluster {
-            #[allow(unused_mut)]
-            let mut builder = ClusterClientBuilder::new(config.nodes.clone());
-            #[cfg(feature = "tls")]
-            if let Some(pem) = &config.tls_root_cert_pem {
-                builder = builder.certs(tls_certificates(pem));
-            }
-            let client = builder
-                .connection_timeout(connect_timeout)
-                .response_timeout(config.timeout.max(Duration::from_millis(10)))
-                .retries(2)
-                .min_retry_wait(10)
-                .max_retry_wait(100)
-                .build()
-                .map_err(client_error)?;
-            Connection::Cluster(Box::new(ClusterState {
-                client,
-                conn: RwLock::new(None),
-                connecting: Arc::new(AtomicBool::new(false)),
-            }))
-        } else {
-            let url = config.nodes[0].as_str();
-            let client = match &config.tls_root_cert_pem {
-                #[cfg(feature = "tls")]
-                Some(pem) => redis::Client::build_with_tls(url, tls_certificates(pem)),
-                _ => redis::Client::open(url),
-            }
-            .map_err(client_error)?;
-            let manager_config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(connect_timeout))
-                .set_response_timeout(Some(config.timeout))
-                .set_number_of_retries(1)
-                .set_min_delay(Duration::from_millis(10))
-                .set_max_delay(Duration::from_millis(100));
-            Connection::Single(
-                ConnectionManager::new_lazy_with_config(client, manager_config)
-                    .map_err(client_error)?,
-            )
-        };
+        let connection = Connection::new(&config, connect_timeout).map_err(client_error)?;
         let store = RedisStore {
             inner: Arc::new(Inner {
                 hasher: KeyHasher::new(&config.key_secret),
-                sha: redis::Script::new(SCRIPT).get_hash().to_owned(),
+                scripts: Scripts::new(config.clock),
                 memory: MemoryStore::new(),
                 deny: DenyCache::new(config.deny_cache_size),
+                leases: Leases::new(config.lease_table_size),
                 epoch: Instant::now(),
                 probe_at: AtomicU64::new(0),
                 stats: Counters::default(),
@@ -261,7 +216,7 @@ impl RedisStore {
 
     async fn ping_with(&self, limit: Duration) -> Result<(), StoreError> {
         let result = tokio::time::timeout(limit, async {
-            let mut conn = self.conn().await?;
+            let mut conn = self.inner.connection.get().await?;
             let reply: Result<Value, RedisError> = redis::cmd("PING").query_async(&mut conn).await;
             reply.map(|_| ()).map_err(classify)
         })
@@ -279,9 +234,42 @@ impl RedisStore {
         self.inner.probe_at.load(Ordering::Relaxed) == 0
     }
 
-    /// The SHA1 under which Redis knows [`SCRIPT`] (for `EVALSHA` by other tools).
-    pub fn script_sha(&self) -> &str {
-        &self.inner.sha
+    /// The `EVALSHA` command (name first) that decides `check` alone, as this store sends it:
+    /// for benchmarks (`redis-benchmark`) and debugging. Redis learns the script on the store's
+    /// first call of it, or from [`load_scripts`](Self::load_scripts).
+    pub fn script_command(&self, check: &Check<'_>) -> Result<Vec<String>, StoreError> {
+        crate::script::validate(check)?;
+        let key = self.key_of(check);
+        let cmd = self.command(
+            "EVALSHA",
+            ScriptKind::of(check.policy.quota()),
+            &[key.as_str()],
+            Timestamp::EPOCH,
+            |cmd| crate::script::one_check_args(cmd, check, check.cost, 0),
+        )?;
+        Ok(cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => String::new(),
+            })
+            .collect())
+    }
+
+    /// Loads every script into Redis (standalone; a Cluster node learns them on first use), so
+    /// no call pays for an `EVAL` after `NOSCRIPT`.
+    pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        let mut conn = self.inner.connection.get().await?;
+        for kind in ScriptKind::ALL {
+            let source = &self.inner.scripts.get(kind).source;
+            let reply: Result<Value, RedisError> = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(source)
+                .query_async(&mut conn)
+                .await;
+            reply.map_err(classify)?;
+        }
+        Ok(())
     }
 
     /// Counters since the store was built.
@@ -291,6 +279,7 @@ impl RedisStore {
             script_calls: s.script_calls.load(Ordering::Relaxed),
             fallbacks: s.fallbacks.load(Ordering::Relaxed),
             deny_cache_hits: s.deny_cache_hits.load(Ordering::Relaxed),
+            leased: s.leased.load(Ordering::Relaxed),
             errors: s.errors.load(Ordering::Relaxed),
         }
     }
@@ -314,7 +303,7 @@ impl RedisStore {
         checks: &[Check<'_>],
     ) -> Result<Decisions, StoreError> {
         let prepared = self.prepare(checks)?;
-        let verdicts = self.bounded(self.run(now, &prepared)).await?;
+        let verdicts = self.bounded(self.run(now, checks, &prepared)).await?;
         Ok(decisions(checks, verdicts))
     }
 
@@ -323,6 +312,7 @@ impl RedisStore {
         let mut seen: Vec<(&[u8], u128, String, u16)> = Vec::with_capacity(1);
         let mut out = Vec::with_capacity(checks.len());
         for check in checks {
+            crate::script::validate(check)?;
             let index = match seen.iter().position(|(k, ..)| *k == check.key) {
                 Some(i) => i,
                 None => {
@@ -339,7 +329,6 @@ impl RedisStore {
                 key: key_name(&self.inner.config.key_prefix, tag, fingerprint),
                 slot: *slot,
                 cache: (fingerprint, *id),
-                args: encode(check)?,
             });
         }
         Ok(out)
@@ -356,150 +345,6 @@ impl RedisStore {
             .unwrap_or(Err(StoreError::Timeout { after }))
     }
 
-    fn clock_arg(&self, now: Timestamp) -> i64 {
-        match self.inner.config.clock {
-            ClockSource::Redis => -1,
-            ClockSource::Local => i64::try_from(now.as_micros()).unwrap_or(i64::MAX),
-        }
-    }
-
-    /// Runs the checks: one script call, or one per slot in a Cluster (see the type's docs).
-    async fn run(&self, now: Timestamp, prepared: &[Prepared]) -> Result<Vec<Verdict>, StoreError> {
-        let mut conn = self.conn().await?;
-        let first = prepared.first().map(|p| p.slot);
-        if !self.inner.config.cluster || prepared.iter().all(|p| Some(p.slot) == first) {
-            let all: Vec<&Prepared> = prepared.iter().collect();
-            return self.script(&mut conn, "a", now, &all).await;
-        }
-        // Group by slot, in order of first appearance.
-        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
-        for (i, p) in prepared.iter().enumerate() {
-            match groups.iter_mut().find(|(s, _)| *s == p.slot) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((p.slot, vec![i])),
-            }
-        }
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; prepared.len()];
-        let mut denied_at = None;
-        for (g, (_, members)) in groups.iter().enumerate() {
-            let checks: Vec<&Prepared> = members.iter().map(|&i| &prepared[i]).collect();
-            let got = self.script(&mut conn, "a", now, &checks).await?;
-            let admitted = got.iter().all(|v| v.allowed);
-            for (&i, v) in members.iter().zip(got) {
-                verdicts[i] = Some(v);
-            }
-            if !admitted {
-                denied_at = Some(g);
-                break;
-            }
-        }
-        if let Some(denied) = denied_at {
-            // Give back what the earlier slots committed, then report every admitting check as
-            // its quota stands (a dry run: decided, nothing written).
-            for (g, (_, members)) in groups.iter().enumerate() {
-                if g == denied {
-                    continue;
-                }
-                let checks: Vec<&Prepared> = members.iter().map(|&i| &prepared[i]).collect();
-                if g < denied {
-                    self.script(&mut conn, "r", now, &checks).await?;
-                }
-                let got = self.script(&mut conn, "d", now, &checks).await?;
-                for (&i, v) in members.iter().zip(got) {
-                    verdicts[i] = Some(v);
-                }
-            }
-        }
-        verdicts
-            .into_iter()
-            .map(|v| v.ok_or_else(|| protocol("a check got no verdict")))
-            .collect()
-    }
-
-    /// One script call; `op` is "a" (apply), "d" (dry run) or "r" (refund).
-    async fn script(
-        &self,
-        conn: &mut Conn,
-        op: &str,
-        now: Timestamp,
-        checks: &[&Prepared],
-    ) -> Result<Vec<Verdict>, StoreError> {
-        let build = |name: &str, first: &str| {
-            let mut cmd = redis::cmd(name);
-            cmd.arg(first).arg(checks.len());
-            for p in checks {
-                cmd.arg(&p.key);
-            }
-            cmd.arg(op).arg(self.clock_arg(now));
-            for p in checks {
-                cmd.arg(&p.args[..]);
-            }
-            cmd
-        };
-        self.inner
-            .stats
-            .script_calls
-            .fetch_add(1, Ordering::Relaxed);
-        let reply: Result<Value, RedisError> =
-            build("EVALSHA", &self.inner.sha).query_async(conn).await;
-        let reply = match reply {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                // A restarted or new node has an empty script cache: EVAL loads it there.
-                self.inner
-                    .stats
-                    .script_calls
-                    .fetch_add(1, Ordering::Relaxed);
-                build("EVAL", SCRIPT).query_async(conn).await
-            }
-            other => other,
-        };
-        let reply = reply.map_err(classify)?;
-        if op == "r" {
-            return Ok(Vec::new());
-        }
-        parse_reply(reply, checks.len())
-    }
-
-    async fn conn(&self) -> Result<Conn, StoreError> {
-        match &self.inner.connection {
-            Connection::Single(manager) => Ok(Conn::Single(manager.clone())),
-            Connection::Cluster(state) => {
-                let ClusterState {
-                    client,
-                    conn,
-                    connecting,
-                } = &**state;
-                if let Some(c) = conn.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
-                    return Ok(Conn::Cluster(c.clone()));
-                }
-                // Connect in the background, so no call waits longer than its timeout for it.
-                if !connecting.swap(true, Ordering::AcqRel) {
-                    let client = client.clone();
-                    let connecting = connecting.clone();
-                    let store = self.clone();
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    tokio::spawn(async move {
-                        let result = client.get_async_connection().await;
-                        if let (Ok(c), Connection::Cluster(state)) =
-                            (&result, &store.inner.connection)
-                        {
-                            *state.conn.write().unwrap_or_else(|e| e.into_inner()) =
-                                Some(c.clone());
-                        }
-                        connecting.store(false, Ordering::Release);
-                        let _ = tx.send(result);
-                    });
-                    if let Ok(Ok(c)) = rx.await {
-                        return Ok(Conn::Cluster(c));
-                    }
-                }
-                Err(StoreError::Unavailable {
-                    reason: "not connected to the Redis Cluster yet".to_owned(),
-                })
-            }
-        }
-    }
-
     fn mono_micros(&self) -> u64 {
         u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
@@ -512,131 +357,106 @@ impl RedisStore {
             ClockSource::Redis => self.mono_micros(),
         }
     }
-
-    /// Whether this call may go to Redis: always while healthy; when the circuit is open, one
-    /// call per probe interval.
-    fn may_call_redis(&self) -> bool {
-        let at = self.inner.probe_at.load(Ordering::Relaxed);
-        if at == 0 {
-            return true;
-        }
-        let now = self.mono_micros();
-        now >= at
-            && self
-                .inner
-                .probe_at
-                .compare_exchange(
-                    at,
-                    now + probe_micros(),
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-    }
-
-    fn open_circuit(&self) {
-        let next = self.mono_micros().max(1) + probe_micros();
-        let _ = self
-            .inner
-            .probe_at
-            .compare_exchange(0, next, Ordering::AcqRel, Ordering::Relaxed);
-    }
-
-    async fn fallback(&self, now: Timestamp, checks: &[Check<'_>]) -> Decisions {
-        self.inner.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
-        match self.inner.config.on_error {
-            OnError::Local => self.inner.memory.apply_now(now, checks),
-            OnError::Allow => checks
-                .iter()
-                .map(|c| {
-                    let limit = u64::from(c.policy.quota().limit());
-                    Verdict {
-                        allowed: true,
-                        limit,
-                        remaining: limit,
-                        reset_micros: 0,
-                        retry_after_micros: None,
-                        delay_micros: 0,
-                    }
-                    .into_decision(c.policy.shared_name())
-                })
-                .collect(),
-            OnError::Deny => checks
-                .iter()
-                .map(|c| {
-                    let retry = u64::try_from(DENY_RETRY.as_micros()).unwrap_or(u64::MAX);
-                    Verdict {
-                        allowed: false,
-                        limit: u64::from(c.policy.quota().limit()),
-                        remaining: 0,
-                        reset_micros: retry,
-                        retry_after_micros: Some(retry),
-                        delay_micros: 0,
-                    }
-                    .into_decision(c.policy.shared_name())
-                })
-                .collect(),
-        }
-    }
 }
 
-#[cfg(feature = "tls")]
-fn tls_certificates(root_pem: &[u8]) -> redis::TlsCertificates {
-    redis::TlsCertificates {
-        client_tls: None,
-        root_cert: Some(root_pem.to_vec()),
+impl RedisStore {
+    /// One check without a lease: the deny cache, then its algorithm's script.
+    async fn apply_one_plain(
+        &self,
+        now: Timestamp,
+        check: &Check<'_>,
+    ) -> Result<Decision, StoreError> {
+        let checks = std::slice::from_ref(check);
+        let prepared = self.prepare(checks)?;
+        let cache = prepared[0].cache;
+        if let Some(v) = self.inner.deny.get(&cache, check.cost, self.cache_now(now)) {
+            self.inner
+                .stats
+                .deny_cache_hits
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(v.into_decision(check.policy.shared_name()));
+        }
+        if !self.may_call_redis() {
+            return Ok(self.fallback_one(now, check).await);
+        }
+        match self.bounded(self.run(now, checks, &prepared)).await {
+            Ok(verdicts) => {
+                self.inner.probe_at.store(0, Ordering::Relaxed);
+                let v = verdicts
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| crate::verdict::protocol("no verdict"))?;
+                if !v.allowed {
+                    self.inner
+                        .deny
+                        .insert(cache, check.cost, self.cache_now(now), v);
+                }
+                Ok(v.into_decision(check.policy.shared_name()))
+            }
+            Err(e) => {
+                self.failed(&e);
+                Ok(self.fallback_one(now, check).await)
+            }
+        }
     }
-}
 
-fn probe_micros() -> u64 {
-    u64::try_from(PROBE_INTERVAL.as_micros()).unwrap_or(u64::MAX)
+    /// Several checks: one all-or-nothing script call (leases are for single checks).
+    async fn apply_many(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> Result<Decisions, StoreError> {
+        let prepared = self.prepare(checks)?;
+        if !self.may_call_redis() {
+            return Ok(self.fallback(now, checks).await);
+        }
+        match self.bounded(self.run(now, checks, &prepared)).await {
+            Ok(verdicts) => {
+                self.inner.probe_at.store(0, Ordering::Relaxed);
+                Ok(decisions(checks, verdicts))
+            }
+            Err(e) => {
+                self.failed(&e);
+                Ok(self.fallback(now, checks).await)
+            }
+        }
+    }
+
+    /// Gives every unspent unit of this instance's leases back to Redis: call it when the
+    /// instance shuts down, so its leases do not hold quota back from the others until they
+    /// end. `now` is the caller's clock (used with `clock = local`). Best effort: the first
+    /// failure is returned after trying the rest.
+    pub async fn return_leases(&self, now: Timestamp) -> Result<(), StoreError> {
+        let returns = self.inner.leases.drain();
+        self.return_units(now, &returns).await
+    }
 }
 
 impl Store for RedisStore {
     async fn apply(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
-        if checks.is_empty() {
-            return Ok(Decisions::new());
-        }
-        let prepared = self.prepare(checks)?;
-        let single = checks.len() == 1;
-        if single {
-            if let Some(v) =
-                self.inner
-                    .deny
-                    .get(&prepared[0].cache, checks[0].cost, self.cache_now(now))
-            {
-                self.inner
-                    .stats
-                    .deny_cache_hits
-                    .fetch_add(1, Ordering::Relaxed);
-                return Ok(decisions(checks, vec![v]));
-            }
-        }
-        if !self.may_call_redis() {
-            return Ok(self.fallback(now, checks).await);
-        }
-        match self.bounded(self.run(now, &prepared)).await {
-            Ok(verdicts) => {
-                self.inner.probe_at.store(0, Ordering::Relaxed);
-                if single {
-                    if let Some(v) = verdicts.first().filter(|v| !v.allowed) {
-                        self.inner.deny.insert(
-                            prepared[0].cache,
-                            checks[0].cost,
-                            self.cache_now(now),
-                            *v,
-                        );
-                    }
+        let decision = match checks {
+            [] => return Ok(Decisions::new()),
+            [check] => match check.policy.lease() {
+                Some(lease) if check.cost > 0 => {
+                    self.apply_leased(now, check, lease.ttl_micros(), lease.size())
+                        .await?
                 }
-                Ok(decisions(checks, verdicts))
+                _ => self.apply_one_plain(now, check).await?,
+            },
+            _ => return self.apply_many(now, checks).await,
+        };
+        let mut out = Decisions::new();
+        out.push(decision);
+        Ok(out)
+    }
+
+    async fn apply_one(&self, now: Timestamp, check: Check<'_>) -> Result<Decision, StoreError> {
+        match check.policy.lease() {
+            Some(lease) if check.cost > 0 => {
+                self.apply_leased(now, &check, lease.ttl_micros(), lease.size())
+                    .await
             }
-            Err(e) => {
-                self.inner.stats.errors.fetch_add(1, Ordering::Relaxed);
-                if e.is_retryable() {
-                    self.open_circuit();
-                }
-                Ok(self.fallback(now, checks).await)
-            }
+            _ => self.apply_one_plain(now, &check).await,
         }
     }
 
@@ -653,28 +473,7 @@ impl Store for RedisStore {
             self.inner.memory.refund_now(now, checks);
         }
         let result = self
-            .bounded(async {
-                let mut conn = self.conn().await?;
-                // Refunds are per key and commutative across keys: one call per slot.
-                let mut slots: Vec<u16> = prepared.iter().map(|p| p.slot).collect();
-                if !self.inner.config.cluster {
-                    slots.truncate(1);
-                }
-                slots.dedup();
-                let mut done: Vec<u16> = Vec::new();
-                for s in slots {
-                    if done.contains(&s) {
-                        continue;
-                    }
-                    done.push(s);
-                    let group: Vec<&Prepared> = prepared
-                        .iter()
-                        .filter(|p| !self.inner.config.cluster || p.slot == s)
-                        .collect();
-                    self.script(&mut conn, "r", now, &group).await?;
-                }
-                Ok(())
-            })
+            .bounded(self.refund_in_redis(now, checks, &prepared))
             .await;
         if let Err(e) = &result {
             self.inner.stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -692,182 +491,4 @@ fn decisions(checks: &[Check<'_>], verdicts: Vec<Verdict>) -> Decisions {
         .zip(verdicts)
         .map(|(c, v)| v.into_decision(c.policy.shared_name()))
         .collect()
-}
-
-/// The script arguments of one check: algorithm code and parameters, then the cost.
-fn encode(check: &Check<'_>) -> Result<[i64; 5], StoreError> {
-    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    let cost = i64::from(check.cost);
-    Ok(match check.policy.quota() {
-        Quota::FixedWindow(a) => [1, i64::from(a.limit()), n(a.window_micros()), 0, cost],
-        Quota::SlidingWindowLog(a) => [2, i64::from(a.limit()), n(a.window_micros()), 0, cost],
-        Quota::SlidingWindowCounter(a) => [3, i64::from(a.limit()), n(a.window_micros()), 0, cost],
-        Quota::TokenBucket(a) => [4, i64::from(a.capacity()), n(a.interval_micros()), 0, cost],
-        Quota::LeakyBucket(a) => {
-            let depth = u64::from(a.burst()).saturating_mul(a.interval_micros());
-            if depth >= MAX_DEPTH {
-                return Err(protocol(&format!(
-                    "policy {:?}: a leaky bucket deeper than 2^51 µs is beyond the Redis \
-                     store's exact arithmetic",
-                    check.policy.name()
-                )));
-            }
-            // Any bound past the bucket's depth behaves like no bound smaller than 2^52.
-            let max_delay = a.max_delay().map_or(-1, |d| {
-                n(u64::try_from(d.as_micros())
-                    .unwrap_or(u64::MAX)
-                    .min(MAX_DEPTH * 2))
-            });
-            [
-                5,
-                i64::from(a.burst()),
-                n(a.interval_micros()),
-                max_delay,
-                cost,
-            ]
-        }
-    })
-}
-
-fn parse_reply(reply: Value, n: usize) -> Result<Vec<Verdict>, StoreError> {
-    let Value::Array(items) = reply else {
-        return Err(protocol(&format!(
-            "expected an array from the script, got {reply:?}"
-        )));
-    };
-    if items.len() != 6 * n {
-        return Err(protocol(&format!(
-            "expected {} integers from the script, got {}",
-            6 * n,
-            items.len()
-        )));
-    }
-    let mut ints = Vec::with_capacity(items.len());
-    for item in items {
-        match item {
-            Value::Int(i) => ints.push(i),
-            other => {
-                return Err(protocol(&format!(
-                    "expected an integer in the script's reply, got {other:?}"
-                )));
-            }
-        }
-    }
-    let u = |i: i64| u64::try_from(i).map_err(|_| protocol(&format!("negative value {i}")));
-    ints.chunks_exact(6)
-        .map(|c| {
-            Ok(Verdict {
-                allowed: c[0] == 1,
-                limit: u(c[1])?,
-                remaining: u(c[2])?,
-                reset_micros: u(c[3])?,
-                retry_after_micros: if c[4] < 0 { None } else { Some(u(c[4])?) },
-                delay_micros: u(c[5])?,
-            })
-        })
-        .collect()
-}
-
-fn protocol(reason: &str) -> StoreError {
-    StoreError::Protocol {
-        reason: reason.to_owned(),
-    }
-}
-
-/// Connection trouble and cluster reconfiguration are retryable ([`StoreError::Unavailable`]);
-/// anything else Redis says is a [`StoreError::Protocol`].
-fn classify(e: RedisError) -> StoreError {
-    let retryable = e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_timeout()
-        || matches!(
-            e.kind(),
-            ErrorKind::Io
-                | ErrorKind::ClusterConnectionNotFound
-                | ErrorKind::Server(
-                    ServerErrorKind::TryAgain
-                        | ServerErrorKind::ClusterDown
-                        | ServerErrorKind::MasterDown
-                        | ServerErrorKind::BusyLoading
-                        | ServerErrorKind::Moved
-                        | ServerErrorKind::Ask
-                        | ServerErrorKind::ReadOnly
-                )
-        );
-    if retryable {
-        StoreError::Unavailable {
-            reason: e.to_string(),
-        }
-    } else {
-        StoreError::Protocol {
-            reason: e.to_string(),
-        }
-    }
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tollgate::Policy;
-
-    #[test]
-    fn replies_of_the_wrong_shape_are_protocol_errors() {
-        for reply in [
-            Value::Nil,
-            Value::Array(vec![Value::Int(1)]),
-            Value::Array(vec![Value::Nil; 6]),
-            Value::Array(vec![Value::Int(-5); 6]),
-        ] {
-            assert!(matches!(
-                parse_reply(reply, 1),
-                Err(StoreError::Protocol { .. })
-            ));
-        }
-    }
-
-    #[test]
-    fn deep_leaky_buckets_are_refused_not_rounded() -> Result<(), Box<dyn std::error::Error>> {
-        let q = Quota::leaky_bucket("1/400d".parse()?, 100_000)?;
-        let p = Policy::new("deep", q)?;
-        assert!(matches!(
-            encode(&Check::new(&p, b"k", 1)),
-            Err(StoreError::Protocol { .. })
-        ));
-        let q = Quota::sliding_window_counter(u32::MAX, Duration::from_secs(400 * 86_400))?;
-        let p = Policy::new("huge counter", q)?;
-        assert!(
-            encode(&Check::new(&p, b"k", 1)).is_ok(),
-            "exact in the script"
-        );
-        Ok(())
-    }
 }

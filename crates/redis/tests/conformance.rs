@@ -109,11 +109,12 @@ mod cluster {
 /// (the scenarios that compare every field with the pure algorithms run without it above:
 /// while cached, `remaining` is reported as it was when denied).
 mod with_deny_cache {
-    use tollgate_redis::{ClockSource, RedisConfig, RedisStore};
+    use tollgate_redis::{ClockSource, OnError, RedisConfig, RedisStore};
 
     async fn store() -> RedisStore {
         let mut config = RedisConfig::standalone(&super::server().url());
         config.clock = ClockSource::Local;
+        config.on_error = OnError::Deny;
         RedisStore::new(config).await.unwrap()
     }
 

@@ -1,5 +1,6 @@
-//! Exactness across OS processes: 3 processes × 8 tasks on one key never over-admit. The
-//! processes are this test binary run again with `TG_WORKER_*` set (see `worker_entry_point`).
+//! Exactness across OS processes: 3 processes × 8 tasks on one key never over-admit, with and
+//! without hot-key leases. The processes are this test binary run again with `TG_WORKER_*` set
+//! (see `worker_entry_point`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::RedisServer;
 use tollgate::testing::{T0, unique};
-use tollgate::{Check, Policy, Quota, Timestamp};
+use tollgate::{Check, Lease, Policy, Quota, Store, Timestamp};
 use tollgate_redis::{ClockSource, RedisConfig, RedisStore};
 
 const PROCESSES: usize = 3;
@@ -55,8 +56,11 @@ fn run_workers(url: &str, quota: &str, policy: &str, key: &str, per_task: usize)
         .sum()
 }
 
+/// Leases of this many units, for the `lease-` specs.
+const LEASE: u32 = 7;
+
 fn quota_of(spec: &str) -> Quota {
-    match spec.split_once(':') {
+    match spec.trim_start_matches("lease-").split_once(':') {
         Some(("fixed", n)) => Quota::fixed_window(n.parse().unwrap(), Duration::from_secs(3600)),
         Some(("token", n)) => {
             let n: u32 = n.parse().unwrap();
@@ -78,16 +82,22 @@ async fn worker_entry_point() {
     };
     let var = |name: &str| std::env::var(name).unwrap();
     let quota = var("TG_WORKER_QUOTA");
-    let policy = Policy::new(&var("TG_WORKER_POLICY"), quota_of(&quota)).unwrap();
+    let mut policy = Policy::new(&var("TG_WORKER_POLICY"), quota_of(&quota)).unwrap();
+    if quota.starts_with("lease-") {
+        policy = policy
+            .with_lease(Lease::new(LEASE, Duration::from_secs(60)).unwrap())
+            .unwrap();
+    }
     let key = var("TG_WORKER_KEY");
     let requests: usize = var("TG_WORKER_REQUESTS").parse().unwrap();
     let mut config = RedisConfig::standalone(&url);
     config.timeout = Duration::from_secs(5);
     config.deny_cache_size = 0;
-    if quota.starts_with("fixed") {
+    if quota.contains("fixed") {
         // One fixed instant, so the whole run is one window whatever the wall clock does.
         config.clock = ClockSource::Local;
     }
+    config.on_error = tollgate_redis::OnError::Deny;
     let store = RedisStore::new(config).await.unwrap();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..TASKS {
@@ -96,8 +106,10 @@ async fn worker_entry_point() {
             let mut admitted = 0u64;
             for _ in 0..requests {
                 let now = Timestamp::from_system_time(SystemTime::now()).max(T0);
+                // Through `apply`, the path leases take; `on_error = deny` and no errors below,
+                // so every decision is Redis's or a lease's.
                 let d = store
-                    .apply_redis(now, &[Check::new(&policy, key.as_bytes(), 1)])
+                    .apply(now, &[Check::new(&policy, key.as_bytes(), 1)])
                     .await
                     .unwrap();
                 admitted += u64::from(d.allowed());
@@ -109,6 +121,7 @@ async fn worker_entry_point() {
     while let Some(r) = tasks.join_next().await {
         total += r.unwrap();
     }
+    assert_eq!(store.stats().errors, 0, "{:?}", store.stats());
     println!("ADMITTED {total}");
 }
 
@@ -141,5 +154,24 @@ fn token_bucket_never_exceeds_capacity_plus_refill() {
     assert!(
         admitted >= 100,
         "the full bucket admits at least its capacity"
+    );
+}
+
+#[test]
+fn leased_fixed_window_never_exceeds_the_limit_across_processes() {
+    let server = RedisServer::start();
+    // 3 × 8 × 60 = 1440 requests against 1000, the tasks of a process sharing its leases of 7.
+    let admitted = run_workers(
+        &server.url(),
+        "lease-fixed:1000",
+        &unique("xproc-lease"),
+        "one-key",
+        60,
+    );
+    assert!(admitted <= 1000, "{admitted} admitted");
+    // Only what the processes still held when they stopped went unspent.
+    assert!(
+        admitted >= 1000 - PROCESSES as u64 * u64::from(LEASE),
+        "{admitted} admitted"
     );
 }

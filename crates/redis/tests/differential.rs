@@ -51,6 +51,8 @@ fn op() -> impl Strategy<Value = Op> {
     (
         prop_oneof![
             4 => Just(0u64),
+            // Exactly a window or a refill interval: the boundaries where an off-by-one shows.
+            2 => prop_oneof![Just(500_000u64), Just(300_000), Just(75_000), Just(83_334)],
             3 => 0u64..40_000,
             2 => 0u64..300_000,
             1 => 0u64..1_200_000,

@@ -10,7 +10,7 @@ use hyper::HeaderMap;
 use hyper::header::HeaderName;
 use sha2::{Digest, Sha256};
 use tollgate::store::Check;
-use tollgate::{Decision, Decisions, Error, SystemClock};
+use tollgate::{Clock, Decision, Decisions, Error, Store, SystemClock};
 use tollgate_http::{
     FailMode, HeaderConfig, NormalizedPath, RateLimitHeaders, RequestInfo, RetryAfterFormat,
 };
@@ -45,6 +45,48 @@ pub struct Evaluation {
 /// Keys longer than this are hashed before they reach the store.
 const MAX_RAW_KEY: usize = 256;
 
+/// The HTTP policy engine `config` describes (policies, keys, routes, costs, headers, trusted
+/// proxies, JWT, key hashing, failure mode) over `store`, reading time from `clock`. The server
+/// runs on exactly this engine (over its configured store and the system clock); a tool that
+/// decides requests outside the server, such as `tollgate replay` on a manual clock, builds
+/// the same one.
+pub fn http_engine<S: Store, C: Clock>(
+    config: &Config,
+    store: S,
+    clock: C,
+) -> Result<tollgate_http::Engine<S, C>, tollgate_http::ConfigError> {
+    let h = &config.headers;
+    let mut builder = tollgate_http::Engine::builder()
+        .store(store)
+        .clock(clock)
+        .policies(config.policies.iter().map(PolicyConfig::to_http))
+        .headers(HeaderConfig {
+            legacy: h.legacy,
+            reset_format: match h.reset_format {
+                ResetFormat::Epoch => tollgate_http::ResetFormat::Epoch,
+                ResetFormat::Delta => tollgate_http::ResetFormat::Delta,
+            },
+            ietf: h.ietf,
+            retry_after_format: RetryAfterFormat::Seconds,
+        })
+        .fail_mode(match config.store.on_error {
+            OnError::Deny => FailMode::Deny,
+            OnError::Allow | OnError::Local => FailMode::Allow,
+        });
+    builder = builder
+        .ipv6_prefix(config.ipv6_prefix)
+        .key_hash_secret(crate::store::key_hash_secret(&config.store));
+    if let Some(p) = &config.proxy {
+        builder = builder
+            .trusted_proxies(p.trusted_proxies.clone())
+            .forwarded_header(p.forwarded_header);
+    }
+    if let Some(j) = &config.jwt {
+        builder = builder.jwt(j.verifier.clone());
+    }
+    builder.build()
+}
+
 /// One configuration generation.
 #[derive(Debug)]
 pub struct Engine {
@@ -63,35 +105,6 @@ impl Engine {
         store: AnyStore,
         metrics: Arc<Metrics>,
     ) -> Result<Engine, tollgate_http::ConfigError> {
-        let h = &config.headers;
-        let mut builder = tollgate_http::Engine::builder()
-            .store(store)
-            .clock(SystemClock::new())
-            .policies(config.policies.iter().map(PolicyConfig::to_http))
-            .headers(HeaderConfig {
-                legacy: h.legacy,
-                reset_format: match h.reset_format {
-                    ResetFormat::Epoch => tollgate_http::ResetFormat::Epoch,
-                    ResetFormat::Delta => tollgate_http::ResetFormat::Delta,
-                },
-                ietf: h.ietf,
-                retry_after_format: RetryAfterFormat::Seconds,
-            })
-            .fail_mode(match config.store.on_error {
-                OnError::Deny => FailMode::Deny,
-                OnError::Allow | OnError::Local => FailMode::Allow,
-            });
-        builder = builder
-            .ipv6_prefix(config.ipv6_prefix)
-            .key_hash_secret(crate::store::key_hash_secret(&config.store));
-        if let Some(p) = &config.proxy {
-            builder = builder
-                .trusted_proxies(p.trusted_proxies.clone())
-                .forwarded_header(p.forwarded_header);
-        }
-        if let Some(j) = &config.jwt {
-            builder = builder.jwt(j.verifier.clone());
-        }
         let counters = config
             .policies
             .iter()
@@ -105,7 +118,7 @@ impl Engine {
             .collect();
         Ok(Engine {
             counters,
-            http: builder.build()?,
+            http: http_engine(&config, store, SystemClock::new())?,
             config,
             metrics,
         })

@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use tollgate::{Clock, SystemClock};
 
 pub use config::{Config, ConfigError, Diagnostic, Diagnostics};
-pub use engine::Engine;
+pub use engine::{Engine, http_engine};
 pub use serve::Limits;
 
 use crate::metrics::Metrics;

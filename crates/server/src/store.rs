@@ -61,6 +61,16 @@ pub fn redis_config(config: &StoreConfig) -> RedisConfig {
     rc
 }
 
+/// The memory store `[store]` describes (its `max_keys`), whatever its `kind`: what the
+/// server keeps counters in with `kind = "memory"`, and what a replay of a log decides on.
+pub fn memory_store(config: &StoreConfig) -> MemoryStore {
+    let mut b = MemoryStore::builder();
+    if let Some(n) = config.max_keys {
+        b = b.max_keys(n);
+    }
+    b.build()
+}
+
 /// The secret the engine hashes credential keys under (`[store] key_secret_env`): the
 /// configured one; otherwise one drawn once per process for the memory store, whose keys never
 /// leave the process, and the public built-in one for Redis, which every instance must share.
@@ -98,13 +108,7 @@ impl AnyStore {
     /// `on_error` mode and connects when Redis answers.
     pub async fn from_config(config: &StoreConfig) -> Result<AnyStore, StoreSetupError> {
         match config.kind {
-            StoreKind::Memory => {
-                let mut b = MemoryStore::builder();
-                if let Some(n) = config.max_keys {
-                    b = b.max_keys(n);
-                }
-                Ok(AnyStore::Memory(b.build()))
-            }
+            StoreKind::Memory => Ok(AnyStore::Memory(memory_store(config))),
             StoreKind::Redis => RedisStore::new(redis_config(config))
                 .await
                 .map(AnyStore::Redis)
@@ -133,6 +137,16 @@ impl AnyStore {
         match self {
             AnyStore::Memory(_) => None,
             AnyStore::Redis(r) => Some(r.stats()),
+        }
+    }
+
+    /// Gives the unspent units of this instance's hot-key leases back to Redis (policies with
+    /// `lease`), so a stopping instance does not hold quota back from the others until its
+    /// leases end. Nothing to do for memory.
+    pub async fn return_leases(&self, now: Timestamp) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(r) => r.return_leases(now).await,
         }
     }
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Algorithm, never};
+use super::{Algorithm, Divisor, never};
 use crate::quota::{MAX_PERIOD, Rate};
 use crate::{QuotaError, Timestamp, Verdict};
 
@@ -13,6 +13,7 @@ use crate::{QuotaError, Timestamp, Verdict};
 pub struct FixedWindow {
     limit: u32,
     window: u64,
+    per_window: Divisor,
 }
 
 /// A fixed window's count.
@@ -32,6 +33,7 @@ impl FixedWindow {
         Ok(FixedWindow {
             limit,
             window: rate.period_micros(),
+            per_window: Divisor::new(rate.period_micros()),
         })
     }
 
@@ -45,9 +47,14 @@ impl FixedWindow {
         self.window
     }
 
+    /// Divides by the window, fast.
+    pub(crate) fn per_window(&self) -> Divisor {
+        self.per_window
+    }
+
     fn normalize(&self, state: &mut FixedWindowState, now: Timestamp) {
         let now = now.as_micros();
-        let end = (now / self.window + 1) * self.window;
+        let end = (self.per_window.div(now) + 1) * self.window;
         // A later `window_end` means the clock stepped back: keep counting in it rather than
         // hand out a fresh window.
         if state.window_end < end {

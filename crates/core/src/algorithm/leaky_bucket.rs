@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use super::{Algorithm, never};
+use super::{Algorithm, Divisor, never};
 use crate::clock::duration_micros;
 use crate::quota::Rate;
 use crate::{QuotaError, Timestamp, Verdict};
@@ -21,6 +21,7 @@ pub struct LeakyBucket {
     rate: Rate,
     queue: u32,
     interval: u64,
+    per_interval: Divisor,
     max_delay: Option<u64>,
 }
 
@@ -43,6 +44,7 @@ impl LeakyBucket {
             rate,
             queue,
             interval,
+            per_interval: Divisor::new(interval),
             max_delay: None,
         })
     }
@@ -82,11 +84,11 @@ impl LeakyBucket {
     fn room(&self, end: u64, now: u64) -> u64 {
         let depth = u64::from(self.burst()) * self.interval;
         let backlog = end.saturating_sub(now);
-        let by_queue = depth.saturating_sub(backlog) / self.interval;
+        let by_queue = self.per_interval.div(depth.saturating_sub(backlog));
         match self.max_delay {
             // The k-th more request would start at end + (k − 1) × interval.
             Some(max) if backlog > max => 0,
-            Some(max) => by_queue.min((max - backlog) / self.interval + 1),
+            Some(max) => by_queue.min(self.per_interval.div(max - backlog) + 1),
             None => by_queue,
         }
     }

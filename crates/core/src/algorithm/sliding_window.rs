@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use super::{Algorithm, never};
+use super::{Algorithm, Divisor, never};
 use crate::quota::Rate;
 use crate::{QuotaError, Timestamp, Verdict};
 
@@ -22,6 +22,7 @@ use crate::{QuotaError, Timestamp, Verdict};
 pub struct SlidingWindowCounter {
     limit: u32,
     window: u64,
+    per_window: Divisor,
 }
 
 /// The counts of the current and the previous window.
@@ -42,6 +43,7 @@ impl SlidingWindowCounter {
         Ok(SlidingWindowCounter {
             limit,
             window: rate.period_micros(),
+            per_window: Divisor::new(rate.period_micros()),
         })
     }
 
@@ -55,8 +57,13 @@ impl SlidingWindowCounter {
         self.window
     }
 
+    /// Divides by the window, fast.
+    pub(crate) fn per_window(&self) -> Divisor {
+        self.per_window
+    }
+
     fn normalize(&self, state: &mut SlidingWindowCounterState, now: Timestamp) {
-        let end = (now.as_micros() / self.window + 1) * self.window;
+        let end = (self.per_window.div(now.as_micros()) + 1) * self.window;
         if state.window_end < end {
             let previous = if state.window_end + self.window == end {
                 state.current
@@ -104,7 +111,11 @@ impl Algorithm for SlidingWindowCounter {
         // used × window, exactly.
         let used = previous * overlap + current * w;
         let available = |used: u128| -> u64 {
-            u64::try_from((limit * w).saturating_sub(used) / w).unwrap_or(u64::MAX)
+            let left = (limit * w).saturating_sub(used);
+            match u64::try_from(left) {
+                Ok(left) => self.per_window.div(left),
+                Err(_) => u64::try_from(left / w).unwrap_or(u64::MAX),
+            }
         };
         if cost > self.limit {
             return never(

@@ -6,7 +6,7 @@
 //! `max(tat, now) + c × interval − now ≤ capacity × interval`; admitting it moves `tat` by
 //! `c × interval`. One integer per key, and the same decisions as counting tokens.
 
-use super::{Algorithm, never};
+use super::{Algorithm, Divisor, never};
 use crate::quota::Rate;
 use crate::{QuotaError, Timestamp, Verdict};
 
@@ -16,6 +16,7 @@ pub struct TokenBucket {
     capacity: u32,
     refill: Rate,
     interval: u64,
+    per_interval: Divisor,
 }
 
 /// A token bucket's theoretical arrival time.
@@ -50,6 +51,7 @@ impl TokenBucket {
             capacity,
             refill,
             interval,
+            per_interval: Divisor::new(interval),
         })
     }
 
@@ -76,17 +78,18 @@ impl Algorithm for TokenBucket {
         let now = now.as_micros();
         let tat = state.tat.max(now);
         let horizon = u64::from(self.capacity) * self.interval;
-        // Whole tokens in the bucket before this request.
-        let tokens = (now + horizon - tat) / self.interval;
+        // Whole tokens in the bucket before this request (a division: computed only when the
+        // answer reports them, not on the admitted path).
+        let tokens = || self.per_interval.div(now + horizon - tat);
         if cost > self.capacity {
-            return never(self.capacity, tokens, tat - now);
+            return never(self.capacity, tokens(), tat - now);
         }
         let new_tat = tat + u64::from(cost) * self.interval;
         if new_tat - now <= horizon {
             Verdict {
                 allowed: true,
                 limit: u64::from(self.capacity),
-                remaining: (now + horizon - new_tat) / self.interval,
+                remaining: self.per_interval.div(now + horizon - new_tat),
                 reset_micros: new_tat - now,
                 retry_after_micros: None,
                 delay_micros: 0,
@@ -95,7 +98,7 @@ impl Algorithm for TokenBucket {
             Verdict {
                 allowed: false,
                 limit: u64::from(self.capacity),
-                remaining: tokens,
+                remaining: tokens(),
                 reset_micros: tat - now,
                 retry_after_micros: Some(new_tat - horizon - now),
                 delay_micros: 0,

@@ -331,19 +331,23 @@ impl RedisCluster {
     }
 }
 
-/// A store on `url` with a local clock (the conformance suite's), no deny cache.
+/// A store on `url` with a local clock (the conformance suite's), no deny cache. It fails
+/// closed (`on_error = deny`): a script error must not pass unseen behind a local fallback
+/// that happens to decide alike.
 pub async fn local_store(url: &str) -> RedisStore {
     let mut config = RedisConfig::standalone(url);
     config.clock = ClockSource::Local;
+    config.on_error = OnError::Deny;
     config.deny_cache_size = 0;
     config.timeout = Duration::from_secs(2);
     RedisStore::new(config).await.unwrap()
 }
 
-/// A store on a Cluster with a local clock, no deny cache.
+/// A store on a Cluster with a local clock, no deny cache, failing closed.
 pub async fn local_cluster_store(seeds: &[String]) -> RedisStore {
     let mut config = RedisConfig::cluster(seeds);
     config.clock = ClockSource::Local;
+    config.on_error = OnError::Deny;
     config.deny_cache_size = 0;
     config.timeout = Duration::from_secs(2);
     RedisStore::new(config).await.unwrap()

@@ -346,6 +346,9 @@ impl fmt::Display for PolicyConfig {
                 q.max_body, q.max_depth, q.attempts, q.backoff, q.claim_after, q.concurrency
             )?;
         }
+        if let Some(lease) = self.policy.lease() {
+            write!(f, " {lease}")?;
+        }
         Ok(())
     }
 }

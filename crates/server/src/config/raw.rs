@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tollgate::{AlgorithmKind, Quota, parse_duration};
+use tollgate::{AlgorithmKind, Lease, Policy, Quota, parse_duration};
 use toml::Spanned;
 
 use tollgate_http::JwtVerifier;
@@ -143,6 +143,8 @@ struct RawPolicy {
     queue_backoff: Option<S<String>>,
     queue_claim_after: Option<S<String>>,
     queue_concurrency: Option<S<i64>>,
+    lease: Option<S<i64>>,
+    lease_ttl: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -873,6 +875,9 @@ fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<Pol
             .ok()
     });
 
+    let (policy, lease_ok) = validate_lease(&p, policy, &ctx, errs);
+    ok &= lease_ok;
+
     let cost = match &p.cost {
         Some(v) => count(v, "cost", &ctx, 1, errs),
         None => Some(1),
@@ -1031,6 +1036,50 @@ fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<Pol
         require_key: p.require_key.unwrap_or(false),
         queue: queue?,
     })
+}
+
+/// `lease` and `lease_ttl`: hot-key leases for the Redis store, refused where unsound for the
+/// algorithm. Returns the policy with its lease, and whether the fields were valid.
+fn validate_lease(
+    p: &RawPolicy,
+    policy: Option<Policy>,
+    ctx: &str,
+    errs: &mut Errors<'_>,
+) -> (Option<Policy>, bool) {
+    let Some(size) = &p.lease else {
+        if let Some(ttl) = &p.lease_ttl {
+            errs.at(
+                ttl.span().start,
+                format!("{ctx}field \"lease_ttl\" needs \"lease\" (how many units a lease takes); write e.g. lease = 100"),
+            );
+            return (policy, false);
+        }
+        return (policy, true);
+    };
+    let Some(units) = count(size, "lease", ctx, 1, errs) else {
+        return (policy, false);
+    };
+    let ttl = match &p.lease_ttl {
+        Some(v) => match duration(v, "lease_ttl", ctx, errs) {
+            Some(d) => Some(d),
+            None => return (policy, false),
+        },
+        None => None,
+    };
+    let Some(policy) = policy else {
+        return (None, true);
+    };
+    let ttl = ttl.unwrap_or_else(|| Lease::default_ttl(policy.quota()));
+    match Lease::new(units, ttl).and_then(|lease| policy.with_lease(lease)) {
+        Ok(leased) => (Some(leased), true),
+        Err(e) => {
+            errs.at(
+                size.span().start,
+                format!("{ctx}field \"lease\": {}", e.reason()),
+            );
+            (None, false)
+        }
+    }
 }
 
 fn validate_jwt(j: S<RawJwt>, errs: &mut Errors<'_>) -> Option<Jwt> {

@@ -75,6 +75,8 @@ const POLICY: &[(&str, Ty)] = &[
     ("queue_backoff", Ty::Str),
     ("queue_claim_after", Ty::Str),
     ("queue_concurrency", Ty::Int),
+    ("lease", Ty::Int),
+    ("lease_ttl", Ty::Str),
 ];
 const JWT: &[(&str, Ty)] = &[
     ("hs256_secret_env", Ty::Str),

@@ -188,3 +188,58 @@ fn without_a_key_secret_memory_draws_one_per_process_and_redis_shares_the_builti
         "instances sharing a Redis must hash alike"
     );
 }
+
+#[test]
+fn leases_parse_and_show() {
+    let text = "[[policy]]\nname = \"tenant\"\nlimit = 50000\nwindow = \"1m\"\nlease = 50\nlease_ttl = \"500ms\"\n\n[[policy]]\nname = \"default-ttl\"\nalgorithm = \"token_bucket\"\ncapacity = 100\nrefill = \"10/s\"\nlease = 5\n";
+    let c = Config::parse("t.toml", text).unwrap_or_else(|e| panic!("{e}"));
+    let lease = c.policies[0].policy.lease().copied();
+    assert_eq!(
+        lease.map(|l| (l.size(), l.ttl())),
+        Some((50, Duration::from_millis(500)))
+    );
+    assert!(
+        c.policies[0]
+            .to_string()
+            .ends_with(" lease=50 lease_ttl=500ms")
+    );
+    let lease = c.policies[1].policy.lease().copied();
+    assert_eq!(lease.map(|l| l.ttl()), Some(tollgate::DEFAULT_LEASE_TTL));
+}
+
+#[test]
+fn unsound_leases_are_refused_with_their_position() {
+    let leaky = errors(
+        "[[policy]]\nname = \"hooks\"\nalgorithm = \"leaky_bucket\"\nrate = \"5/s\"\nlease = 2\n",
+    );
+    assert_eq!(leaky.len(), 1, "{leaky:?}");
+    assert!(
+        leaky[0].starts_with("t.toml:5:9: policy \"hooks\": field \"lease\": a leaky bucket"),
+        "{leaky:?}"
+    );
+    let big = errors("[[policy]]\nname = \"a\"\nlimit = 10\nwindow = \"1m\"\nlease = 11\n");
+    assert!(
+        big.len() == 1 && big[0].contains("larger than the quota"),
+        "{big:?}"
+    );
+    let long = errors(
+        "[[policy]]\nname = \"a\"\nlimit = 10\nwindow = \"1s\"\nlease = 2\nlease_ttl = \"2s\"\n",
+    );
+    assert!(
+        long.len() == 1 && long[0].contains("longer than the window"),
+        "{long:?}"
+    );
+    let zero = errors("[[policy]]\nname = \"a\"\nlimit = 10\nwindow = \"1s\"\nlease = 0\n");
+    assert!(
+        zero.len() == 1 && zero[0].contains("\"lease\" must be between 1"),
+        "{zero:?}"
+    );
+    let orphan =
+        errors("[[policy]]\nname = \"a\"\nlimit = 10\nwindow = \"1s\"\nlease_ttl = \"1s\"\n");
+    assert!(
+        orphan.len() == 1
+            && orphan[0].starts_with("t.toml:5:13:")
+            && orphan[0].contains("needs \"lease\""),
+        "{orphan:?}"
+    );
+}

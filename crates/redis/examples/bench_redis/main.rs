@@ -1,0 +1,248 @@
+//! Throughput of [`RedisStore`] against one Redis.
+//!
+//! Spread keys (the default): `concurrency` callers decide single checks of one algorithm on
+//! 10,000 random keys; the quota is large enough that nothing is denied (a denial would be
+//! answered by the deny cache and flatter the numbers). `scripts/bench-redis.sh` runs it per
+//! algorithm next to `redis-benchmark` sending the store's own script call and the minimal
+//! script of the same algorithm.
+//!
+//! Hot key (`--hot-key`): `--instances` stores (3 by default, each with its own connection,
+//! lease table and deny cache: separate instances in all but the process) with `concurrency`
+//! callers each decide one key of a fixed window policy whose limit the run reaches; `--lease`
+//! gives the policy hot-key leases. It prints the decisions per second, how many were
+//! admitted, and how many were admitted beyond the limit of their window.
+//!
+//! ```text
+//! cargo run --release -p tollgate-redis --example bench_redis -- \
+//!     --url redis://127.0.0.1:6379 --concurrency 50 --seconds 5 [--algorithm NAME]
+//! cargo run --release -p tollgate-redis --example bench_redis -- \
+//!     --url URL --concurrency 50 --seconds 5 --hot-key [--lease [UNITS]]
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use tollgate::{Check, Policy, Quota, Store, Timestamp};
+use tollgate_redis::{RedisConfig, RedisStore};
+
+mod hot_key;
+
+const KEYS: u64 = 10_000;
+
+/// Before the measured interval: connections made, scripts loaded, the runtime warm.
+pub(crate) const WARM_UP: Duration = Duration::from_millis(500);
+
+struct Args {
+    url: String,
+    concurrency: usize,
+    seconds: u64,
+    algorithm: String,
+    print_command: bool,
+    print_minimal_args: bool,
+    hot_key: bool,
+    lease: Option<u32>,
+    instances: usize,
+    limit: u32,
+    threads: usize,
+}
+
+fn args() -> Result<Args, String> {
+    let mut out = Args {
+        url: "redis://127.0.0.1:6379".to_owned(),
+        concurrency: 50,
+        seconds: 10,
+        algorithm: "sliding_window_counter".to_owned(),
+        print_command: false,
+        print_minimal_args: false,
+        hot_key: false,
+        lease: None,
+        instances: 3,
+        limit: 1_000_000,
+        threads: 1,
+    };
+    let mut it = std::env::args().skip(1).peekable();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let number = |v: String| v.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
+        match flag.as_str() {
+            "--url" => out.url = value()?,
+            "--concurrency" => out.concurrency = number(value()?)? as usize,
+            "--seconds" => out.seconds = number(value()?)?,
+            "--algorithm" => out.algorithm = value()?,
+            "--print-command" => out.print_command = true,
+            "--print-minimal-args" => out.print_minimal_args = true,
+            "--hot-key" => out.hot_key = true,
+            "--instances" => out.instances = number(value()?)? as usize,
+            "--threads" => out.threads = number(value()?)? as usize,
+            "--limit" => out.limit = u32::try_from(number(value()?)?).map_err(|e| e.to_string())?,
+            "--lease" => {
+                // An optional size: `--lease` alone takes the default.
+                let size = match it.peek() {
+                    Some(v) if !v.starts_with("--") => number(it.next().unwrap_or_default())?,
+                    _ => 100,
+                };
+                out.lease = Some(u32::try_from(size).map_err(|e| e.to_string())?);
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(out)
+}
+
+/// One policy per algorithm, with room enough that nothing is denied.
+fn spread_policy(algorithm: &str) -> Result<Policy, Box<dyn std::error::Error>> {
+    let second = Duration::from_secs(1);
+    let quota = match algorithm {
+        "fixed_window" => Quota::fixed_window(1_000_000, second)?,
+        "sliding_window_log" => Quota::sliding_window_log(1_000_000, second)?,
+        "sliding_window_counter" => Quota::sliding_window_counter(1_000_000, second)?,
+        "token_bucket" => Quota::token_bucket(1_000_000, "1000000/s".parse()?)?,
+        "leaky_bucket" => Quota::leaky_bucket("1000000/s".parse()?, 1_000_000)?,
+        other => return Err(format!("unknown algorithm {other}").into()),
+    };
+    Ok(Policy::new(&format!("bench-{algorithm}"), quota)?)
+}
+
+/// The `ARGV` of `examples/minimal/<algorithm>.lua` for the same quota.
+fn minimal_args(policy: &Policy) -> String {
+    match policy.quota() {
+        Quota::FixedWindow(a) => format!("{} {}", a.window_micros(), a.limit()),
+        Quota::SlidingWindowLog(a) => format!("{} {}", a.window_micros(), a.limit()),
+        Quota::SlidingWindowCounter(a) => format!("{} {}", a.window_micros(), a.limit()),
+        Quota::TokenBucket(a) => format!(
+            "{} {}",
+            a.interval_micros(),
+            u64::from(a.capacity()) * a.interval_micros()
+        ),
+        Quota::LeakyBucket(a) => format!(
+            "{} {}",
+            a.interval_micros(),
+            u64::from(a.burst()) * a.interval_micros()
+        ),
+    }
+}
+
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+pub(crate) async fn store(url: &str) -> Result<RedisStore, Box<dyn std::error::Error>> {
+    let mut config = RedisConfig::standalone(url);
+    config.timeout = Duration::from_secs(1);
+    let store = RedisStore::new(config).await?;
+    if !store.is_ready() {
+        return Err(format!("Redis at {url} does not answer").into());
+    }
+    store.load_scripts().await?;
+    Ok(store)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = args()?;
+    // The callers' runtime: `--threads 0` is a current-thread runtime, otherwise that many
+    // workers. One by default: on a 2-core machine that leaves Redis the other core, as it
+    // would have on a machine of its own.
+    let runtime = match args.threads {
+        0 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+    };
+    runtime.block_on(bench(args))
+}
+
+async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if args.hot_key {
+        return hot_key::run(
+            &args.url,
+            args.instances,
+            args.concurrency,
+            args.seconds,
+            args.limit,
+            args.lease,
+        )
+        .await;
+    }
+    let policy = spread_policy(&args.algorithm)?;
+    if args.print_minimal_args {
+        println!("{}", minimal_args(&policy));
+        return Ok(());
+    }
+    let store = store(&args.url).await?;
+    if args.print_command {
+        // The store's call for key "0", for redis-benchmark: the key's hash tag is replaced
+        // by __rand_int__ so it spreads over keys like the store does.
+        let mut cmd = store.script_command(&Check::new(&policy, b"0", 1))?;
+        let key = cmd.get_mut(3).ok_or("unexpected command")?;
+        let (head, tail) = key.split_once('{').ok_or("unexpected key")?;
+        let (_, rest) = tail.split_once('}').ok_or("unexpected key")?;
+        *key = format!("{head}{{__rand_int__}}{rest}");
+        println!("{}", cmd.join(" "));
+        return Ok(());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let measuring = Arc::new(AtomicBool::new(false));
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..args.concurrency {
+        let (store, policy) = (store.clone(), policy.clone());
+        let (stop, measuring) = (stop.clone(), measuring.clone());
+        tasks.spawn(async move {
+            let mut latencies = Vec::with_capacity(200_000);
+            let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ (t as u64);
+            let mut denied = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                tokio::task::coop::consume_budget().await;
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let key = (x % KEYS).to_string();
+                let now = Timestamp::from_system_time(SystemTime::now());
+                let started = Instant::now();
+                let d = store
+                    .apply(now, &[Check::new(&policy, key.as_bytes(), 1)])
+                    .await;
+                if measuring.load(Ordering::Relaxed) {
+                    latencies.push(started.elapsed());
+                    denied += u64::from(!d.map(|d| d.allowed()).unwrap_or(false));
+                }
+            }
+            (latencies, denied)
+        });
+    }
+    tokio::time::sleep(WARM_UP).await;
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(args.seconds)).await;
+    measuring.store(false, Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    let mut denied = 0;
+    while let Some(r) = tasks.join_next().await {
+        let (l, d) = r?;
+        all.extend(l);
+        denied += d;
+    }
+    all.sort_unstable();
+    let stats = store.stats();
+    println!(
+        "store {}: {} decisions in {elapsed:.1}s = {:.0} decisions/s, p50 {:.3} ms, p99 {:.3} ms, \
+         not admitted {denied}, fallbacks {}, errors {}",
+        args.algorithm,
+        all.len(),
+        all.len() as f64 / elapsed,
+        percentile(&all, 0.50).as_secs_f64() * 1e3,
+        percentile(&all, 0.99).as_secs_f64() * 1e3,
+        stats.fallbacks,
+        stats.errors,
+    );
+    Ok(())
+}

@@ -1,0 +1,153 @@
+--! Several checks, all-or-nothing: every check's cost is written only if every check admits.
+-- Runs after a clock prelude that defines `now` (µs); ceil_mul_div.lua is spliced in below. Why one script: a
+-- request checked against several policies must be decided in one atomic step, and Redis runs
+-- a script without interleaving. The caller replays the checks with the pure algorithms on the
+-- states this script reports (as the memory store does), so it only decides what to write.
+--
+-- KEYS[i]  the state key of check i (several checks may name one key: they count twice)
+-- ARGV[1]  1: write when every check admits; 0: a dry run, nothing written
+-- ARGV[2 + 5(i-1) ..] per check: algorithm, p1, p2, p3, cost
+--   1 fixed window            window_us, limit, 0
+--   2 sliding window log      window_us, limit, how many of the oldest units to report
+--   3 sliding window counter  window_us, limit, 0
+--   4 token bucket            interval_us, horizon_us, 0
+--   5 leaky bucket            interval_us, depth_us, max_delay_us (2^52 for none)
+-- Reply: now, all admitted (0/1), then per check its key's state before this request, as the
+-- one-check scripts report it: fixed e c | log total newest n ts_1..ts_n (the n oldest units)
+-- | counter e current previous | token tat | leaky next_free.
+local n = #KEYS
+local commit = ARGV[1] == '1'
+local states, out = {}, {now, 1}
+
+local function load(key, alg, p1, p2, p3)
+  local v
+  if alg ~= 2 then v = redis.call('GET', key) end
+  if alg == 1 then
+    local e, c = now - now % p1 + p1, 0
+    if v then
+      local se, sc = string.match(v, '^(%d+) (%d+)$')
+      se = tonumber(se)
+      if se >= e then e, c = se, tonumber(sc) end
+    end
+    return {e = e, c = c, report = {e, c}}
+  elseif alg == 3 then
+    local e, cur, prev = now - now % p1 + p1, 0, 0
+    if v then
+      local se, sc, sp = string.match(v, '^(%d+) (%d+) (%d+)$')
+      se = tonumber(se)
+      if se >= e then e, cur, prev = se, tonumber(sc), tonumber(sp)
+      elseif se + p1 == e then prev = tonumber(sc) end
+    end
+    local since = now - e + p1
+    if since < 0 then since = 0 elseif since > p1 then since = p1 end
+    local p = prev * (p1 - since)
+    local q
+    if p < 9007199254740992 then
+      q = math.floor(p / p1)
+      if q * p1 < p then q = q + 1 end
+    else
+      local a, b, d = prev, p1 - since, p1
+      --[[ceil_mul_div]]
+    end
+    return {e = e, c = cur, prev = prev, weighted = q, report = {e, cur, prev}}
+  elseif alg == 2 then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - p1))
+    local total = redis.call('ZCARD', key)
+    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    local newest = 0
+    if top[2] then newest = tonumber(top[2]) end
+    local report = {total, newest}
+    local want = p3
+    if want > total then want = total end
+    report[3] = want
+    if want > 0 then
+      local oldest = redis.call('ZRANGE', key, 0, want - 1, 'WITHSCORES')
+      for i = 2, #oldest, 2 do report[#report + 1] = tonumber(oldest[i]) end
+    end
+    return {c = total, added = 0, newest = newest, top = top[1], report = report}
+  end
+  local stored = tonumber(v or 0)
+  return {t = stored, report = {stored}}
+end
+
+-- Whether check (alg, p.., cost) admits on state s; if so, counts it in s.
+local function take(s, alg, p1, p2, p3, cost)
+  if alg == 1 or alg == 2 then
+    if s.c + cost > p2 then return false end
+    s.c = s.c + cost
+    if alg == 2 then s.added = s.added + cost end
+  elseif alg == 3 then
+    if s.c + cost + s.weighted > p2 then return false end
+    s.c = s.c + cost
+  elseif alg == 4 then
+    local tat = s.t
+    if tat < now then tat = now end
+    if tat + cost * p1 - now > p2 then return false end
+    s.t = tat + cost * p1
+  else
+    local start = s.t
+    if start < now then start = now end
+    local e = start + cost * p1
+    if e - now > p2 or start - now > p3 then return false end
+    s.t = e
+  end
+  return true
+end
+
+local function write(key, s, alg, p1)
+  if alg == 1 then
+    redis.call('SET', key, string.format('%d %d', s.e, s.c), 'PX', math.ceil((s.e - now) / 1000))
+  elseif alg == 3 then
+    redis.call('SET', key, string.format('%d %d %d', s.e, s.c, s.prev), 'PX',
+      math.ceil((s.e + p1 - now) / 1000))
+  elseif alg == 2 then
+    local ss = string.format('%d', now)
+    local first = 0
+    if s.newest == now then
+      first = tonumber(string.match(s.top, ':(%d+)$'))
+    elseif s.newest > now then
+      first = redis.call('ZCOUNT', key, ss, ss)
+    end
+    local args = {}
+    for i = 1, s.added do
+      args[#args + 1] = ss
+      args[#args + 1] = string.format('%s:%010d', ss, first + i)
+      if #args == 1000 or i == s.added then
+        redis.call('ZADD', key, unpack(args))
+        args = {}
+      end
+    end
+    local last = s.newest
+    if now > last then last = now end
+    redis.call('PEXPIRE', key, math.ceil((last + p1 - now) / 1000))
+  else
+    redis.call('SET', key, string.format('%d', s.t), 'PX', math.ceil((s.t - now) / 1000))
+  end
+end
+
+local all, dirty = true, {}
+for i = 1, n do
+  local b = 1 + (i - 1) * 5
+  local alg, p1, p2, p3, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
+    tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  local key = KEYS[i]
+  local s = states[key]
+  if not s then
+    s = load(key, alg, p1, p2, p3)
+    states[key] = s
+  end
+  for _, x in ipairs(s.report) do out[#out + 1] = x end
+  if all then
+    if take(s, alg, p1, p2, p3, cost) then
+      if cost > 0 then dirty[key] = {s, alg, p1} end
+    else
+      all = false
+    end
+  end
+end
+if not all then
+  out[2] = 0
+elseif commit then
+  for key, d in pairs(dirty) do write(key, d[1], d[2], d[3]) end
+end
+return out

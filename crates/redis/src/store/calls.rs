@@ -1,0 +1,252 @@
+//! The script calls: one check, several checks all-or-nothing (one call, or one per slot with
+//! refunds when a Cluster spreads them), and refunds.
+
+use std::sync::atomic::Ordering;
+
+use redis::{Cmd, RedisError, Value};
+use tollgate::{Check, StoreError, Timestamp, Verdict};
+
+use super::connection::{Conn, classify, is_noscript};
+use super::{Prepared, RedisStore};
+use crate::config::ClockSource;
+use crate::script::{self, ScriptKind};
+use crate::verdict::{self, Grant, protocol};
+
+impl RedisStore {
+    /// The command `name` (EVALSHA or EVAL) of script `kind` over `keys`, with `now` and the
+    /// arguments `args` appends.
+    pub(super) fn command(
+        &self,
+        name: &str,
+        kind: ScriptKind,
+        keys: &[&str],
+        now: Timestamp,
+        args: impl Fn(&mut Cmd) -> Result<(), StoreError>,
+    ) -> Result<Cmd, StoreError> {
+        let script = self.inner.scripts.get(kind);
+        let mut cmd = redis::cmd(name);
+        cmd.arg(if name == "EVAL" {
+            &script.source
+        } else {
+            &script.sha
+        })
+        .arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
+        if self.inner.config.clock == ClockSource::Local {
+            cmd.arg(now.as_micros());
+        }
+        args(&mut cmd)?;
+        Ok(cmd)
+    }
+
+    /// One script call: EVALSHA, and EVAL when the node does not know the script yet.
+    async fn eval(
+        &self,
+        conn: &mut Conn,
+        kind: ScriptKind,
+        keys: &[&str],
+        now: Timestamp,
+        args: impl Fn(&mut Cmd) -> Result<(), StoreError>,
+    ) -> Result<Value, StoreError> {
+        let calls = &self.inner.stats.script_calls;
+        calls.fetch_add(1, Ordering::Relaxed);
+        let cmd = self.command("EVALSHA", kind, keys, now, &args)?;
+        let reply: Result<Value, RedisError> = cmd.query_async(conn).await;
+        match reply {
+            Err(e) if is_noscript(&e) => {
+                // A restarted or new node has an empty script cache: EVAL loads it there.
+                calls.fetch_add(1, Ordering::Relaxed);
+                let cmd = self.command("EVAL", kind, keys, now, &args)?;
+                let reply: Result<Value, RedisError> = cmd.query_async(conn).await;
+                reply.map_err(classify)
+            }
+            other => other.map_err(classify),
+        }
+    }
+
+    /// One check through its algorithm's script: admit its cost, or take up to `want` units (a
+    /// lease) logged `at` µs later.
+    pub(super) async fn one(
+        &self,
+        conn: &mut Conn,
+        now: Timestamp,
+        check: &Check<'_>,
+        key: &str,
+        want: u32,
+        at: u64,
+    ) -> Result<Grant, StoreError> {
+        let kind = ScriptKind::of(check.policy.quota());
+        let reply = self
+            .eval(conn, kind, &[key], now, |cmd| {
+                script::one_check_args(cmd, check, want, at)
+            })
+            .await?;
+        verdict::one_check(check, reply)
+    }
+
+    /// Several checks in one call of `multi.lua`, all-or-nothing (written only when `commit`
+    /// and every check admits).
+    async fn multi(
+        &self,
+        conn: &mut Conn,
+        now: Timestamp,
+        checks: &[&Check<'_>],
+        keys: &[&str],
+        commit: bool,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        let reply = self
+            .eval(conn, ScriptKind::Multi, keys, now, |cmd| {
+                cmd.arg(u8::from(commit));
+                for (check, key) in checks.iter().zip(keys) {
+                    // A log reports as many of its oldest units as this request's checks on
+                    // it cost: no retry time of this request needs more.
+                    let oldest: u64 = checks
+                        .iter()
+                        .zip(keys)
+                        .filter(|(_, k)| *k == key)
+                        .map(|(c, _)| u64::from(c.cost))
+                        .sum();
+                    script::multi_args(cmd, check, oldest)?;
+                }
+                Ok(())
+            })
+            .await?;
+        verdict::multi(checks, keys, reply, commit)
+    }
+
+    /// Gives back `costs[i]` of `checks[i]` where `guards[i]` says (0: a plain refund).
+    pub(super) async fn refund_call(
+        &self,
+        conn: &mut Conn,
+        now: Timestamp,
+        checks: &[&Check<'_>],
+        keys: &[&str],
+        costs_and_guards: &[(u32, u64)],
+    ) -> Result<(), StoreError> {
+        self.eval(conn, ScriptKind::Refund, keys, now, |cmd| {
+            for (check, &(cost, guard)) in checks.iter().zip(costs_and_guards) {
+                script::refund_args(cmd, check, cost, guard);
+            }
+            Ok(())
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Decides the checks in Redis: one call, or one per slot in a Cluster (see the type's
+    /// docs).
+    pub(super) async fn run(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+        prepared: &[Prepared],
+    ) -> Result<Vec<Verdict>, StoreError> {
+        let mut conn = self.inner.connection.get().await?;
+        if let ([check], [p]) = (checks, prepared) {
+            let grant = self
+                .one(&mut conn, now, check, &p.key, check.cost, 0)
+                .await?;
+            return Ok(vec![grant.verdict]);
+        }
+        let first = prepared.first().map(|p| p.slot);
+        if !self.inner.config.cluster || prepared.iter().all(|p| Some(p.slot) == first) {
+            let all: Vec<&Check<'_>> = checks.iter().collect();
+            let keys: Vec<&str> = prepared.iter().map(|p| p.key.as_str()).collect();
+            return self.multi(&mut conn, now, &all, &keys, true).await;
+        }
+        self.run_across_slots(&mut conn, now, checks, prepared)
+            .await
+    }
+
+    /// Several slots: one call per slot in order; when a later slot denies, the earlier ones
+    /// are refunded and every slot but the denying one reports its quota as it stands.
+    async fn run_across_slots(
+        &self,
+        conn: &mut Conn,
+        now: Timestamp,
+        checks: &[Check<'_>],
+        prepared: &[Prepared],
+    ) -> Result<Vec<Verdict>, StoreError> {
+        // Group by slot, in order of first appearance.
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, p) in prepared.iter().enumerate() {
+            match groups.iter_mut().find(|(s, _)| *s == p.slot) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((p.slot, vec![i])),
+            }
+        }
+        let group = |members: &[usize]| -> (Vec<&Check<'_>>, Vec<&str>) {
+            (
+                members.iter().map(|&i| &checks[i]).collect(),
+                members.iter().map(|&i| prepared[i].key.as_str()).collect(),
+            )
+        };
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; prepared.len()];
+        let mut denied_at = None;
+        for (g, (_, members)) in groups.iter().enumerate() {
+            let (group_checks, keys) = group(members);
+            let got = self.multi(conn, now, &group_checks, &keys, true).await?;
+            let admitted = got.iter().all(|v| v.allowed);
+            for (&i, v) in members.iter().zip(got) {
+                verdicts[i] = Some(v);
+            }
+            if !admitted {
+                denied_at = Some(g);
+                break;
+            }
+        }
+        if let Some(denied) = denied_at {
+            for (g, (_, members)) in groups.iter().enumerate() {
+                if g == denied {
+                    continue;
+                }
+                let (group_checks, keys) = group(members);
+                if g < denied {
+                    let costs: Vec<(u32, u64)> = group_checks.iter().map(|c| (c.cost, 0)).collect();
+                    self.refund_call(conn, now, &group_checks, &keys, &costs)
+                        .await?;
+                }
+                let got = self.multi(conn, now, &group_checks, &keys, false).await?;
+                for (&i, v) in members.iter().zip(got) {
+                    verdicts[i] = Some(v);
+                }
+            }
+        }
+        verdicts
+            .into_iter()
+            .map(|v| v.ok_or_else(|| protocol("a check got no verdict")))
+            .collect()
+    }
+
+    /// Refunds in Redis: per key and commutative across keys, so one call per slot.
+    pub(super) async fn refund_in_redis(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+        prepared: &[Prepared],
+    ) -> Result<(), StoreError> {
+        let mut conn = self.inner.connection.get().await?;
+        let mut slots: Vec<u16> = Vec::new();
+        for p in prepared {
+            if !slots.contains(&p.slot) {
+                slots.push(p.slot);
+            }
+        }
+        if !self.inner.config.cluster {
+            slots.truncate(1);
+        }
+        for s in slots {
+            let members: Vec<usize> = (0..prepared.len())
+                .filter(|&i| !self.inner.config.cluster || prepared[i].slot == s)
+                .collect();
+            let group_checks: Vec<&Check<'_>> = members.iter().map(|&i| &checks[i]).collect();
+            let keys: Vec<&str> = members.iter().map(|&i| prepared[i].key.as_str()).collect();
+            let costs: Vec<(u32, u64)> = group_checks.iter().map(|c| (c.cost, 0)).collect();
+            self.refund_call(&mut conn, now, &group_checks, &keys, &costs)
+                .await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,378 @@
+//! Verdicts from the scripts' replies: each script reports the key's state as it found it, and
+//! the pure algorithms of `tollgate::algorithm` turn it into the verdict, so the Redis store
+//! decides exactly as the memory store does by construction. A script whose admission disagrees
+//! with the algorithm's is a protocol error.
+
+use std::collections::VecDeque;
+
+use redis::Value;
+use tollgate::algorithm::{
+    Algorithm, FixedWindowState, LeakyBucketState, SlidingWindowCounterState,
+    SlidingWindowLogState, TokenBucketState,
+};
+use tollgate::{Check, Quota, StoreError, Timestamp, Verdict};
+
+/// One key's state, of any algorithm.
+#[derive(Clone, Debug)]
+pub(crate) enum State {
+    Fixed(FixedWindowState),
+    Log(SlidingWindowLogState),
+    Counter(SlidingWindowCounterState),
+    Token(TokenBucketState),
+    Leaky(LeakyBucketState),
+}
+
+impl State {
+    fn evaluate(
+        &mut self,
+        quota: &Quota,
+        now: Timestamp,
+        cost: u32,
+    ) -> Result<Verdict, StoreError> {
+        Ok(match (quota, self) {
+            (Quota::FixedWindow(a), State::Fixed(s)) => a.evaluate(s, now, cost),
+            (Quota::SlidingWindowLog(a), State::Log(s)) => a.evaluate(s, now, cost),
+            (Quota::SlidingWindowCounter(a), State::Counter(s)) => a.evaluate(s, now, cost),
+            (Quota::TokenBucket(a), State::Token(s)) => a.evaluate(s, now, cost),
+            (Quota::LeakyBucket(a), State::Leaky(s)) => a.evaluate(s, now, cost),
+            _ => return Err(protocol("two algorithms on one key")),
+        })
+    }
+
+    fn commit(&mut self, quota: &Quota, now: Timestamp, cost: u32) {
+        match (quota, self) {
+            (Quota::FixedWindow(a), State::Fixed(s)) => a.commit(s, now, cost),
+            (Quota::SlidingWindowLog(a), State::Log(s)) => a.commit(s, now, cost),
+            (Quota::SlidingWindowCounter(a), State::Counter(s)) => a.commit(s, now, cost),
+            (Quota::TokenBucket(a), State::Token(s)) => a.commit(s, now, cost),
+            (Quota::LeakyBucket(a), State::Leaky(s)) => a.commit(s, now, cost),
+            _ => {}
+        }
+    }
+}
+
+/// What a one-check script did: the verdict for the check's cost, and what it took.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Grant {
+    /// Units written: 0 when denied (or a peek), the cost, or up to the lease asked for.
+    pub(crate) granted: u32,
+    /// The verdict for the check's own cost, as the pure algorithm gives it.
+    pub(crate) verdict: Verdict,
+    /// The verdict for taking all `granted` units (a lease: its `remaining` and `reset`).
+    pub(crate) after_grant: Verdict,
+    /// Leases only (0 otherwise): the script's clock, µs.
+    pub(crate) now: u64,
+    /// Leases only: how long after `now` the window the units count in ends (fixed window,
+    /// sliding window counter; 0 for the others).
+    pub(crate) window_left: u64,
+}
+
+/// The integers of a script's reply.
+pub(crate) fn integers(reply: Value) -> Result<Vec<i64>, StoreError> {
+    let Value::Array(items) = reply else {
+        return Err(protocol(&format!(
+            "expected an array from the script, got {reply:?}"
+        )));
+    };
+    items
+        .into_iter()
+        .map(|item| match item {
+            Value::Int(i) => Ok(i),
+            other => Err(protocol(&format!(
+                "expected an integer in the script's reply, got {other:?}"
+            ))),
+        })
+        .collect()
+}
+
+fn at(ints: &[i64], i: usize) -> Result<i64, StoreError> {
+    ints.get(i)
+        .copied()
+        .ok_or_else(|| protocol(&format!("the script replied {} integers", ints.len())))
+}
+
+fn unsigned(v: i64) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| protocol(&format!("negative value {v} from the script")))
+}
+
+fn small<T: TryInto<u32> + Copy + std::fmt::Display>(v: T) -> Result<u32, StoreError> {
+    v.try_into()
+        .map_err(|_| protocol(&format!("count {v} out of range")))
+}
+
+/// The one-check scripts report times relative to their clock; the pure algorithms run on an
+/// instant this far from the epoch instead (decisions carry only durations).
+const BASE: u64 = 1 << 50;
+
+/// A fixed window's or sliding window counter's instant and window end for a window ending
+/// `left` µs from now: the end on the window grid, as the algorithms normalise it.
+fn on_grid(window: u64, left: u64) -> (u64, u64) {
+    let end = (BASE / window + left / window + 2) * window;
+    (end - left, end)
+}
+
+/// A sliding window log with `total` units, the newest at `newest`, whose oldest units (in
+/// order) are `oldest`: what the pure algorithm needs of a log to decide, without the log.
+fn log_state(total: u64, newest: u64, oldest: &[(u64, u64)]) -> SlidingWindowLogState {
+    let mut entries: VecDeque<(u64, u32)> = VecDeque::with_capacity(oldest.len() + 1);
+    let mut listed = 0;
+    for &(t, units) in oldest {
+        let units = units.min(total - listed);
+        if units == 0 {
+            break;
+        }
+        match entries.back_mut() {
+            Some((last, c)) if *last == t => *c = c.saturating_add(small_sat(units)),
+            _ => entries.push_back((t, small_sat(units))),
+        }
+        listed += units;
+    }
+    if total > listed {
+        entries.push_back((newest, small_sat(total - listed)));
+    }
+    SlidingWindowLogState { entries, total }
+}
+
+fn small_sat(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+/// The verdict of a one-check script's reply (see the scripts' headers for the layouts).
+pub(crate) fn one_check(check: &Check<'_>, reply: Value) -> Result<Grant, StoreError> {
+    let ints = integers(reply)?;
+    let quota = check.policy.quota();
+    let granted = small(at(&ints, 0)?)?;
+    let mut window_left = 0;
+    // The extra integer a lease's reply ends with: the script's clock.
+    let mut lease_now = None;
+    let (now, state) = match quota {
+        Quota::FixedWindow(a) => {
+            window_left = unsigned(at(&ints, 1)?)?;
+            let (now, window_end) = on_grid(a.window_micros(), window_left);
+            lease_now = ints.get(3);
+            let count = small(at(&ints, 2)?)?;
+            (now, State::Fixed(FixedWindowState { window_end, count }))
+        }
+        Quota::SlidingWindowCounter(a) => {
+            window_left = unsigned(at(&ints, 1)?)?;
+            let (now, window_end) = on_grid(a.window_micros(), window_left);
+            lease_now = ints.get(4);
+            let state = SlidingWindowCounterState {
+                window_end,
+                current: small(at(&ints, 2)?)?,
+                previous: small(at(&ints, 3)?)?,
+            };
+            (now, State::Counter(state))
+        }
+        Quota::SlidingWindowLog(_) => {
+            let total = unsigned(at(&ints, 1)?)?;
+            let newest = BASE.saturating_add_signed(at(&ints, 2)?);
+            // After a denial: the unit whose expiry makes room (and every older one).
+            let mut oldest = Vec::new();
+            match ints.get(3) {
+                Some(&extra) if granted == 0 => {
+                    let cost = u64::from(check.cost);
+                    let free = (total + cost).saturating_sub(u64::from(quota.limit()));
+                    oldest.push((BASE.saturating_add_signed(extra), free));
+                }
+                other => lease_now = other,
+            }
+            (BASE, State::Log(log_state(total, newest, &oldest)))
+        }
+        Quota::TokenBucket(_) => {
+            let tat = BASE + unsigned(at(&ints, 1)?)?;
+            (BASE, State::Token(TokenBucketState { tat }))
+        }
+        Quota::LeakyBucket(_) => {
+            let next_free = BASE + unsigned(at(&ints, 1)?)?;
+            (BASE, State::Leaky(LeakyBucketState { next_free }))
+        }
+    };
+    pruned(quota, &state, now)?;
+    let time = Timestamp::from_micros(now);
+    let verdict = state.clone().evaluate(quota, time, check.cost)?;
+    let leaky = matches!(quota, Quota::LeakyBucket(_));
+    let admitted = if leaky {
+        granted == 1
+    } else {
+        granted >= check.cost && (check.cost > 0 || verdict.allowed)
+    };
+    if admitted != verdict.allowed {
+        return Err(protocol(&format!(
+            "the {} script and the algorithm disagree (granted {granted} for cost {})",
+            quota.kind(),
+            check.cost
+        )));
+    }
+    let after_grant = if granted > check.cost && !leaky {
+        state.clone().evaluate(quota, time, granted)?
+    } else {
+        verdict
+    };
+    Ok(Grant {
+        granted: if leaky {
+            check.cost * u32::from(verdict.allowed)
+        } else {
+            granted
+        },
+        verdict,
+        after_grant,
+        now: lease_now.copied().map_or(Ok(0), unsigned)?,
+        window_left,
+    })
+}
+
+/// The verdicts of `multi.lua`'s reply: the checks replayed on the reported states as the
+/// memory store applies a batch (tentative commits while every check admits; when one denies,
+/// or in a dry run, the admitting ones report their quota as it stands).
+pub(crate) fn multi(
+    checks: &[&Check<'_>],
+    keys: &[&str],
+    reply: Value,
+    commit: bool,
+) -> Result<Vec<Verdict>, StoreError> {
+    let ints = integers(reply)?;
+    let now = Timestamp::from_micros(unsigned(at(&ints, 0)?)?);
+    let script_admitted = at(&ints, 1)? == 1;
+    let mut pos = 2;
+    // One state per distinct key, from its first check's report.
+    let mut initial: Vec<(&str, State)> = Vec::with_capacity(checks.len());
+    for (check, &key) in checks.iter().zip(keys) {
+        let state = read_state(check.policy.quota(), &ints, &mut pos)?;
+        pruned(check.policy.quota(), &state, now.as_micros())?;
+        if !initial.iter().any(|(k, _)| *k == key) {
+            initial.push((key, state));
+        }
+    }
+    if pos != ints.len() {
+        return Err(protocol(
+            "the multi-check script replied more than its states",
+        ));
+    }
+    let index = |key: &str| initial.iter().position(|(k, _)| *k == key).unwrap_or(0);
+    let mut states: Vec<State> = initial.iter().map(|(_, s)| s.clone()).collect();
+    let mut verdicts = Vec::with_capacity(checks.len());
+    let mut all = true;
+    for (check, &key) in checks.iter().zip(keys) {
+        let quota = check.policy.quota();
+        let state = &mut states[index(key)];
+        let verdict = state.evaluate(quota, now, check.cost)?;
+        if all && verdict.allowed && check.cost > 0 {
+            state.commit(quota, now, check.cost);
+        }
+        all &= verdict.allowed;
+        verdicts.push(verdict);
+    }
+    if all != script_admitted {
+        return Err(protocol(
+            "the multi-check script and the algorithms disagree",
+        ));
+    }
+    if !all || !commit {
+        // Nothing was written: report each admitting check's quota as it stands.
+        for ((check, &key), verdict) in checks.iter().zip(keys).zip(verdicts.iter_mut()) {
+            if verdict.allowed {
+                let mut state = initial[index(key)].1.clone();
+                *verdict = state.evaluate(check.policy.quota(), now, 0)?;
+            }
+        }
+    }
+    Ok(verdicts)
+}
+
+/// A log the script reports must hold no unit that has left the window (the script prunes
+/// first): one that does would count twice against the pure algorithm's own pruning.
+fn pruned(quota: &Quota, state: &State, now: u64) -> Result<(), StoreError> {
+    if let (Quota::SlidingWindowLog(a), State::Log(s)) = (quota, state) {
+        if s.entries
+            .front()
+            .is_some_and(|&(t, _)| t + a.window_micros() <= now)
+        {
+            return Err(protocol("the log script reported units outside the window"));
+        }
+    }
+    Ok(())
+}
+
+fn read_state(quota: &Quota, ints: &[i64], pos: &mut usize) -> Result<State, StoreError> {
+    let mut next = || {
+        let v = at(ints, *pos).and_then(unsigned);
+        *pos += 1;
+        v
+    };
+    Ok(match quota {
+        Quota::FixedWindow(_) => State::Fixed(FixedWindowState {
+            window_end: next()?,
+            count: small(next()?)?,
+        }),
+        Quota::SlidingWindowCounter(_) => State::Counter(SlidingWindowCounterState {
+            window_end: next()?,
+            current: small(next()?)?,
+            previous: small(next()?)?,
+        }),
+        Quota::TokenBucket(_) => State::Token(TokenBucketState { tat: next()? }),
+        Quota::LeakyBucket(_) => State::Leaky(LeakyBucketState { next_free: next()? }),
+        Quota::SlidingWindowLog(_) => {
+            let (total, newest, listed) = (next()?, next()?, next()?);
+            if listed > total {
+                return Err(protocol("the log lists more units than it holds"));
+            }
+            let mut oldest = Vec::with_capacity(usize::try_from(listed).unwrap_or(0));
+            for _ in 0..listed {
+                oldest.push((next()?, 1));
+            }
+            State::Log(log_state(total, newest, &oldest))
+        }
+    })
+}
+
+pub(crate) fn protocol(reason: &str) -> StoreError {
+    StoreError::Protocol {
+        reason: reason.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_of_the_wrong_shape_are_protocol_errors() {
+        let policy = tollgate::Policy::new(
+            "shape",
+            Quota::fixed_window(5, std::time::Duration::from_secs(1))
+                .unwrap_or_else(|e| panic!("{e}")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let check = Check::new(&policy, b"k", 1);
+        for reply in [
+            Value::Nil,
+            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![Value::Nil; 3]),
+            Value::Array(vec![Value::Int(-5); 3]),
+            // Admitted by the script, denied by the algorithm (6 of 5 used).
+            Value::Array(vec![Value::Int(1), Value::Int(1_000), Value::Int(6)]),
+        ] {
+            assert!(matches!(
+                one_check(&check, reply),
+                Err(StoreError::Protocol { .. })
+            ));
+        }
+        let ok = Value::Array(vec![Value::Int(1), Value::Int(250_000), Value::Int(2)]);
+        let grant = one_check(&check, ok).unwrap_or_else(|e| panic!("{e}"));
+        assert!(grant.verdict.allowed);
+        assert_eq!(grant.verdict.remaining, 2);
+        assert_eq!(grant.verdict.reset_micros, 250_000);
+    }
+
+    #[test]
+    fn a_log_summary_decides_like_the_log() {
+        // Units at 10, 10, 20 and 30 (total 4), the two oldest reported.
+        let s = log_state(4, 30, &[(10, 1), (10, 1)]);
+        assert_eq!(s.total, 4);
+        assert_eq!(s.entries, VecDeque::from([(10, 2), (30, 2)]));
+        // Nothing reported: everything at the newest.
+        assert_eq!(log_state(3, 7, &[]).entries, VecDeque::from([(7, 3)]));
+        assert!(log_state(0, 0, &[]).entries.is_empty());
+    }
+}

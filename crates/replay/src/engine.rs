@@ -1,0 +1,210 @@
+//! The server's own policy engine, run on a manual clock over a memory store that remembers
+//! which key each request was checked against (the store key, credentials hashed, exactly as
+//! the store holds it), so the figures can name the keys that would be limited.
+
+use std::ops::Range;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use http::StatusCode;
+use tollgate::store::Check;
+use tollgate::{Decision, Decisions, ManualClock, MemoryStore, Store, StoreError, Timestamp};
+use tollgate_http::{RequestInfo, Verdict};
+use tollgate_server::Config;
+
+use crate::stats::RunStats;
+
+/// One check the engine asked the store for.
+#[derive(Clone, Debug)]
+struct Recorded {
+    policy: &'static str,
+    key: Range<usize>,
+    cost: u32,
+}
+
+/// The checks of the request being decided; reused, so a known key costs no allocation.
+#[derive(Debug, Default)]
+struct Seen {
+    keys: Vec<u8>,
+    checks: Vec<Recorded>,
+}
+
+impl Seen {
+    /// The key and cost `policy` was checked with.
+    fn find(&self, policy: &str) -> Option<(&[u8], u32)> {
+        // Policy names are interned: the same name is the same pointer, which is cheaper to
+        // compare than the text (the text still decides when the pointers differ).
+        let r = self
+            .checks
+            .iter()
+            .find(|r| std::ptr::eq(r.policy, policy))
+            .or_else(|| self.checks.iter().find(|r| r.policy == policy))?;
+        Some((self.keys.get(r.key.clone())?, r.cost))
+    }
+}
+
+/// The memory store, decisions untouched, plus a note of every check it is asked to decide.
+#[derive(Debug)]
+pub(crate) struct RecordingStore {
+    inner: MemoryStore,
+    // Only the replay thread touches it: the lock is never contended.
+    seen: Mutex<Seen>,
+}
+
+impl RecordingStore {
+    fn seen(&self) -> MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn record(&self, checks: &[Check<'_>]) {
+        let mut seen = self.seen();
+        for c in checks {
+            let start = seen.keys.len();
+            seen.keys.extend_from_slice(c.key);
+            let end = seen.keys.len();
+            seen.checks.push(Recorded {
+                policy: c.policy.name(),
+                key: start..end,
+                cost: c.cost,
+            });
+        }
+    }
+}
+
+impl Store for RecordingStore {
+    async fn apply(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
+        self.record(checks);
+        Ok(self.inner.apply_now(now, checks))
+    }
+
+    async fn apply_one(&self, now: Timestamp, check: Check<'_>) -> Result<Decision, StoreError> {
+        self.record(std::slice::from_ref(&check));
+        Ok(self.inner.apply_one_now(now, &check))
+    }
+
+    async fn refund(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<(), StoreError> {
+        self.inner.refund_now(now, checks);
+        Ok(())
+    }
+
+    fn is_immediate(&self) -> bool {
+        true
+    }
+}
+
+/// One policy's decision on the request last evaluated, for `--decisions`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct Traced {
+    pub(crate) policy: &'static str,
+    pub(crate) allowed: bool,
+    pub(crate) remaining: u64,
+    pub(crate) key: String,
+}
+
+/// One configuration replayed: its engine and what it decided.
+#[derive(Debug)]
+pub(crate) struct Run {
+    engine: tollgate_http::Engine<RecordingStore, ManualClock>,
+    pub(crate) stats: RunStats,
+    /// When tracing: the last request's decisions.
+    pub(crate) traced: Option<Vec<Traced>>,
+}
+
+impl Run {
+    /// The engine `config` describes, built as the server builds it, on `clock` over the memory
+    /// store `[store]` describes (whatever its kind: a replay never talks to Redis).
+    pub(crate) fn new(
+        config: &Config,
+        clock: ManualClock,
+    ) -> Result<Run, tollgate_http::ConfigError> {
+        let store = RecordingStore {
+            inner: tollgate_server::store::memory_store(&config.store),
+            seen: Mutex::default(),
+        };
+        Ok(Run {
+            engine: tollgate_server::http_engine(config, store, clock)?,
+            stats: RunStats::new(config),
+            traced: None,
+        })
+    }
+
+    fn store(&self) -> &RecordingStore {
+        self.engine.limiter().store()
+    }
+
+    /// Decides one request at `now` (the clock already reads it) and counts the outcome.
+    ///
+    /// Must run outside any tokio runtime: a request the `delay` action holds is dropped
+    /// unwaited, and only outside a runtime does that leave its slot consumed, as a held and
+    /// then served request would.
+    /// Returns the status the server would answer with (200 when it passes the request on).
+    pub(crate) fn evaluate(&mut self, info: &RequestInfo<'_>, now: Timestamp) -> u16 {
+        if let Some(t) = &mut self.traced {
+            t.clear();
+        }
+        {
+            let mut seen = self.store().seen();
+            seen.keys.clear();
+            seen.checks.clear();
+        }
+        self.stats.requests += 1;
+        let prepared = self.engine.prepare(info);
+        if prepared.is_empty() {
+            return 200;
+        }
+        self.stats.matched += 1;
+        let Ok(outcome) = self.engine.decide_now(prepared) else {
+            // The memory store always answers at once; were it ever not to, say so.
+            self.stats.undecided += 1;
+            return 503;
+        };
+        let status = match outcome.verdict() {
+            Verdict::Respond(a) => a.status().as_u16(),
+            _ => 200,
+        };
+        match outcome.verdict() {
+            Verdict::Respond(a) if a.status() == StatusCode::TOO_MANY_REQUESTS => {
+                self.stats.denied += 1;
+            }
+            Verdict::Respond(a) if a.status() == StatusCode::UNAUTHORIZED => {
+                self.stats.unauthorized += 1;
+            }
+            Verdict::Respond(_) => self.stats.undecided += 1,
+            Verdict::Hold(_) => self.stats.delayed += 1,
+            Verdict::Pass => {}
+        }
+        // The engine's field alone, so the statistics can be borrowed beside it.
+        let seen = self.engine.limiter().store().seen();
+        for d in outcome.decisions() {
+            let Some((key, cost)) = seen.find(d.policy) else {
+                continue;
+            };
+            let policies = &mut self.stats.policies;
+            let at = policies
+                .iter()
+                .position(|p| std::ptr::eq(p.name, d.policy))
+                .or_else(|| policies.iter().position(|p| p.name == d.policy));
+            if let Some(p) = at.and_then(|i| policies.get_mut(i)) {
+                p.record(key, now, cost, d.allowed);
+            }
+            if let Some(t) = &mut self.traced {
+                t.push(Traced {
+                    policy: d.policy,
+                    allowed: d.allowed,
+                    remaining: d.remaining,
+                    key: String::from_utf8_lossy(key).into_owned(),
+                });
+            }
+        }
+        status
+    }
+
+    /// Forgets keys whose quota has fully reset, as the server does every ten seconds.
+    pub(crate) fn purge(&self, now: Timestamp) {
+        self.store().inner.purge_expired(now);
+    }
+
+    /// The keys the store holds now.
+    pub(crate) fn keys_held(&self) -> usize {
+        self.store().inner.len()
+    }
+}

@@ -1,0 +1,236 @@
+//! nginx/Apache `combined` (and `common`) lines:
+//!
+//! ```text
+//! $remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent" ["$http_x_api_key" [$msec]]
+//! ```
+//!
+//! Quoted fields are read as nginx and Apache escape them (`\xHH`, `\"`, `\\`), so an API key
+//! with odd bytes becomes the same bytes the server received, and hashes to the same key.
+
+use std::borrow::Cow;
+
+use memchr::{memchr, memchr2};
+
+use super::time::{TimeCache, from_epoch_number};
+use super::{LineError, LoggedRequest, method, present, split_target};
+
+/// Reads combined lines.
+#[derive(Debug, Default)]
+pub(crate) struct Parser {
+    times: TimeCache,
+}
+
+impl Parser {
+    pub(crate) fn parse<'a>(&mut self, line: &'a [u8]) -> Result<LoggedRequest<'a>, LineError> {
+        let space = memchr(b' ', line).ok_or_else(|| LineError::new("not a combined log line"))?;
+        let ip = std::str::from_utf8(&line[..space])
+            .ok()
+            .and_then(|s| s.parse().ok());
+        let open = memchr(b'[', line).ok_or_else(|| LineError::new("no [time] field"))?;
+        let close = memchr(b']', &line[open..])
+            .map(|i| open + i)
+            .ok_or_else(|| LineError::new("the [time] field is not closed"))?;
+        let mut time = self.times.local(&line[open + 1..close])?;
+        let mut rest = &line[close + 1..];
+        let request = quoted(&mut rest)?.ok_or_else(|| LineError::new("no \"request\" field"))?;
+        let _status = token(&mut rest).ok_or_else(|| LineError::new("no status field"))?;
+        let _size = token(&mut rest);
+        let _referer = quoted(&mut rest)?;
+        let _agent = quoted(&mut rest)?;
+        let api_key = quoted(&mut rest)?;
+        if let Some(msec) = token(&mut rest) {
+            time = std::str::from_utf8(msec)
+                .ok()
+                .and_then(|s| s.parse::<f64>().ok())
+                .and_then(from_epoch_number)
+                .ok_or_else(|| LineError::new("the field after the API key is not $msec"))?;
+        }
+        if !rest.trim_ascii().is_empty() {
+            return Err(LineError::new("unexpected fields after $msec"));
+        }
+        let (method, target) = request_line(request)?;
+        let (target, host) = split_target(target)?;
+        Ok(LoggedRequest {
+            time,
+            method,
+            target,
+            host,
+            ip,
+            api_key: api_key.filter(|k| present(k).is_some()),
+            user: None,
+        })
+    }
+}
+
+/// `METHOD TARGET [PROTOCOL]`.
+fn request_line(request: Cow<'_, [u8]>) -> Result<(http::Method, Cow<'_, str>), LineError> {
+    let bad = || LineError::new("the request is not METHOD TARGET PROTOCOL");
+    let (method_end, target) = {
+        let bytes: &[u8] = &request;
+        let first = memchr(b' ', bytes).ok_or_else(bad)?;
+        let after = &bytes[first + 1..];
+        let second = memchr(b' ', after).unwrap_or(after.len());
+        (first, first + 1..first + 1 + second)
+    };
+    let method = method(&request[..method_end])?;
+    if target.is_empty() {
+        return Err(bad());
+    }
+    let target = match request {
+        Cow::Borrowed(b) => String::from_utf8_lossy(&b[target]),
+        Cow::Owned(b) => Cow::Owned(String::from_utf8_lossy(&b[target]).into_owned()),
+    };
+    Ok((method, target))
+}
+
+/// The next space-separated token, if any.
+fn token<'a>(rest: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let trimmed = rest.trim_ascii_start();
+    if trimmed.is_empty() {
+        *rest = trimmed;
+        return None;
+    }
+    let end = memchr(b' ', trimmed).unwrap_or(trimmed.len());
+    *rest = &trimmed[end..];
+    Some(&trimmed[..end])
+}
+
+/// The next `"quoted"` field, unescaped; `None` when the line has no more fields.
+fn quoted<'a>(rest: &mut &'a [u8]) -> Result<Option<Cow<'a, [u8]>>, LineError> {
+    let trimmed = rest.trim_ascii_start();
+    let Some(body) = trimmed.strip_prefix(b"\"") else {
+        if trimmed.is_empty() || trimmed.first().is_some_and(u8::is_ascii_digit) {
+            // The end of the line, or a number ($msec) where the optional fields stop.
+            return Ok(None);
+        }
+        return Err(LineError::new("expected a \"quoted\" field"));
+    };
+    let mut i = 0;
+    let mut escaped = false;
+    loop {
+        let Some(at) = memchr2(b'"', b'\\', &body[i..]) else {
+            return Err(LineError::new("a quoted field is not closed"));
+        };
+        i += at;
+        if body[i] == b'"' {
+            break;
+        }
+        escaped = true;
+        i += 2;
+        if i > body.len() {
+            return Err(LineError::new("a quoted field is not closed"));
+        }
+    }
+    *rest = &body[i + 1..];
+    let raw = &body[..i];
+    Ok(Some(if escaped {
+        Cow::Owned(unescape(raw))
+    } else {
+        Cow::Borrowed(raw)
+    }))
+}
+
+/// `\xHH` (nginx), `\"`, `\\`, `\n`, `\t` (Apache) back to bytes.
+fn unescape(raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] != b'\\' || i + 1 == raw.len() {
+            out.push(raw[i]);
+            i += 1;
+            continue;
+        }
+        let hex = |b: Option<&u8>| b.and_then(|&b| (b as char).to_digit(16));
+        match raw[i + 1] {
+            b'x' => {
+                if let (Some(h), Some(l)) = (hex(raw.get(i + 2)), hex(raw.get(i + 3))) {
+                    // Two hex digits: at most 255.
+                    out.push(u8::try_from(h * 16 + l).unwrap_or(u8::MAX));
+                    i += 4;
+                    continue;
+                }
+                out.extend_from_slice(b"\\x");
+            }
+            b'n' => out.push(b'\n'),
+            b't' => out.push(b'\t'),
+            b'"' | b'\\' => out.push(raw[i + 1]),
+            other => {
+                out.push(b'\\');
+                out.push(other);
+            }
+        }
+        i += 2;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate::Timestamp;
+
+    const LINE: &[u8] = br#"203.0.113.9 - alice [10/Oct/2000:13:55:36 -0700] "GET /v1/items?page=2 HTTP/1.1" 200 2326 "http://example.com/" "curl/8.0""#;
+
+    #[test]
+    fn combined_lines_give_every_field() -> Result<(), LineError> {
+        let mut p = Parser::default();
+        let r = p.parse(LINE)?;
+        assert_eq!(r.time, Timestamp::from_secs(971_211_336));
+        assert_eq!(r.method, http::Method::GET);
+        assert_eq!(r.target, "/v1/items?page=2");
+        assert_eq!(r.ip, "203.0.113.9".parse().ok());
+        assert_eq!((r.api_key, r.host, r.user), (None, None, None));
+        Ok(())
+    }
+
+    #[test]
+    fn the_tollgate_format_adds_the_key_and_msec() -> Result<(), LineError> {
+        let mut p = Parser::default();
+        let mut line = LINE.to_vec();
+        line.extend_from_slice(br#" "k\x22ey\"1" 971211336.250"#);
+        let r = p.parse(&line)?;
+        assert_eq!(r.api_key.as_deref(), Some(&b"k\"ey\"1"[..]));
+        assert_eq!(r.time, Timestamp::from_micros(971_211_336_250_000));
+        let mut absent = LINE.to_vec();
+        absent.extend_from_slice(br#" "-" 971211336.250"#);
+        assert_eq!(p.parse(&absent)?.api_key, None);
+        Ok(())
+    }
+
+    #[test]
+    fn the_common_format_stops_after_the_size() -> Result<(), LineError> {
+        let mut p = Parser::default();
+        let line = br#"::1 - - [10/Oct/2000:13:55:36 +0000] "POST http://api.example.com/v1/x HTTP/1.0" 201 -"#;
+        let r = p.parse(line)?;
+        assert_eq!(r.method, http::Method::POST);
+        assert_eq!(
+            (r.target.as_ref(), r.host.as_deref()),
+            ("/v1/x", Some("api.example.com"))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn broken_lines_say_why() {
+        let mut p = Parser::default();
+        for (line, needle) in [
+            (&b"garbage"[..], "combined"),
+            (b"1.2.3.4 - - 10/Oct/2000", "[time]"),
+            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700", "not closed"),
+            (b"1.2.3.4 - - [yesterday] \"GET / HTTP/1.1\" 200 1", "time"),
+            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"-\" 400 0", "METHOD"),
+            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1", "not closed"),
+            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" soon", "$msec"),
+            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 1 2", "unexpected"),
+            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"G(T / HTTP/1.1\" 200 1", "token"),
+        ] {
+            let err = p.parse(line).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains(needle), "{}: {err}", String::from_utf8_lossy(line));
+        }
+    }
+
+    #[test]
+    fn escapes_are_undone() {
+        assert_eq!(unescape(br#"a\x41\\\"\xZZ\"#), br#"aA\"\xZZ\"#.to_vec());
+    }
+}

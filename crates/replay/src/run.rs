@@ -1,0 +1,429 @@
+//! The replay itself: the logs' lines merged by time, each request decided by every
+//! configuration (the one given and each sweep candidate) on one manual clock set to the
+//! line's time.
+//!
+//! Out of order: within one file, a line earlier than one already replayed is decided at the
+//! replay's current time (the clock never goes back, as a live server's never does) and
+//! counted in [`OutOfOrder`]. Across files there is no such problem: the files are merged, so
+//! several servers' logs replay as the traffic one shared store would have seen.
+
+use std::cell::Cell;
+use std::io;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::Duration;
+
+use http::{Extensions, HeaderMap, HeaderName, HeaderValue};
+use tollgate::{ManualClock, Timestamp};
+use tollgate_http::{RequestInfo, UserId};
+use tollgate_server::Config;
+
+use crate::engine::Run;
+use crate::format::{Format, JsonFields, LineError, LoggedRequest};
+use crate::input::Source;
+use crate::summary::{LineRef, Summary};
+use crate::sweep::{self, Candidate, Sweep};
+
+/// How often (in log time) keys whose quota has fully reset are dropped from the stores. The
+/// server does it every ten seconds; a purge visits every key and never changes a decision, so
+/// a replay, which runs through a day in seconds, does it once a minute of log.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+
+/// How many bad or out-of-order lines are listed by number (all are counted).
+const LISTED: usize = 20;
+
+/// How often (in lines) progress is reported.
+const PROGRESS_EVERY: u64 = 1 << 16;
+
+/// What to replay, and how to read it.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The configuration, as `tollgate serve` would run it.
+    pub config: Config,
+    /// The log files, merged by time.
+    pub logs: Vec<PathBuf>,
+    /// Their format.
+    pub format: Format,
+    /// JSON field names.
+    pub fields: JsonFields,
+    /// The header the logged API key was sent in (default `x-api-key`).
+    pub api_key_header: HeaderName,
+    /// The host of every request whose line does not say (combined logs never do).
+    pub host: Option<String>,
+    /// Candidate quotas to try.
+    pub sweep: Option<Sweep>,
+    /// Write every request's decisions here, one JSON object a line (the configuration as
+    /// given, not the candidates): `{"file","line","time","status","decisions":[{"policy",
+    /// "allowed","remaining","key"}]}`.
+    pub decisions: Option<PathBuf>,
+}
+
+impl Options {
+    /// Replays `logs` through `config`, reading the format from each file.
+    pub fn new(config: Config, logs: Vec<PathBuf>) -> Self {
+        Options {
+            config,
+            logs,
+            format: Format::Auto,
+            fields: JsonFields::default(),
+            api_key_header: HeaderName::from_static("x-api-key"),
+            host: None,
+            sweep: None,
+            decisions: None,
+        }
+    }
+}
+
+/// How far a replay has come.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Progress {
+    /// Bytes read from the files (compressed bytes, for gzip files).
+    pub bytes_read: u64,
+    /// Their total size.
+    pub bytes_total: u64,
+    /// Lines read.
+    pub lines: u64,
+}
+
+/// Why a replay could not run. A bad line is not one: it is counted and reported.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// A log file could not be opened.
+    #[error("{path}: {source}")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The configuration could not be built into an engine.
+    #[error("cannot build the policy engine{candidate}: {source}")]
+    Engine {
+        /// ` for candidate limit=50`, or nothing.
+        candidate: String,
+        /// Why.
+        source: tollgate_http::ConfigError,
+    },
+    /// The sweep does not fit the configuration.
+    #[error("{0}")]
+    Sweep(String),
+    /// The decisions file could not be written.
+    #[error("{path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The replay's thread stopped unexpectedly.
+    #[error("the replay stopped unexpectedly")]
+    Stopped,
+}
+
+/// Replays the logs; `progress` hears how far it has come now and then. The work runs on a
+/// thread of its own, outside any async runtime (see [`Run::evaluate`]).
+pub fn replay(
+    options: &Options,
+    progress: &mut (dyn FnMut(&Progress) + Send),
+) -> Result<Summary, ReplayError> {
+    std::thread::scope(|s| {
+        s.spawn(|| replay_here(options, progress))
+            .join()
+            .unwrap_or(Err(ReplayError::Stopped))
+    })
+}
+
+fn replay_here(
+    options: &Options,
+    progress: &mut (dyn FnMut(&Progress) + Send),
+) -> Result<Summary, ReplayError> {
+    let (swept, candidates) = match &options.sweep {
+        Some(s) => {
+            let (name, c) = sweep::candidates(&options.config, s).map_err(ReplayError::Sweep)?;
+            (Some(name), c)
+        }
+        None => (None, Vec::new()),
+    };
+    let clock = ManualClock::new(Timestamp::EPOCH);
+    let mut runs = vec![build(&options.config, &clock, None)?];
+    for c in &candidates {
+        runs.push(build(&c.config, &clock, Some(c))?);
+    }
+    let read = Rc::new(Cell::new(0u64));
+    let mut sources = Vec::with_capacity(options.logs.len());
+    let mut total = 0;
+    for path in &options.logs {
+        let open = |source| ReplayError::Open {
+            path: path.clone(),
+            source,
+        };
+        total += std::fs::metadata(path).map_err(open)?.len();
+        sources.push(
+            Source::open(path, options.format, &options.fields, Rc::clone(&read)).map_err(open)?,
+        );
+    }
+    let mut replayer = Replayer::new(options, clock, runs);
+    if let Some(path) = &options.decisions {
+        let file = std::fs::File::create(path).map_err(|source| ReplayError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        replayer.trace = Some(io::BufWriter::new(file));
+        replayer.runs[0].traced = Some(Vec::new());
+    }
+    let mut report = |lines| {
+        progress(&Progress {
+            bytes_read: read.get(),
+            bytes_total: total,
+            lines,
+        })
+    };
+    if let [source] = sources.as_mut_slice() {
+        replay_one(&mut replayer, source, 0, &mut report);
+    } else {
+        replay_merged(&mut replayer, &mut sources, &mut report);
+    }
+    report(replayer.counts.lines);
+    if let (Some(path), Some(mut trace)) = (&options.decisions, replayer.trace.take()) {
+        let failed = replayer
+            .trace_error
+            .take()
+            .map_or_else(|| io::Write::flush(&mut trace), Err);
+        failed.map_err(|source| ReplayError::Write {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(Summary::build(
+        options,
+        &sources,
+        replayer.counts,
+        replayer.runs,
+        swept,
+        candidates,
+    ))
+}
+
+fn build(
+    config: &Config,
+    clock: &ManualClock,
+    candidate: Option<&Candidate>,
+) -> Result<Run, ReplayError> {
+    Run::new(config, clock.clone()).map_err(|source| ReplayError::Engine {
+        candidate: candidate.map_or_else(String::new, |c| format!(" for candidate {}", c.label)),
+        source,
+    })
+}
+
+/// One file, in its own order.
+fn replay_one(r: &mut Replayer, source: &mut Source, file: usize, report: &mut dyn FnMut(u64)) {
+    loop {
+        match source.next_line() {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => return r.unreadable(file, source, &e),
+        }
+        let line_no = source.line_no;
+        match source.parse() {
+            Ok(request) => r.process(&request, file, line_no),
+            Err(e) => r.bad(file, line_no, e),
+        }
+        if r.counts.lines % PROGRESS_EVERY == 0 {
+            report(r.counts.lines);
+        }
+    }
+}
+
+/// Several files, merged: the line with the earliest time among the files' current lines goes
+/// next (ties in command-line order).
+fn replay_merged(r: &mut Replayer, sources: &mut [Source], report: &mut dyn FnMut(u64)) {
+    let mut heads: Vec<Option<Timestamp>> = Vec::with_capacity(sources.len());
+    for (file, source) in sources.iter_mut().enumerate() {
+        heads.push(advance(r, source, file));
+    }
+    while let Some(file) = earliest(&heads) {
+        let source = &mut sources[file];
+        let line_no = source.line_no;
+        match source.parse() {
+            Ok(request) => r.process(&request, file, line_no),
+            Err(e) => r.bad(file, line_no, e),
+        }
+        heads[file] = advance(r, source, file);
+        if r.counts.lines % PROGRESS_EVERY == 0 {
+            report(r.counts.lines);
+        }
+    }
+}
+
+fn earliest(heads: &[Option<Timestamp>]) -> Option<usize> {
+    heads
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| t.map(|t| (t, i)))
+        .min()
+        .map(|(_, i)| i)
+}
+
+/// Moves `source` to its next good line, reporting bad ones; that line's time, or `None` at
+/// the end of the file.
+fn advance(r: &mut Replayer, source: &mut Source, file: usize) -> Option<Timestamp> {
+    loop {
+        match source.next_line() {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => {
+                r.unreadable(file, source, &e);
+                return None;
+            }
+        }
+        let line_no = source.line_no;
+        match source.parse() {
+            Ok(request) => return Some(request.time),
+            Err(e) => r.bad(file, line_no, e),
+        }
+    }
+}
+
+/// What the reading side counts.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    pub(crate) lines: u64,
+    pub(crate) bad: u64,
+    pub(crate) bad_listed: Vec<(LineRef, String)>,
+    pub(crate) late: u64,
+    pub(crate) late_max: Duration,
+    pub(crate) late_listed: Vec<(LineRef, Duration)>,
+    pub(crate) first: Option<Timestamp>,
+    pub(crate) last: Option<Timestamp>,
+    pub(crate) keys_held_max: usize,
+}
+
+/// Turns logged requests into engine requests and hands them to every run.
+struct Replayer {
+    runs: Vec<Run>,
+    clock: ManualClock,
+    counts: Counts,
+    next_purge: Timestamp,
+    api_key_header: HeaderName,
+    host: Option<String>,
+    // Reused for every request: a line allocates only for what it brings (its API key).
+    headers: HeaderMap,
+    extensions: Extensions,
+    trace: Option<io::BufWriter<std::fs::File>>,
+    trace_error: Option<io::Error>,
+}
+
+/// One line of `--decisions`.
+#[derive(serde::Serialize)]
+struct TraceLine<'a> {
+    file: usize,
+    line: u64,
+    time: Option<String>,
+    status: u16,
+    decisions: &'a [crate::engine::Traced],
+}
+
+impl Replayer {
+    fn new(options: &Options, clock: ManualClock, runs: Vec<Run>) -> Self {
+        Replayer {
+            runs,
+            clock,
+            counts: Counts::default(),
+            next_purge: Timestamp::EPOCH,
+            api_key_header: options.api_key_header.clone(),
+            host: options.host.clone(),
+            headers: HeaderMap::new(),
+            extensions: Extensions::new(),
+            trace: None,
+            trace_error: None,
+        }
+    }
+
+    fn bad(&mut self, file: usize, line: u64, error: LineError) {
+        self.counts.lines += 1;
+        self.counts.bad += 1;
+        if self.counts.bad_listed.len() < LISTED {
+            self.counts
+                .bad_listed
+                .push((LineRef { file, line }, error.to_string()));
+        }
+    }
+
+    fn unreadable(&mut self, file: usize, source: &Source, error: &io::Error) {
+        let reason = format!("cannot read on from here: {error}");
+        self.bad(file, source.line_no + 1, LineError(reason.into()));
+    }
+
+    fn process(&mut self, request: &LoggedRequest<'_>, file: usize, line: u64) {
+        self.headers.clear();
+        if let Some(key) = &request.api_key {
+            let Ok(value) = HeaderValue::from_bytes(key) else {
+                let reason = "the API key is not a valid header value";
+                return self.bad(file, line, LineError::new(reason));
+            };
+            self.headers.insert(self.api_key_header.clone(), value);
+        }
+        self.counts.lines += 1;
+        let now = self.tick(request.time, file, line);
+        self.extensions.clear();
+        if let Some(user) = &request.user {
+            self.extensions.insert(UserId::new(user.as_ref()));
+        }
+        let host = request.host.as_deref().or(self.host.as_deref());
+        let info = RequestInfo::new(&request.method, &request.target, &self.headers)
+            .with_host(host)
+            .with_client_ip(request.ip)
+            .with_extensions(Some(&self.extensions));
+        let mut status = 200;
+        for (i, run) in self.runs.iter_mut().enumerate() {
+            let s = run.evaluate(&info, now);
+            if i == 0 {
+                status = s;
+            }
+        }
+        if let (Some(out), Some(decisions)) = (&mut self.trace, &self.runs[0].traced) {
+            let line = TraceLine {
+                file,
+                line,
+                time: crate::summary::rfc3339(now),
+                status,
+                decisions,
+            };
+            let written = serde_json::to_writer(&mut *out, &line)
+                .map_err(io::Error::from)
+                .and_then(|()| io::Write::write_all(out, b"\n"));
+            if let Err(e) = written {
+                self.trace_error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Sets the clock to `time`, or keeps it where it is for a line out of order.
+    fn tick(&mut self, time: Timestamp, file: usize, line: u64) -> Timestamp {
+        let c = &mut self.counts;
+        let now = match c.last {
+            Some(last) if time < last => {
+                let lag = last.saturating_duration_since(time);
+                c.late += 1;
+                c.late_max = c.late_max.max(lag);
+                if c.late_listed.len() < LISTED {
+                    c.late_listed.push((LineRef { file, line }, lag));
+                }
+                return last;
+            }
+            Some(last) if time == last => return last,
+            _ => time,
+        };
+        c.first.get_or_insert(now);
+        c.last = Some(now);
+        self.clock.set(now);
+        if now >= self.next_purge {
+            for run in &self.runs {
+                c.keys_held_max = c.keys_held_max.max(run.keys_held());
+                run.purge(now);
+            }
+            self.next_purge = now.saturating_add(PURGE_EVERY);
+        }
+        now
+    }
+}

@@ -1,0 +1,281 @@
+//! `--sweep limit=50,100,200` (and `window=`, `algorithm=`): candidate configurations, each the
+//! original with one policy's quota changed, replayed side by side over the same log.
+//!
+//! Every quota is seen as the SPEC's `(q, w)` pair that `RateLimit-Policy` advertises: a limit
+//! per window, a token bucket's capacity and the time it takes to refill, a leaky bucket's
+//! burst (`queue + 1`) and the time it takes to drain. A candidate replaces one or more of
+//! algorithm, `q` and `w` and keeps the others, so `algorithm=token_bucket` on a policy of 100
+//! a minute tries a bucket of 100 refilled at 100 a minute.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::{AlgorithmKind, Policy, Quota, Rate};
+use tollgate_server::Config;
+use tollgate_server::config::PolicyConfig;
+
+/// The most candidates one replay runs (each keeps its own counters for every key).
+pub const MAX_CANDIDATES: usize = 64;
+
+/// One `--sweep` dimension: a quota field and the values to try.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dimension {
+    /// `limit=50,100,200`: `q`.
+    Limit(Vec<u32>),
+    /// `window=30s,1m,5m`: `w`.
+    Window(Vec<Duration>),
+    /// `algorithm=sliding_window_counter,token_bucket`.
+    Algorithm(Vec<AlgorithmKind>),
+}
+
+impl std::str::FromStr for Dimension {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let (field, values) = text.split_once('=').ok_or_else(|| {
+            format!("--sweep {text:?}: write FIELD=V1,V2,..., like limit=50,100,200")
+        })?;
+        let values: Vec<&str> = values.split(',').map(str::trim).collect();
+        if values.iter().any(|v| v.is_empty()) {
+            return Err(format!("--sweep {text:?}: an empty value"));
+        }
+        let each = |what: &str, e: String| format!("--sweep {field}={what}: {e}");
+        match field.trim() {
+            "limit" => values
+                .iter()
+                .map(|v| match v.parse::<u32>() {
+                    Ok(n) if n > 0 => Ok(n),
+                    _ => Err(each(v, "a limit is a whole number from 1".to_owned())),
+                })
+                .collect::<Result<_, _>>()
+                .map(Dimension::Limit),
+            "window" => values
+                .iter()
+                .map(|v| tollgate::parse_duration(v).map_err(|e| each(v, e.to_string())))
+                .collect::<Result<_, _>>()
+                .map(Dimension::Window),
+            "algorithm" => values
+                .iter()
+                .map(|v| {
+                    v.parse::<AlgorithmKind>()
+                        .map_err(|e| each(v, e.to_string()))
+                })
+                .collect::<Result<_, _>>()
+                .map(Dimension::Algorithm),
+            other => Err(format!(
+                "--sweep {other}=...: sweep limit=, window= or algorithm="
+            )),
+        }
+    }
+}
+
+/// What to sweep: one policy, one or more dimensions (several make a grid).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// The policy whose quota changes; may be left out when the configuration has one.
+    pub policy: Option<String>,
+    /// The dimensions.
+    pub dimensions: Vec<Dimension>,
+}
+
+/// One configuration to try.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    /// `limit=50 window=1m`.
+    pub label: String,
+    /// The policy's algorithm in this candidate.
+    pub algorithm: AlgorithmKind,
+    /// Its `q`.
+    pub limit: u32,
+    /// Its `w`.
+    pub window: Duration,
+    /// The configuration with the policy changed.
+    pub config: Config,
+}
+
+/// The swept policy's name and the candidates, in the order of the values given.
+pub fn candidates(config: &Config, sweep: &Sweep) -> Result<(String, Vec<Candidate>), String> {
+    let index = match &sweep.policy {
+        Some(name) => config
+            .policies
+            .iter()
+            .position(|p| p.name() == name)
+            .ok_or_else(|| format!("--policy {name:?}: the configuration has no such policy"))?,
+        None if config.policies.len() == 1 => 0,
+        None => {
+            return Err(
+                "--sweep: the configuration has several policies; name one with --policy".into(),
+            );
+        }
+    };
+    let base = &config.policies[index];
+    let quota = base.policy.quota();
+    let mut grid = vec![(quota.kind(), quota.limit(), quota.window(), String::new())];
+    for dimension in &sweep.dimensions {
+        grid = expand(grid, dimension);
+    }
+    if grid.len() > MAX_CANDIDATES {
+        return Err(format!(
+            "--sweep: {} candidates; at most {MAX_CANDIDATES}",
+            grid.len()
+        ));
+    }
+    let name = base.name().to_owned();
+    let out = grid
+        .into_iter()
+        .map(|(algorithm, limit, window, label)| {
+            let label = label.trim().to_owned();
+            let quota =
+                quota_of(algorithm, limit, window).map_err(|e| format!("--sweep {label}: {e}"))?;
+            let policy = Policy::new(&name, quota).map_err(|e| format!("--sweep {label}: {e}"))?;
+            let mut policies: Vec<PolicyConfig> = config.policies.to_vec();
+            let mut changed = base.clone();
+            changed.policy = policy;
+            policies[index] = changed;
+            let mut config = config.clone();
+            config.policies = Arc::from(policies);
+            Ok(Candidate {
+                label,
+                algorithm,
+                limit,
+                window,
+                config,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok((name, out))
+}
+
+type Point = (AlgorithmKind, u32, Duration, String);
+
+fn expand(grid: Vec<Point>, dimension: &Dimension) -> Vec<Point> {
+    let mut out = Vec::new();
+    for (kind, limit, window, label) in grid {
+        match dimension {
+            Dimension::Limit(values) => out.extend(
+                values
+                    .iter()
+                    .map(|&v| (kind, v, window, format!("{label} limit={v}"))),
+            ),
+            Dimension::Window(values) => out.extend(values.iter().map(|&v| {
+                let text = humanize(v);
+                (kind, limit, v, format!("{label} window={text}"))
+            })),
+            Dimension::Algorithm(values) => out.extend(
+                values
+                    .iter()
+                    .map(|&v| (v, limit, window, format!("{label} algorithm={v}"))),
+            ),
+        }
+    }
+    out
+}
+
+/// The quota of `algorithm` with `q = limit` and `w = window`.
+pub fn quota_of(
+    algorithm: AlgorithmKind,
+    limit: u32,
+    window: Duration,
+) -> Result<Quota, tollgate::QuotaError> {
+    match algorithm {
+        AlgorithmKind::FixedWindow => Quota::fixed_window(limit, window),
+        AlgorithmKind::SlidingWindowLog => Quota::sliding_window_log(limit, window),
+        AlgorithmKind::SlidingWindowCounter => Quota::sliding_window_counter(limit, window),
+        AlgorithmKind::TokenBucket => Quota::token_bucket(limit, Rate::new(limit, window)?),
+        AlgorithmKind::LeakyBucket => {
+            Quota::leaky_bucket(Rate::new(limit, window)?, limit.saturating_sub(1))
+        }
+    }
+}
+
+/// `90s` as `1m30s`: the configuration's own notation.
+pub fn humanize(d: Duration) -> String {
+    let mut ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 {
+        return "0s".to_owned();
+    }
+    let mut out = String::new();
+    for (size, unit) in [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+        (1, "ms"),
+    ] {
+        if ms >= size {
+            out.push_str(&format!("{}{unit}", ms / size));
+            ms %= size;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Result<Config, String> {
+        Config::parse(
+            "t.toml",
+            "[[policy]]\nname = \"api\"\nalgorithm = \"sliding_window_counter\"\nlimit = 100\nwindow = \"1m\"\nkey = [\"ip\"]\n",
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_grid_of_limits_and_algorithms() -> Result<(), String> {
+        let sweep = Sweep {
+            policy: None,
+            dimensions: vec![
+                "limit=50,200".parse()?,
+                "algorithm=token_bucket,leaky_bucket".parse()?,
+            ],
+        };
+        let (name, c) = candidates(&config()?, &sweep)?;
+        assert_eq!(name, "api");
+        let labels: Vec<&str> = c.iter().map(|c| c.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "limit=50 algorithm=token_bucket",
+                "limit=50 algorithm=leaky_bucket",
+                "limit=200 algorithm=token_bucket",
+                "limit=200 algorithm=leaky_bucket"
+            ]
+        );
+        let q = c[1].config.policies[0].policy.quota();
+        assert_eq!(
+            (q.kind(), q.limit(), q.window()),
+            (AlgorithmKind::LeakyBucket, 50, Duration::from_secs(60))
+        );
+        let q = c[2].config.policies[0].policy.quota();
+        assert_eq!(q.to_string(), "token_bucket capacity=200 refill=200/1m");
+        Ok(())
+    }
+
+    #[test]
+    fn bad_sweeps_say_why() -> Result<(), String> {
+        for (text, needle) in [
+            ("limit", "FIELD="),
+            ("limit=0", "whole number"),
+            ("limit=5,,6", "empty"),
+            ("window=5y", "unknown unit"),
+            ("algorithm=gcra", "unknown algorithm"),
+            ("burst=5", "sweep limit="),
+        ] {
+            let err = text.parse::<Dimension>().err().unwrap_or_default();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+        let sweep = Sweep {
+            policy: Some("nope".into()),
+            dimensions: vec![],
+        };
+        assert!(
+            candidates(&config()?, &sweep)
+                .err()
+                .unwrap_or_default()
+                .contains("no such policy")
+        );
+        Ok(())
+    }
+}
