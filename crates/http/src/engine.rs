@@ -35,6 +35,9 @@ use crate::{
 };
 use tollgate::headers::t_secs;
 
+mod queue;
+pub use queue::QueueTicket;
+
 /// The key a request without one is counted under (per policy), unless the policy requires a
 /// key. Selector keys always contain a `:`, so no request can claim this one.
 pub const ANONYMOUS_KEY: &[u8] = b"anonymous";
@@ -56,10 +59,16 @@ pub enum Action {
     /// Never block: count, log at debug level and report in the headers what would have
     /// happened. For rolling out a new policy safely.
     Shadow,
+    /// Leaky bucket: a request over the rate is stored and delivered later at the policy's
+    /// rate. The engine answers it 429 like [`Action::Reject`], with a [`QueueTicket`] on the
+    /// answer ([`Answer::queue_ticket`]) for a caller that can queue it (the server's proxy);
+    /// every other caller simply answers the 429.
+    Queue,
 }
 
 impl Action {
-    /// `"reject"`, `"delay"` (with `max_delay`, default [`DEFAULT_MAX_DELAY`]) or `"shadow"`.
+    /// `"reject"`, `"delay"` (with `max_delay`, default [`DEFAULT_MAX_DELAY`]), `"shadow"` or
+    /// `"queue"`.
     pub fn parse(input: &str, max_delay: Option<Duration>) -> Result<Self, ConfigError> {
         match input.trim() {
             "reject" => Ok(Action::Reject),
@@ -67,9 +76,10 @@ impl Action {
                 max_delay: max_delay.unwrap_or(DEFAULT_MAX_DELAY),
             }),
             "shadow" => Ok(Action::Shadow),
+            "queue" => Ok(Action::Queue),
             _ => Err(ConfigError::new(
                 input,
-                "use \"reject\", \"delay\" or \"shadow\"",
+                "use \"reject\", \"delay\", \"shadow\" or \"queue\"",
             )),
         }
     }
@@ -89,6 +99,7 @@ impl fmt::Display for Action {
             Action::Reject => f.write_str("reject"),
             Action::Delay { max_delay } => write!(f, "delay (max {max_delay:?})"),
             Action::Shadow => f.write_str("shadow"),
+            Action::Queue => f.write_str("queue"),
         }
     }
 }
@@ -405,6 +416,10 @@ impl<S, C> EngineBuilder<S, C> {
                 http.policy =
                     Policy::new(&name, quota).map_err(|e| ConfigError::new(&name, e.reason()))?;
             }
+            if http.action == Action::Queue && !matches!(http.policy.quota(), Quota::LeakyBucket(_))
+            {
+                return fail("action \"queue\" needs algorithm \"leaky_bucket\"");
+            }
             let text = PolicyHeaders::new(&http.policy)?;
             compiled.push(Compiled { http, text });
         }
@@ -519,6 +534,8 @@ pub struct Answer {
     /// After `Content-Type`: the rate-limit headers and `Retry-After`, when there are any.
     headers: HeaderList,
     body: Bytes,
+    /// Set on a 429 that only `queue` policies gave: what a caller needs to queue the request.
+    queue: Option<Box<QueueTicket>>,
 }
 
 impl Answer {
@@ -527,7 +544,15 @@ impl Answer {
             status,
             headers,
             body,
+            queue: None,
         })
+    }
+
+    /// On a 429 that only [`Action::Queue`] policies gave (every other policy admits the
+    /// request): the queue the request may join instead, and what joining it charges. See
+    /// [`Engine::admit_queued`].
+    pub fn queue_ticket(&self) -> Option<&QueueTicket> {
+        self.queue.as_deref()
     }
 
     /// 429, 401, 400 (a key field sent twice), 414 (a path too deep to normalise) or 503.
@@ -1065,7 +1090,8 @@ impl<S: Store, C: Clock> Engine<S, C> {
         if let Some((_, field)) = retry {
             headers.push(field);
         }
-        let answer = Answer::new(StatusCode::TOO_MANY_REQUESTS, headers.clone(), body);
+        let mut answer = Answer::new(StatusCode::TOO_MANY_REQUESTS, headers.clone(), body);
+        answer.queue = self.queue_ticket(&decisions, entries);
         self.outcome(decisions, headers, Verdict::Respond(answer))
     }
 

@@ -75,7 +75,7 @@ pub use cidr::{Cidr, TrustedProxies};
 pub use client_ip::ForwardedHeader;
 pub use engine::{
     ANONYMOUS_KEY, Action, Answer, DEFAULT_MAX_DELAY, Engine, EngineBuilder, FailMode, Hold,
-    HttpPolicy, Outcome, Prepared, RateLimitHeaders, Verdict,
+    HttpPolicy, Outcome, Prepared, QueueTicket, RateLimitHeaders, Verdict,
 };
 pub use error::ConfigError;
 pub use headers::{HeaderConfig, ResetFormat, RetryAfterFormat};

@@ -43,6 +43,7 @@ mod keys;
 mod lease;
 mod script;
 mod store;
+pub mod stream_queue;
 mod verdict;
 
 pub use config::{

@@ -1,5 +1,8 @@
-//! The admin listener: `/metrics` (Prometheus text), `/healthz`, `/readyz` (store reachable) and
-//! `/v1/policies`, behind an optional bearer token.
+//! The admin listener: `/metrics` (Prometheus text), `/healthz`, `/readyz` (store reachable),
+//! `/v1/policies`, and the queues' dead letters under `/v1/queues` (`admin/queue.rs`), behind an
+//! optional bearer token.
+
+mod queue;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,6 +40,10 @@ pub(crate) async fn handle(
             return res;
         }
     }
+    let path = req.uri().path();
+    if path == "/v1/queues" || path.starts_with("/v1/queues/") {
+        return queue::handle(&shared, req.method(), path, req.uri().query()).await;
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return problem(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed", None);
     }
@@ -69,7 +76,7 @@ pub(crate) async fn handle(
         _ => problem(
             StatusCode::NOT_FOUND,
             "Not found",
-            Some("admin serves /metrics, /healthz, /readyz and /v1/policies"),
+            Some("admin serves /metrics, /healthz, /readyz, /v1/policies and /v1/queues"),
         ),
     }
 }
@@ -96,6 +103,19 @@ fn policy_json(p: &PolicyConfig) -> Value {
         o.insert(
             "max_delay_seconds".into(),
             json!(lb.max_delay().map(|d| d.as_secs_f64())),
+        );
+    }
+    if let (Some(o), Some(s)) = (v.as_object_mut(), &p.queue) {
+        o.insert(
+            "queue".into(),
+            json!({
+                "max_body": s.max_body,
+                "max_depth": s.max_depth,
+                "attempts": s.attempts,
+                "backoff_seconds": s.backoff.as_secs_f64(),
+                "claim_after_seconds": s.claim_after.as_secs_f64(),
+                "concurrency": s.concurrency,
+            }),
         );
     }
     v

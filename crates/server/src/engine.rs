@@ -141,6 +141,11 @@ impl Engine {
             .find(|h| h.as_str().eq_ignore_ascii_case(name))
     }
 
+    /// The HTTP engine (the proxy's queue path charges and refunds through it).
+    pub(crate) fn http(&self) -> &HttpEngine {
+        &self.http
+    }
+
     /// The configuration this engine runs.
     pub fn config(&self) -> &Arc<Config> {
         &self.config

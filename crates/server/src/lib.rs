@@ -17,6 +17,7 @@ mod api;
 pub mod config;
 mod engine;
 pub mod metrics;
+mod queue;
 mod relay;
 mod response;
 mod serve;
@@ -141,6 +142,8 @@ pub(crate) struct Shared {
     metrics: Arc<Metrics>,
     /// Envoy's rate limit service, kept so a reload can swap its descriptors in place.
     envoy: Option<tollgate_envoy::RlsService<AnyStore, SystemClock>>,
+    /// The queues of `queue` policies.
+    queues: queue::Queues,
 }
 
 impl Shared {
@@ -261,6 +264,7 @@ pub async fn run_with(
         _ => None,
     };
     let envoy_handle = envoy.as_ref().map(|(service, _)| service.clone());
+    let queues = queue::Queues::new(&config.store);
     let engine = Engine::new(Arc::new(config), store.clone(), Arc::clone(&metrics))?;
     let shared = Arc::new(Shared {
         engine: RwLock::new(Arc::new(engine)),
@@ -268,7 +272,9 @@ pub async fn run_with(
         store: store.clone(),
         metrics,
         envoy: envoy_handle,
+        queues,
     });
+    queue::open_configured(&shared).await;
     let (stop_tx, stop_rx) = watch::channel(false);
     // Registered before anything is served, so a SIGHUP never finds the default action (exit).
     #[cfg(unix)]
@@ -297,6 +303,11 @@ pub async fn run_with(
             limits,
         ));
     }
+    tasks.spawn(queue::supervise(
+        Arc::clone(&shared),
+        stop_rx.clone(),
+        limits.drain,
+    ));
     if let Some(l) = listeners.proxy {
         let s = Arc::clone(&shared);
         tasks.spawn(relay::serve_per_core(s, l, stop_rx.clone(), limits));

@@ -6,6 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+mod queue;
+pub use queue::QueueCounters;
+
 /// How a policy treated a request, as the `outcome` label says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -90,6 +93,7 @@ const SUM: usize = BUCKETS.len() + 1;
 #[derive(Default)]
 pub struct Metrics {
     decisions: RwLock<HashMap<String, Arc<PolicyCounters>>>,
+    queues: RwLock<HashMap<String, Arc<QueueCounters>>>,
     latency: Histogram,
     store_errors: AtomicU64,
     delayed: AtomicU64,
@@ -122,6 +126,14 @@ impl Metrics {
         match self.decisions.write() {
             Ok(mut map) => Arc::clone(map.entry(policy.to_owned()).or_default()),
             // A poisoned map: counted nowhere rather than panicking on the request path.
+            Err(_) => Arc::default(),
+        }
+    }
+
+    /// The counters of `queue` policy `name`, created on first use.
+    pub fn queue_counters(&self, name: &str) -> Arc<QueueCounters> {
+        match self.queues.write() {
+            Ok(mut map) => Arc::clone(map.entry(name.to_owned()).or_default()),
             Err(_) => Arc::default(),
         }
     }
@@ -272,6 +284,7 @@ impl Metrics {
             out,
             "tollgate_config_reloads_total{{result=\"failed\"}} {failed}"
         );
+        self.render_queues(&mut out);
         if let Some(keys) = keys_tracked {
             out.push_str("# HELP tollgate_keys_tracked Keys the memory store holds state for.\n");
             out.push_str("# TYPE tollgate_keys_tracked gauge\n");
@@ -287,7 +300,7 @@ fn counter(out: &mut String, name: &str, help: &str, value: u64) {
     let _ = writeln!(out, "{name} {value}");
 }
 
-fn escape_label(s: &str) -> String {
+pub(crate) fn escape_label(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

@@ -15,7 +15,9 @@
 //! - `body.rs`: where bodies end; chunked bodies decoded and written again canonically;
 //! - `response.rs`: response heads written again for the client, and the relay's own answers;
 //! - `pool.rs`: upstream connections, pooled per thread only when cleanly framed;
-//! - `deadline.rs`: every read and write bounded, on one timer per connection.
+//! - `deadline.rs`: every read and write bounded, on one timer per connection;
+//! - `queue.rs` and `delivery.rs`: the `queue` action's requests stored (`202 Accepted`) and
+//!   their status answered, and their later delivery, written by the relay like any request.
 //!
 //! The invariant all of it keeps: every request the upstream reads is one the rate limiter
 //! decided on, as that request (method, target, host, key), and every response a client reads
@@ -24,10 +26,15 @@
 mod body;
 mod conn;
 mod deadline;
+mod delivery;
 mod exchange;
 mod head;
 mod pool;
+mod queue;
 mod response;
+
+pub(crate) use delivery::{Delivered, deliver};
+pub(crate) use pool::Pool;
 
 use std::io;
 use std::net::SocketAddr;
@@ -41,7 +48,6 @@ use tokio::sync::watch;
 use crate::Shared;
 use crate::serve::Limits;
 use conn::Conn;
-use pool::Pool;
 
 /// Serves the proxy listener until `shutdown` turns true and its connections have drained:
 /// the server's runtime accepts, and each connection is handed to the least busy of one

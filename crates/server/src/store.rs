@@ -83,7 +83,7 @@ pub fn key_hash_secret(config: &StoreConfig) -> Vec<u8> {
 }
 
 /// 32 random bytes, the same for the life of the process (so reloads keep the counters).
-fn process_secret() -> &'static [u8] {
+pub(crate) fn process_secret() -> &'static [u8] {
     static SECRET: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     SECRET.get_or_init(|| {
         use std::io::Read as _;

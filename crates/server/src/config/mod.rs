@@ -5,6 +5,7 @@
 mod envoy;
 mod forward_auth;
 mod log;
+mod queue;
 mod raw;
 mod schema;
 
@@ -21,6 +22,7 @@ use tollgate_http::{JwtVerifier, KeyChain, RouteMatch, TrustedProxies};
 pub use envoy::DEFAULT_GRPC_LISTEN;
 pub use forward_auth::ForwardAuthConfig;
 pub use log::{LogConfig, LogFormat};
+pub use queue::{MAX_BACKOFF, QueueSettings};
 pub use raw::DEFAULT_CONFIG;
 
 /// One problem in a configuration file, with its position.
@@ -217,6 +219,8 @@ pub enum Action {
     Delay,
     /// Never block: count, log and report only.
     Shadow,
+    /// Store a request over the rate and deliver it later at the policy's rate (leaky bucket).
+    Queue,
 }
 
 impl Action {
@@ -226,6 +230,7 @@ impl Action {
             Action::Reject => "reject",
             Action::Delay => "delay",
             Action::Shadow => "shadow",
+            Action::Queue => "queue",
         }
     }
 }
@@ -270,6 +275,8 @@ pub struct PolicyConfig {
     pub require_key: bool,
     /// `max_delay` (leaky bucket): the longest a `delay` request is held.
     pub max_delay: Option<Duration>,
+    /// The `queue_*` fields, for a `queue` policy.
+    pub queue: Option<QueueSettings>,
     /// Where a `jwt:` selector was written, for the error when `[jwt]` is missing.
     jwt_key_at: Option<usize>,
 }
@@ -285,6 +292,7 @@ impl PolicyConfig {
         let action = match self.action {
             Action::Reject => tollgate_http::Action::Reject,
             Action::Shadow => tollgate_http::Action::Shadow,
+            Action::Queue => tollgate_http::Action::Queue,
             Action::Delay => tollgate_http::Action::Delay {
                 max_delay: self.max_delay.unwrap_or(tollgate_http::DEFAULT_MAX_DELAY),
             },
@@ -330,6 +338,13 @@ impl fmt::Display for PolicyConfig {
         )?;
         if self.require_key {
             f.write_str(" require_key=true")?;
+        }
+        if let Some(q) = &self.queue {
+            write!(
+                f,
+                " queue_max_body={} queue_max_depth={} queue_attempts={} queue_backoff={:?} queue_claim_after={:?} queue_concurrency={}",
+                q.max_body, q.max_depth, q.attempts, q.backoff, q.claim_after, q.concurrency
+            )?;
         }
         if let Some(lease) = self.policy.lease() {
             write!(f, " {lease}")?;

@@ -137,6 +137,12 @@ struct RawPolicy {
     action: Option<S<String>>,
     max_delay: Option<S<String>>,
     require_key: Option<bool>,
+    queue_max_body: Option<S<i64>>,
+    queue_max_depth: Option<S<i64>>,
+    queue_attempts: Option<S<i64>>,
+    queue_backoff: Option<S<String>>,
+    queue_claim_after: Option<S<String>>,
+    queue_concurrency: Option<S<i64>>,
     lease: Option<S<i64>>,
     lease_ttl: Option<S<String>>,
 }
@@ -320,6 +326,10 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
     for p in raw.policy {
         let at = p.span().start;
         if let Some(pc) = validate_policy(at, p.into_inner(), errs) {
+            if pc.action == Action::Queue && proxy.is_none() {
+                errs.at(at, format!("policy \"{}\": action \"queue\" needs [proxy]: the proxy stores the requests and delivers them to its upstream", pc.name()));
+                ok = false;
+            }
             if let Some(prev) = policies
                 .iter()
                 .find(|q: &&PolicyConfig| q.name() == pc.name())
@@ -984,6 +994,7 @@ fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<Pol
                 ("reject", Action::Reject),
                 ("delay", Action::Delay),
                 ("shadow", Action::Shadow),
+                ("queue", Action::Queue),
             ],
             errs,
         ),
@@ -994,6 +1005,20 @@ fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<Pol
         errs.at(pos, format!("{ctx}action \"delay\" needs algorithm \"leaky_bucket\" (it holds a request until its slot); use action = \"reject\" with \"{kname}\""));
         ok = false;
     }
+    if action == Some(Action::Queue) && kind != AlgorithmKind::LeakyBucket {
+        let pos = p.action.as_ref().map_or(at, |v| v.span().start);
+        errs.at(pos, format!("{ctx}action \"queue\" needs algorithm \"leaky_bucket\" (its rate is the rate queued requests are delivered at); use action = \"reject\" with \"{kname}\""));
+        ok = false;
+    }
+    let queue_fields = super::queue::RawQueueFields {
+        max_body: p.queue_max_body.as_ref(),
+        max_depth: p.queue_max_depth.as_ref(),
+        attempts: p.queue_attempts.as_ref(),
+        backoff: p.queue_backoff.as_ref(),
+        claim_after: p.queue_claim_after.as_ref(),
+        concurrency: p.queue_concurrency.as_ref(),
+    };
+    let queue = super::queue::validate(&queue_fields, action == Some(Action::Queue), &ctx, errs);
     if !ok {
         return None;
     }
@@ -1009,6 +1034,7 @@ fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<Pol
         cost: cost?,
         action: action?,
         require_key: p.require_key.unwrap_or(false),
+        queue: queue?,
     })
 }
 

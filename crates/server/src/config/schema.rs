@@ -69,6 +69,12 @@ const POLICY: &[(&str, Ty)] = &[
     ("action", Ty::Str),
     ("max_delay", Ty::Str),
     ("require_key", Ty::Bool),
+    ("queue_max_body", Ty::Int),
+    ("queue_max_depth", Ty::Int),
+    ("queue_attempts", Ty::Int),
+    ("queue_backoff", Ty::Str),
+    ("queue_claim_after", Ty::Str),
+    ("queue_concurrency", Ty::Int),
     ("lease", Ty::Int),
     ("lease_ttl", Ty::Str),
 ];

@@ -67,6 +67,7 @@ pub(super) struct Plan {
     pub(super) close: bool,
     pub(super) is_head: bool,
     pub(super) idempotent: bool,
+    pub(super) expect_continue: bool,
 }
 
 impl Conn {
@@ -231,6 +232,9 @@ impl Conn {
             return false;
         };
         let timeout = proxy.timeout;
+        if super::queue::is_status_request(&self.inbuf[..head_len], engine) {
+            return Box::pin(self.queue_status(client, head_len, timeout, stopping)).await;
+        }
         let decided = self.decide(engine, head_len, &authority).await;
         self.inbuf.advance(head_len);
         let (plan, rate_limit, verdict) = match decided {
@@ -241,6 +245,17 @@ impl Conn {
                 self.refuse(client, refusal, version).await;
                 return false;
             }
+        };
+        let verdict = match verdict {
+            // Only `queue` policies denied it: stored for later, unless no queue takes it.
+            Verdict::Respond(answer) if answer.queue_ticket().is_some() => {
+                match Box::pin(self.enqueue(client, engine, answer, plan, timeout, stopping)).await
+                {
+                    Ok(go_on) => return go_on,
+                    Err(answer) => Verdict::Respond(answer),
+                }
+            }
+            other => other,
         };
         let hold = match verdict {
             Verdict::Respond(answer) => {
@@ -345,15 +360,24 @@ impl Conn {
             .with_host(Some(host))
             .with_peer(Some(self.peer.ip()));
         let (_, rate_limit, verdict, _) = engine.evaluate_parts(&info).await;
-        if !matches!(verdict, Verdict::Respond(_)) {
-            head::write_upstream_head(
+        match &verdict {
+            Verdict::Respond(a) if a.queue_ticket().is_some() => super::queue::write_queued_head(
                 &mut self.uphead,
                 &head,
                 req.headers,
                 authority,
                 &self.peer_text,
                 |name| engine.header_read(name).is_some(),
-            );
+            ),
+            Verdict::Respond(_) => {}
+            _ => head::write_upstream_head(
+                &mut self.uphead,
+                &head,
+                req.headers,
+                authority,
+                &self.peer_text,
+                |name| engine.header_read(name).is_some(),
+            ),
         }
         Ok((plan_of(&head), rate_limit, verdict))
     }
@@ -392,6 +416,7 @@ fn plan_of(head: &RequestHead<'_>) -> Plan {
         close: head.close,
         is_head: head.is_head,
         idempotent: head.idempotent,
+        expect_continue: head.expect_continue,
     }
 }
 

@@ -119,6 +119,8 @@ pub(super) struct RequestHead<'b> {
     pub(super) is_head: bool,
     /// Safe to send again when a reused upstream connection turns out to be dead.
     pub(super) idempotent: bool,
+    /// `Expect: 100-continue`: the client waits for a `100 Continue` before its body.
+    pub(super) expect_continue: bool,
 }
 
 /// Checks a parsed request and reads what the relay needs of it.
@@ -145,6 +147,7 @@ pub(super) fn check<'b>(req: &httparse::Request<'_, 'b>) -> Result<RequestHead<'
     let mut close = version == Version::Http10;
     let mut host: Option<&'b str> = None;
     let mut hosts = 0;
+    let mut expect_continue = false;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
         // Most headers are none of these: ruled out by their first byte.
@@ -190,6 +193,7 @@ pub(super) fn check<'b>(req: &httparse::Request<'_, 'b>) -> Result<RequestHead<'
                     "the only expectation this proxy meets is 100-continue",
                 ));
             }
+            expect_continue = true;
         }
     }
     // RFC 9112 §3.2: exactly one valid Host in HTTP/1.1; at most one in HTTP/1.0.
@@ -243,6 +247,7 @@ pub(super) fn check<'b>(req: &httparse::Request<'_, 'b>) -> Result<RequestHead<'
                 method,
                 "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE"
             ),
+        expect_continue,
     })
 }
 

@@ -266,13 +266,35 @@ pub(super) fn write_answer(
     version: Version,
     close: bool,
 ) {
+    // The constant is a `HeaderValue`: its bytes live for this statement.
+    write_answer_as(
+        out,
+        status,
+        tollgate_http::problem::PROBLEM_JSON.as_bytes(),
+        headers,
+        body,
+        version,
+        close,
+    );
+}
+
+/// [`write_answer`] with a body of another `content_type` (the queue's JSON answers).
+pub(super) fn write_answer_as(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    content_type: &[u8],
+    headers: impl FnOnce(&mut Vec<u8>),
+    body: &[u8],
+    version: Version,
+    close: bool,
+) {
     // Written piece by piece: the formatting machinery costs more than the rest of a 429.
     out.clear();
     write_status(out, status.as_u16(), None);
     out.extend_from_slice(b"date: ");
     push_date(out);
     out.extend_from_slice(b"\r\ncontent-type: ");
-    out.extend_from_slice(tollgate_http::problem::PROBLEM_JSON.as_bytes());
+    out.extend_from_slice(content_type);
     out.extend_from_slice(b"\r\n");
     headers(out);
     out.extend_from_slice(b"content-length: ");
