@@ -28,10 +28,14 @@
 //! # }
 //! ```
 
-// The README's Rust examples compile and run as doc tests of this crate.
+// The README's and the library guide's Rust examples compile and run as doc tests of this crate.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+struct LibraryGuideDoctests;
 
 pub mod algorithm;
 mod clock;
