@@ -349,6 +349,11 @@ pub async fn run_with(
     tracing::info!("shutting down: draining in-flight requests");
     let _ = stop_tx.send(true);
     while tasks.join_next().await.is_some() {}
+    // Every listener has drained: hand the unspent units of hot-key leases back to Redis, so
+    // they do not stay taken from the other instances until the leases end.
+    if let Err(e) = shared.store.return_leases(SystemClock::new().now()).await {
+        tracing::warn!(error = %e, "shutdown: could not give every lease back to the store");
+    }
     Ok(())
 }
 
