@@ -43,15 +43,18 @@ impl FixedWindow {
     }
 
     /// The window in microseconds.
+    #[inline]
     pub fn window_micros(&self) -> u64 {
         self.window
     }
 
     /// Divides by the window, fast.
+    #[inline]
     pub(crate) fn per_window(&self) -> Divisor {
         self.per_window
     }
 
+    #[inline]
     fn normalize(&self, state: &mut FixedWindowState, now: Timestamp) {
         let now = now.as_micros();
         let end = (self.per_window.div(now) + 1) * self.window;
@@ -69,6 +72,7 @@ impl FixedWindow {
 impl Algorithm for FixedWindow {
     type State = FixedWindowState;
 
+    #[inline]
     fn evaluate(&self, state: &mut FixedWindowState, now: Timestamp, cost: u32) -> Verdict {
         self.normalize(state, now);
         let until_end = state.window_end.saturating_sub(now.as_micros());
@@ -102,6 +106,7 @@ impl Algorithm for FixedWindow {
         }
     }
 
+    #[inline]
     fn commit(&self, state: &mut FixedWindowState, now: Timestamp, cost: u32) {
         self.normalize(state, now);
         state.count = state.count.saturating_add(cost);

@@ -74,6 +74,7 @@ impl TokenBucket {
 impl Algorithm for TokenBucket {
     type State = TokenBucketState;
 
+    #[inline]
     fn evaluate(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) -> Verdict {
         let now = now.as_micros();
         let tat = state.tat.max(now);
@@ -106,6 +107,7 @@ impl Algorithm for TokenBucket {
         }
     }
 
+    #[inline]
     fn commit(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) {
         state.tat = state.tat.max(now.as_micros()) + u64::from(cost) * self.interval;
     }
