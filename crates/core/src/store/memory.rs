@@ -41,16 +41,17 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
-use siphasher::sip::SipHasher13;
 use smallvec::SmallVec;
 
 use super::{Check, Store};
 use crate::{Decision, Decisions, StoreError, Timestamp, Verdict};
 
+mod key_hash;
 mod packing;
 mod shard;
 mod table;
 
+use key_hash::KeyHasher;
 use shard::{Limits, Mode, Shard, Shared, Undo};
 
 /// The default bound on tracked keys.
@@ -72,7 +73,7 @@ struct Inner {
     /// Each shard's share of the bounds.
     limits: Limits,
     /// Keys the hash of a key: random per store.
-    hasher: SipHasher13,
+    hasher: KeyHasher,
 }
 
 /// Keeps each shard on its own cache lines, so neighbours do not slow each other down.
@@ -311,10 +312,8 @@ impl MemoryStore {
         }
     }
 
-    /// The key's identity: SipHash-1-3 of its bytes under this store's random key, in one
-    /// pass over the bytes from a state keyed once (`siphasher`'s one-shot `hash`, the same
-    /// function `std`'s `RandomState` computes, without its per-call setup). The policy is not
-    /// hashed in: each policy has its own tables.
+    /// The key's identity: SipHash-1-3 of its bytes under this store's random key
+    /// (`key_hash`). The policy is not hashed in: each policy has its own tables.
     #[inline]
     fn hash(&self, key: &[u8]) -> u64 {
         table::identity(self.inner.hasher.hash(key))
@@ -390,9 +389,9 @@ impl<F: FnOnce() -> T + Unpin, T> Future for Immediate<F> {
 /// SipHash-1-3 under a random 128-bit key. The key comes from `std`'s `RandomState`, which is
 /// seeded from the operating system's randomness: two of its outputs on fixed inputs, which
 /// nobody can predict without its own secret key, are this store's key.
-fn random_hasher() -> SipHasher13 {
+fn random_hasher() -> KeyHasher {
     let seed = RandomState::new();
-    SipHasher13::new_with_keys(seed.hash_one(0_u64), seed.hash_one(1_u64))
+    KeyHasher::new(seed.hash_one(0_u64), seed.hash_one(1_u64))
 }
 
 /// What the shared lock could not decide: a new key, a spilled or spilling state.
