@@ -97,8 +97,9 @@ impl Policies {
                 let probe = NameProbe::of(name);
                 let i = self.probes.iter().position(|p| *p == probe)?;
                 let policy = &self.list[i];
-                // A probe covers names of up to 16 bytes; longer ones are compared in full.
-                (name.len() <= NameProbe::EXACT_UP_TO || policy.name() == name).then_some(policy)
+                // A probe covers names of up to 16 bytes; longer ones compare their middles too.
+                (name.len() <= NameProbe::EXACT_UP_TO || middles_equal(policy.name(), name))
+                    .then_some(policy)
             }
         }
     }
@@ -132,6 +133,26 @@ impl NameProbe {
         };
         NameProbe { len: n, head, tail }
     }
+}
+
+/// Whether two names of the same length over 16 bytes, whose probes are equal (so their first
+/// and last eight bytes are), agree in between: a word at a time, inline, where a `memcmp` call
+/// cost a fifth of a check (callgrind, a 22-byte name).
+#[inline]
+fn middles_equal(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let end = a.len().saturating_sub(8);
+    let mut at = 8;
+    while at < end {
+        if word::<8>(a, at) != word::<8>(b, at) {
+            return false;
+        }
+        at += 8;
+    }
+    true
 }
 
 /// The `N` bytes of `b` at `at` as a little-endian number (`N` ≤ 8, `at + N` ≤ `b.len()`).
@@ -406,5 +427,46 @@ impl<S: Store, C: Clock> Drop for RefundOnDrop<S, C> {
                     .await;
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Quota;
+
+    /// The scan (probes, then middles for long names) against comparing whole names, over names
+    /// of every length up to the 128-byte limit that differ in one byte anywhere.
+    #[test]
+    fn name_lookup_agrees_with_comparing_names() -> Result<(), crate::QuotaError> {
+        let quota = Quota::fixed_window(1, Duration::from_secs(1))?;
+        for len in 1..=128 {
+            let base: String = (0..len)
+                .map(|i| char::from(b'a' + (i % 26) as u8))
+                .collect();
+            let mut names = vec![base.clone()];
+            for at in 0..len {
+                let mut other = base.clone().into_bytes();
+                other[at] = b'Z';
+                names.push(String::from_utf8(other).unwrap_or_default());
+            }
+            let registered: Vec<Policy> = names
+                .iter()
+                .take(Policies::SCAN_UP_TO)
+                .map(|n| Policy::new(n, quota.clone()))
+                .collect::<Result<_, _>>()?;
+            let policies = Policies::new(registered.clone());
+            for name in &names {
+                let expected = registered
+                    .iter()
+                    .find(|p| p.name() == name)
+                    .map(Policy::name);
+                assert_eq!(policies.get(name).map(Policy::name), expected, "{name}");
+            }
+            // Shorter and longer names never match.
+            assert!(policies.get(&base[..len - 1]).is_none() || len == 1);
+            assert!(policies.get(&format!("{base}a")).is_none());
+        }
+        Ok(())
     }
 }
