@@ -16,7 +16,8 @@
 //! `cargo bench -p tollgate --bench check` (or `scripts/bench-core.sh`, which also measures
 //! bytes per key). `TOLLGATE_BENCH_ROUNDS` (default 11) and `TOLLGATE_BENCH_OPS` (per burst
 //! and thread, default 100,000) set the length; `TOLLGATE_BENCH_ONLY=token_bucket` runs one
-//! algorithm (and governor).
+//! algorithm (and governor). `token_bucket_resolved` is the token bucket through
+//! `Limiter::check_policy`, with the policy resolved once instead of looked up by name.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -150,6 +151,34 @@ fn picker(key_count: usize) -> impl Fn(usize, u64) -> usize + Copy + Send + Sync
 
 type Op = Box<dyn Fn(usize, u64) + Sync>;
 
+/// The token bucket through `Limiter::check_policy`, its policy resolved once: what the name
+/// lookup of `check` costs.
+const RESOLVED: &str = "token_bucket_resolved";
+
+fn resolved_op(
+    limiter: &Tollgate,
+    name: &str,
+    strings: bool,
+    names: &Arc<Vec<String>>,
+    pick: impl Fn(usize, u64) -> usize + Copy + Send + Sync + 'static,
+) -> Op {
+    let limiter = limiter.clone();
+    let policy = limiter.policy(name).unwrap().clone();
+    if strings {
+        let names = Arc::clone(names);
+        Box::new(move |t, i| {
+            let d = now_or_never(limiter.check_policy(&policy, &names[pick(t, i)], 1));
+            black_box(d.map(|d| d.allowed).unwrap_or(false));
+        })
+    } else {
+        Box::new(move |t, i| {
+            let key = (pick(t, i) as u64).to_le_bytes();
+            let d = now_or_never(limiter.check_policy(&policy, key, 1));
+            black_box(d.map(|d| d.allowed).unwrap_or(false));
+        })
+    }
+}
+
 /// The contenders of one scenario, with every key already seen once (so a deny run denies).
 fn contenders(
     key_count: usize,
@@ -161,7 +190,9 @@ fn contenders(
     let names: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("api-key-{i:08}")).collect());
     let mut out: Vec<(&'static str, Op)> = Vec::new();
     for (name, quota) in quotas(admit) {
-        if only.is_some_and(|o| o != name) {
+        let plain = only.is_none_or(|o| o == name);
+        let resolved = name == "token_bucket" && only.is_none_or(|o| o == RESOLVED);
+        if !plain && !resolved {
             continue;
         }
         // The keys of this scenario's shape only, as governor's limiter holds.
@@ -172,6 +203,12 @@ fn contenders(
             } else {
                 now_or_never(limiter.check(name, (k as u64).to_le_bytes(), 1)).unwrap();
             }
+        }
+        if resolved {
+            out.push((RESOLVED, resolved_op(&limiter, name, strings, &names, pick)));
+        }
+        if !plain {
+            continue;
         }
         let op: Op = if strings {
             let names = Arc::clone(&names);
@@ -244,7 +281,8 @@ fn interleaved(rounds: usize, per_round: u64, key_counts: &[usize]) {
                     let contenders = contenders(key_count, admit, strings, None)
                         .into_iter()
                         .filter(|(name, _)| {
-                            *name == "governor" || only.as_deref().is_none_or(|o| o == *name)
+                            *name == "governor"
+                                || only.as_deref().is_none_or(|o| name.starts_with(o))
                         })
                         .collect::<Vec<_>>();
                     let mut wall: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];

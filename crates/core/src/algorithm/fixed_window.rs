@@ -72,7 +72,9 @@ impl FixedWindow {
 impl Algorithm for FixedWindow {
     type State = FixedWindowState;
 
-    #[inline]
+    // Always inlined: the memory store's check path is large enough that the compiler would
+    // otherwise call it (about 20 instructions more per check, callgrind).
+    #[inline(always)]
     fn evaluate(&self, state: &mut FixedWindowState, now: Timestamp, cost: u32) -> Verdict {
         self.normalize(state, now);
         let until_end = state.window_end.saturating_sub(now.as_micros());
@@ -106,7 +108,7 @@ impl Algorithm for FixedWindow {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn commit(&self, state: &mut FixedWindowState, now: Timestamp, cost: u32) {
         self.normalize(state, now);
         state.count = state.count.saturating_add(cost);

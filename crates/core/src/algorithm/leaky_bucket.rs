@@ -99,7 +99,9 @@ impl LeakyBucket {
 impl Algorithm for LeakyBucket {
     type State = LeakyBucketState;
 
-    #[inline]
+    // Always inlined: the memory store's check path is large enough that the compiler would
+    // otherwise call it (about 20 instructions more per check, callgrind).
+    #[inline(always)]
     fn evaluate(&self, state: &mut LeakyBucketState, now: Timestamp, cost: u32) -> Verdict {
         let now = now.as_micros();
         let start = state.next_free.max(now);
@@ -136,7 +138,7 @@ impl Algorithm for LeakyBucket {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn commit(&self, state: &mut LeakyBucketState, now: Timestamp, cost: u32) {
         state.next_free = state.next_free.max(now.as_micros()) + u64::from(cost) * self.interval;
     }

@@ -97,7 +97,9 @@ impl SlidingWindowCounter {
 impl Algorithm for SlidingWindowCounter {
     type State = SlidingWindowCounterState;
 
-    #[inline]
+    // Always inlined: the memory store's check path is large enough that the compiler would
+    // otherwise call it (about 20 instructions more per check, callgrind).
+    #[inline(always)]
     fn evaluate(
         &self,
         state: &mut SlidingWindowCounterState,
@@ -164,7 +166,7 @@ impl Algorithm for SlidingWindowCounter {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn commit(&self, state: &mut SlidingWindowCounterState, now: Timestamp, cost: u32) {
         self.normalize(state, now);
         state.current = state.current.saturating_add(cost);
