@@ -5,7 +5,8 @@
 #      keys round-robin or one hot key, 1 or 2 threads, every decision admitted or every one
 #      denied, String API keys and u64 keys. Prints the ratios (governor's time / Tollgate's:
 #      above 1.00 Tollgate is faster) as the table, for the token bucket and for every
-#      algorithm against governor's token bucket, by wall time and by the CPU time the
+#      algorithm against governor's token bucket (and the token bucket through
+#      Limiter::check_policy, its policy resolved once), by wall time and by the CPU time the
 #      threads used (which background load on a shared machine inflates far less);
 #   2. bytes per tracked key at 1,000,000 keys, Tollgate and governor (benches/memory_per_key.rs).
 # Usage: scripts/bench-core.sh            (TOLLGATE_BENCH_ROUNDS, TOLLGATE_BENCH_OPS as in check.rs)
@@ -39,10 +40,14 @@ def cell(table, keys, shape, threads, alg):
 for table, what in ((rows, "wall time"), (cpu_rows, "CPU time of the threads")):
     print("\nToken bucket: Tollgate / governor throughput by %s, admit / deny "
           "(above 1.00: Tollgate faster)" % what)
-    print("%-26s %16s %16s" % ("scenario", "String keys", "u64 keys"))
+    print("%-26s %16s %16s %22s" % ("scenario", "String keys", "u64 keys",
+                                     "check_policy: String / u64 (admit/deny)"))
     for keys, threads, label in scenarios:
-        print("%-26s %16s %16s" % (label, cell(table, keys, "String", threads, "token_bucket"),
-                                   cell(table, keys, "u64", threads, "token_bucket")))
+        resolved = "%s  %s" % (cell(table, keys, "String", threads, "token_bucket_resolved"),
+                               cell(table, keys, "u64", threads, "token_bucket_resolved"))
+        print("%-26s %16s %16s    %s" % (label, cell(table, keys, "String", threads, "token_bucket"),
+                                        cell(table, keys, "u64", threads, "token_bucket"),
+                                        resolved))
     print("\nEvery algorithm / governor's token bucket by %s, lowest over the 8 scenarios of "
           "each key shape (admit / deny)" % what)
     print("%-26s %16s %16s" % ("algorithm", "String keys", "u64 keys"))
