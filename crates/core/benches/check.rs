@@ -15,7 +15,9 @@
 //!
 //! `cargo bench -p tollgate --bench check` (or `scripts/bench-core.sh`, which also measures
 //! bytes per key). `TOLLGATE_BENCH_ROUNDS` (default 11) and `TOLLGATE_BENCH_OPS` (per burst
-//! and thread, default 100,000) set the length.
+//! and thread, default 100,000) set the length; `TOLLGATE_BENCH_ONLY=token_bucket` runs one
+//! algorithm (and governor). `token_bucket_resolved` is the token bucket through
+//! `Limiter::check_policy`, with the policy resolved once instead of looked up by name.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -92,19 +94,47 @@ fn governor_quota(admit: bool) -> GovQuota {
     }
 }
 
-/// Runs `per_thread` operations on each of `threads` threads and returns the wall time.
-fn timed(threads: usize, per_thread: u64, op: &(dyn Fn(usize, u64) + Sync)) -> Duration {
+/// The wall time of a burst and the CPU time its threads spent, summed.
+#[derive(Clone, Copy)]
+struct Timing {
+    wall: Duration,
+    cpu: Duration,
+}
+
+/// Runs `per_thread` operations on each of `threads` threads.
+fn timed(threads: usize, per_thread: u64, op: &(dyn Fn(usize, u64) + Sync)) -> Timing {
     let start = Instant::now();
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            s.spawn(move || {
-                for i in 0..per_thread {
-                    op(t, i);
-                }
-            });
-        }
+    let cpu = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let cpu_start = thread_cpu();
+                    for i in 0..per_thread {
+                        op(t, i);
+                    }
+                    thread_cpu().saturating_sub(cpu_start)
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
     });
-    start.elapsed()
+    Timing {
+        wall: start.elapsed(),
+        cpu,
+    }
+}
+
+/// The CPU time this thread has used (`CLOCK_THREAD_CPUTIME_ID`): unlike wall time, it does not
+/// count the time the thread waited for a CPU that other work on the machine held.
+#[cfg(unix)]
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+#[cfg(not(unix))]
+fn thread_cpu() -> Duration {
+    Duration::ZERO
 }
 
 /// Which key operation `i` of thread `t` uses: always the first, or round-robin with the two
@@ -121,6 +151,34 @@ fn picker(key_count: usize) -> impl Fn(usize, u64) -> usize + Copy + Send + Sync
 
 type Op = Box<dyn Fn(usize, u64) + Sync>;
 
+/// The token bucket through `Limiter::check_policy`, its policy resolved once: what the name
+/// lookup of `check` costs.
+const RESOLVED: &str = "token_bucket_resolved";
+
+fn resolved_op(
+    limiter: &Tollgate,
+    name: &str,
+    strings: bool,
+    names: &Arc<Vec<String>>,
+    pick: impl Fn(usize, u64) -> usize + Copy + Send + Sync + 'static,
+) -> Op {
+    let limiter = limiter.clone();
+    let policy = limiter.policy(name).unwrap().clone();
+    if strings {
+        let names = Arc::clone(names);
+        Box::new(move |t, i| {
+            let d = now_or_never(limiter.check_policy(&policy, &names[pick(t, i)], 1));
+            black_box(d.map(|d| d.allowed).unwrap_or(false));
+        })
+    } else {
+        Box::new(move |t, i| {
+            let key = (pick(t, i) as u64).to_le_bytes();
+            let d = now_or_never(limiter.check_policy(&policy, key, 1));
+            black_box(d.map(|d| d.allowed).unwrap_or(false));
+        })
+    }
+}
+
 /// The contenders of one scenario, with every key already seen once (so a deny run denies).
 fn contenders(
     key_count: usize,
@@ -132,13 +190,25 @@ fn contenders(
     let names: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("api-key-{i:08}")).collect());
     let mut out: Vec<(&'static str, Op)> = Vec::new();
     for (name, quota) in quotas(admit) {
-        if only.is_some_and(|o| o != name) {
+        let plain = only.is_none_or(|o| o == name);
+        let resolved = name == "token_bucket" && only.is_none_or(|o| o == RESOLVED);
+        if !plain && !resolved {
             continue;
         }
+        // The keys of this scenario's shape only, as governor's limiter holds.
         let limiter = tollgate(name, quota);
         for k in 0..key_count {
-            now_or_never(limiter.check(name, &names[k], 1)).unwrap();
-            now_or_never(limiter.check(name, (k as u64).to_le_bytes(), 1)).unwrap();
+            if strings {
+                now_or_never(limiter.check(name, &names[k], 1)).unwrap();
+            } else {
+                now_or_never(limiter.check(name, (k as u64).to_le_bytes(), 1)).unwrap();
+            }
+        }
+        if resolved {
+            out.push((RESOLVED, resolved_op(&limiter, name, strings, &names, pick)));
+        }
+        if !plain {
+            continue;
         }
         let op: Op = if strings {
             let names = Arc::clone(&names);
@@ -197,49 +267,64 @@ fn env(name: &str, default: u64) -> u64 {
 fn interleaved(rounds: usize, per_round: u64, key_counts: &[usize]) {
     println!(
         "interleaved: median ns per decision over {rounds} rounds of {per_round} per thread; \
-         ratio = governor's time / this time"
+         ratio = governor's time / this time; cpu = CPU time of the threads per decision"
     );
     println!(
-        "{:<8}{:<10}{:<4}{:<7}{:<24}{:>9}{:>9}{:>8}",
-        "keys", "shape", "thr", "mode", "contender", "ns", "M/s", "ratio"
+        "{:<8}{:<10}{:<4}{:<7}{:<24}{:>9}{:>9}{:>8}{:>9}{:>8}",
+        "keys", "shape", "thr", "mode", "contender", "ns", "M/s", "ratio", "cpu-ns", "cpu-r"
     );
     for strings in [true, false] {
         for admit in [true, false] {
             for &key_count in key_counts {
                 for threads in [1, 2] {
-                    let contenders = contenders(key_count, admit, strings, None);
-                    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
+                    let only = std::env::var("TOLLGATE_BENCH_ONLY").ok();
+                    let contenders = contenders(key_count, admit, strings, None)
+                        .into_iter()
+                        .filter(|(name, _)| {
+                            *name == "governor"
+                                || only.as_deref().is_none_or(|o| name.starts_with(o))
+                        })
+                        .collect::<Vec<_>>();
+                    let mut wall: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
+                    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
+                    let ops = (per_round * threads as u64) as f64;
                     for _ in 0..rounds {
                         for (c, (_, op)) in contenders.iter().enumerate() {
-                            let elapsed = timed(threads, per_round, op.as_ref());
-                            let ops = (per_round * threads as u64) as f64;
-                            samples[c].push(elapsed.as_nanos() as f64 / ops);
+                            let timing = timed(threads, per_round, op.as_ref());
+                            wall[c].push(timing.wall.as_nanos() as f64 / ops);
+                            cpu[c].push(timing.cpu.as_nanos() as f64 / ops);
                         }
                     }
-                    let medians: Vec<f64> = samples
-                        .iter_mut()
-                        .map(|s| {
-                            s.sort_by(f64::total_cmp);
-                            s[s.len() / 2]
-                        })
-                        .collect();
-                    let governor_ns = medians[medians.len() - 1];
-                    for ((name, _), ns) in contenders.iter().zip(&medians) {
+                    let (wall, cpu) = (medians(wall), medians(cpu));
+                    let (governor_ns, governor_cpu) = (wall[wall.len() - 1], cpu[cpu.len() - 1]);
+                    for (((name, _), ns), cpu_ns) in contenders.iter().zip(&wall).zip(&cpu) {
                         println!(
-                            "{:<8}{:<10}{:<4}{:<7}{:<24}{ns:>9.1}{:>9.2}{:>8.2}",
+                            "{:<8}{:<10}{:<4}{:<7}{:<24}{ns:>9.1}{:>9.2}{:>8.2}{cpu_ns:>9.1}{:>8.2}",
                             if key_count == 1 { "1" } else { "100k" },
                             if strings { "String" } else { "u64" },
                             threads,
                             if admit { "admit" } else { "deny" },
                             name,
                             1e3 / ns * threads as f64,
-                            governor_ns / ns
+                            governor_ns / ns,
+                            governor_cpu / cpu_ns
                         );
                     }
                 }
             }
         }
     }
+}
+
+/// The median of each contender's samples.
+fn medians(samples: Vec<Vec<f64>>) -> Vec<f64> {
+    samples
+        .into_iter()
+        .map(|mut s| {
+            s.sort_by(f64::total_cmp);
+            s[s.len() / 2]
+        })
+        .collect()
 }
 
 /// Criterion on the hot key, one thread, String keys: the token bucket and governor.
@@ -251,7 +336,7 @@ fn criterion_hot_key() {
     for (name, op) in contenders(1, true, true, None) {
         if name == "token_bucket" || name == "governor" {
             group.bench_function(name, |b| {
-                b.iter_custom(|iters| timed(1, iters, op.as_ref()))
+                b.iter_custom(|iters| timed(1, iters, op.as_ref()).wall)
             });
         }
     }
@@ -271,8 +356,11 @@ fn profile(spec: &str) {
     let ops = env("TOLLGATE_BENCH_OPS", 1_000_000);
     for (contender, op) in contenders(key_count, mode == "admit", shape == "String", Some(name)) {
         if contender == name {
+            let (start, cpu_start) = (Instant::now(), thread_cpu());
             profiled_loop(op.as_ref(), ops);
-            println!("{ops} decisions of {spec}");
+            let ns = start.elapsed().as_nanos() as f64 / ops as f64;
+            let cpu = thread_cpu().saturating_sub(cpu_start).as_nanos() as f64 / ops as f64;
+            println!("{ops} decisions of {spec}: {ns:.1} ns each ({cpu:.1} ns on the CPU)");
         }
     }
 }

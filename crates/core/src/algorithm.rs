@@ -83,6 +83,7 @@ impl Divisor {
     }
 
     /// The divisor.
+    #[inline]
     pub(crate) fn get(self) -> u64 {
         self.d
     }

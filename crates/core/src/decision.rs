@@ -25,7 +25,7 @@ pub struct Verdict {
 
 impl Verdict {
     /// The decision for the policy named `policy`.
-    #[inline]
+    #[inline(always)]
     pub fn into_decision(self, policy: &'static str) -> Decision {
         Decision {
             policy,

@@ -20,6 +20,8 @@ pub struct Policy {
     name: &'static str,
     quota: Quota,
     fingerprint: u64,
+    /// The quota's [`max_cost`](Quota::max_cost), kept at hand for every check.
+    max_cost: u32,
     lease: Option<Lease>,
 }
 
@@ -41,6 +43,7 @@ impl Policy {
         let fingerprint = fnv1a(format!("{name}\u{0}{quota}").as_bytes());
         Ok(Policy {
             name: intern(name),
+            max_cost: quota.max_cost(),
             quota,
             fingerprint,
             lease: None,
@@ -61,23 +64,33 @@ impl Policy {
         self.lease.as_ref()
     }
 
+    /// The largest cost one request can have (the quota's [`max_cost`](Quota::max_cost)).
+    #[inline]
+    pub fn max_cost(&self) -> u32 {
+        self.max_cost
+    }
+
     /// The name.
+    #[inline]
     pub fn name(&self) -> &'static str {
         self.name
     }
 
     /// The name, as decisions carry it.
+    #[inline]
     pub fn shared_name(&self) -> &'static str {
         self.name
     }
 
     /// The quota.
+    #[inline]
     pub fn quota(&self) -> &Quota {
         &self.quota
     }
 
     /// A stable 64-bit digest of the name and the quota: the same in every process and
     /// version, so stores shared by several instances can use it in key names.
+    #[inline]
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
     }

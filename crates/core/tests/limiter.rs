@@ -175,3 +175,66 @@ async fn acquire_within_waits_for_other_algorithms() -> Result<(), Box<dyn std::
     );
     Ok(())
 }
+
+/// A memory store that yields once before each answer, so the limiter takes its path for stores
+/// that wait.
+struct Yielding(MemoryStore);
+
+impl tollgate::Store for Yielding {
+    async fn apply(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> Result<tollgate::Decisions, tollgate::StoreError> {
+        tokio::task::yield_now().await;
+        Ok(self.0.apply_now(now, checks))
+    }
+
+    async fn refund(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> Result<(), tollgate::StoreError> {
+        tokio::task::yield_now().await;
+        self.0.refund_now(now, checks);
+        Ok(())
+    }
+}
+
+/// `check_policy` with a policy resolved once decides exactly as `check` by name, on an
+/// immediate store and on one that waits, through admits, denials, refills and errors.
+#[tokio::test]
+async fn check_policy_decides_as_check_by_name() -> Result<(), Box<dyn std::error::Error>> {
+    let clock = ManualClock::new(START);
+    let by_name = limiter(&clock)?;
+    let resolved = limiter(&clock)?;
+    let policies: Vec<Policy> = limiter(&clock)?.policies().cloned().collect();
+    let waiting = Limiter::builder()
+        .store(Yielding(MemoryStore::new()))
+        .clock(clock.clone())
+        .policies(policies.clone())
+        .build()?;
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    for step in 0..600 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let policy = &policies[(seed % 3) as usize];
+        let key = format!("k{}", (seed >> 8) % 4);
+        let cost = ((seed >> 16) % 5) as u32;
+        let expected = by_name.check(policy.name(), &key, cost).await;
+        let handle = resolved.policy(policy.name()).ok_or("policy")?;
+        let got = resolved.check_policy(handle, &key, cost).await;
+        let got_waiting = waiting.check_policy(policy, &key, cost).await;
+        assert_eq!(format!("{got:?}"), format!("{expected:?}"), "step {step}");
+        assert_eq!(
+            format!("{got_waiting:?}"),
+            format!("{expected:?}"),
+            "step {step}"
+        );
+        if seed % 4 == 0 {
+            clock.advance(Duration::from_millis((seed >> 24) % 700));
+        }
+    }
+    Ok(())
+}

@@ -71,6 +71,7 @@ impl LeakyBucket {
     }
 
     /// The most that can be admitted at once: one departing plus `queue` waiting.
+    #[inline]
     pub fn burst(&self) -> u32 {
         self.queue + 1
     }
@@ -81,6 +82,7 @@ impl LeakyBucket {
     }
 
     /// How many more unit requests fit when the bucket's last slot ends at `end`.
+    #[inline]
     fn room(&self, end: u64, now: u64) -> u64 {
         let depth = u64::from(self.burst()) * self.interval;
         let backlog = end.saturating_sub(now);
@@ -97,6 +99,9 @@ impl LeakyBucket {
 impl Algorithm for LeakyBucket {
     type State = LeakyBucketState;
 
+    // Always inlined: the memory store's check path is large enough that the compiler would
+    // otherwise call it (about 20 instructions more per check, callgrind).
+    #[inline(always)]
     fn evaluate(&self, state: &mut LeakyBucketState, now: Timestamp, cost: u32) -> Verdict {
         let now = now.as_micros();
         let start = state.next_free.max(now);
@@ -133,6 +138,7 @@ impl Algorithm for LeakyBucket {
         }
     }
 
+    #[inline(always)]
     fn commit(&self, state: &mut LeakyBucketState, now: Timestamp, cost: u32) {
         state.next_free = state.next_free.max(now.as_micros()) + u64::from(cost) * self.interval;
     }

@@ -74,6 +74,9 @@ impl TokenBucket {
 impl Algorithm for TokenBucket {
     type State = TokenBucketState;
 
+    // Always inlined: the memory store's check path is large enough that the compiler would
+    // otherwise call it (about 20 instructions more per check, callgrind).
+    #[inline(always)]
     fn evaluate(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) -> Verdict {
         let now = now.as_micros();
         let tat = state.tat.max(now);
@@ -106,6 +109,7 @@ impl Algorithm for TokenBucket {
         }
     }
 
+    #[inline(always)]
     fn commit(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) {
         state.tat = state.tat.max(now.as_micros()) + u64::from(cost) * self.interval;
     }

@@ -218,7 +218,7 @@ impl PolicyTable {
     }
 
     /// Decides under the shared lock: a compare-and-swap loop on the key's word.
-    #[inline]
+    #[inline(always)]
     fn try_packed<A: Packed>(
         &self,
         alg: &A,
@@ -356,6 +356,10 @@ impl Shard {
 
     #[inline]
     fn table(&self, fingerprint: u64) -> Option<&PolicyTable> {
+        // Most stores hold a handful of policies: comparing them beats a search.
+        if self.tables.len() <= 4 {
+            return self.tables.iter().find(|t| t.fingerprint == fingerprint);
+        }
         self.table_index(fingerprint).map(|i| &self.tables[i])
     }
 
@@ -375,7 +379,7 @@ impl Shard {
     }
 
     /// Decides a known key under the shared lock, or says the exclusive lock is needed.
-    #[inline]
+    #[inline(always)]
     pub(super) fn try_shared(
         &self,
         policy: &Policy,
