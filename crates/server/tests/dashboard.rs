@@ -160,7 +160,14 @@ fn the_dashboard_shows_live_decisions_and_changes_an_override_through_its_form()
     );
 
     if let Some(path) = std::env::var_os("TOLLGATE_DASHBOARD_SCREENSHOT") {
-        let shot = page.call("Page.captureScreenshot", json!({"format": "png"}));
+        let metrics = page.call("Page.getLayoutMetrics", json!({}));
+        let size = &metrics["cssContentSize"];
+        let clip =
+            json!({"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1});
+        let shot = page.call(
+            "Page.captureScreenshot",
+            json!({"format": "png", "captureBeyondViewport": true, "clip": clip}),
+        );
         let png = base64::engine::general_purpose::STANDARD
             .decode(shot["data"].as_str().unwrap_or_default())
             .unwrap();
