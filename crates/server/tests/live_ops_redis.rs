@@ -267,3 +267,130 @@ async fn an_overridden_key_is_decided_in_redis_as_in_memory() {
         );
     }
 }
+
+/// What Redis runs, as `MONITOR` shows it: the commands clients send (not those scripts run).
+struct Monitor {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    port: u16,
+}
+
+impl Monitor {
+    fn start(port: u16) -> Monitor {
+        let mut child = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "MONITOR"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("redis-cli: {e}; install it with `apt-get install redis-tools` (scripts/test.sh does)"));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let first = lines.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(first, "OK");
+        Monitor { child, lines, port }
+    }
+
+    /// The commands clients sent since the start, as lines like
+    /// `"EVALSHA" "abc..." "1" "tollgate:..."`, up to a marker this sends last.
+    fn commands(mut self) -> Vec<String> {
+        let marker = "end-of-the-measured-decisions";
+        let echoed = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "ECHO", marker])
+            .output()
+            .unwrap();
+        assert!(echoed.status.success());
+        let mut sent = Vec::new();
+        loop {
+            let line = self.lines.recv_timeout(Duration::from_secs(10)).unwrap();
+            if line.contains(marker) {
+                break;
+            }
+            // `1700000000.123456 [0 127.0.0.1:53412] "GET" "..."`; scripts' own are `[0 lua]`.
+            if let Some((_, command)) = line.split_once("] ")
+                && !line.contains(" lua] ")
+            {
+                sent.push(command.to_owned());
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        sent
+    }
+}
+
+#[tokio::test]
+async fn overridden_keys_cost_no_extra_redis_round_trip() {
+    let redis = redis();
+    let text = format!(
+        "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout = \"2s\"\n\n[[policy]]\nname = \"api\"\nlimit = 100000\nwindow = \"1m\"\nkey = [\"ip\"]\n",
+        redis.port
+    );
+    let s = start_text(&text).await;
+    let r = send(
+        "PUT",
+        &s.admin_url("/v1/overrides/api/ip:203.0.113.5"),
+        &[],
+        json!({"limit": 50000, "reason": "cost test"}).to_string(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    const N: u64 = 200;
+    // As many decisions for a key without an override as for one with: the clients send
+    // Redis as many commands for both, and the overrides' version polls follow the clock
+    // (one per 250 ms), not the decisions.
+    let mut decisions_sent = Vec::new();
+    for ip in ["198.51.100.1", "203.0.113.5"] {
+        let check = format!(r#"{{"path":"/v1/x","ip":"{ip}"}}"#);
+        post_json(&s.url("/v1/check"), &check).await;
+        let monitor = Monitor::start(redis.port);
+        let started = Instant::now();
+        for _ in 0..N {
+            let r = post_json(&s.url("/v1/check"), &check).await;
+            assert_eq!(r.status, StatusCode::OK);
+        }
+        let polls_at_most = started.elapsed().as_millis() as u64 / 250 + 2;
+        let sent = monitor.commands();
+        let (polls, others): (Vec<&String>, Vec<&String>) = sent
+            .iter()
+            .partition(|c| c.starts_with("\"GET\"") && c.contains("{overrides}:version"));
+        assert!(
+            polls.len() as u64 <= polls_at_most,
+            "{} version polls for {N} decisions",
+            polls.len()
+        );
+        assert!(
+            others.len() as u64 <= N,
+            "{} commands: {others:#?}",
+            others.len()
+        );
+        println!(
+            "{ip}: {} commands for {N} decisions, {} version polls",
+            others.len(),
+            polls.len()
+        );
+        decisions_sent.push(others.len());
+        let limit = if ip == "203.0.113.5" {
+            "50000"
+        } else {
+            "100000"
+        };
+        let r = post_json(&s.url("/v1/check"), &check).await;
+        assert_eq!(r.header("x-ratelimit-limit"), Some(limit));
+    }
+    assert_eq!(
+        decisions_sent[0], decisions_sent[1],
+        "commands sent for {N} decisions: without an override, with one"
+    );
+    s.stop().await;
+}
