@@ -160,6 +160,11 @@ fn the_dashboard_shows_live_decisions_and_changes_an_override_through_its_form()
     );
 
     if let Some(path) = std::env::var_os("TOLLGATE_DASHBOARD_SCREENSHOT") {
+        // Half a minute of history, for a chart worth showing.
+        page.eval_until(
+            &format!("Number({CARD}.dataset.samples) >= 30"),
+            Duration::from_secs(90),
+        );
         let metrics = page.call("Page.getLayoutMetrics", json!({}));
         let size = &metrics["cssContentSize"];
         let clip =
