@@ -6,8 +6,8 @@
 # client test; openssl for the Redis TLS test; grpcio and grpcio-tools, in a virtual environment
 # under target/, for the Envoy test's Python gRPC client; nginx, Caddy and Traefik for the
 # forward-auth recipes; cargo-deb for the Debian package test; chromium for the replay report's
-# and the dashboard's browser tests), then runs every test, example and benchmark build of the workspace, and the doc
-# tests. No test installs anything itself.
+# and the dashboard's browser tests), then runs every test, example and benchmark build of the
+# workspace, and the doc tests. No test installs anything itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
