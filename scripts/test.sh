@@ -6,8 +6,8 @@
 # client test; openssl for the Redis TLS test; grpcio and grpcio-tools, in a virtual environment
 # under target/, for the Envoy test's Python gRPC client; nginx, Caddy and Traefik for the
 # forward-auth recipes; cargo-deb for the Debian package test; chromium for the replay report's
-# browser test), then runs every test, example and benchmark build of the workspace, and the doc
-# tests. No test installs anything itself.
+# and the dashboard's browser tests), then runs every test, example and benchmark build of the
+# workspace, and the doc tests. No test installs anything itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +21,8 @@ command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 # The nginx forward-auth test runs Debian's nginx (it has the auth_request module).
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
-# The replay's HTML report is opened in headless Chromium (crates/replay/tests/browser.rs).
+# Headless Chromium opens the replay's HTML report (crates/replay/tests/browser.rs) and the
+# admin dashboard (crates/server/tests/dashboard.rs), over the DevTools protocol.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"

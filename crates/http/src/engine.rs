@@ -37,6 +37,9 @@ use tollgate::headers::t_secs;
 
 mod queue;
 pub use queue::QueueTicket;
+pub(crate) mod overrides;
+
+use overrides::{KeyOverride, Overrides};
 
 /// The key a request without one is counted under (per policy), unless the policy requires a
 /// key. Selector keys always contain a `:`, so no request can claim this one.
@@ -213,6 +216,8 @@ struct Inner<S, C> {
     reads_path: bool,
     /// The request headers a decision can read (see [`Engine::headers_read`]).
     headers_read: Vec<HeaderName>,
+    /// Per-key quotas in place of the policies' own.
+    overrides: Overrides,
 }
 
 impl<S, C> fmt::Debug for Inner<S, C> {
@@ -465,6 +470,7 @@ impl<S, C> EngineBuilder<S, C> {
                 ipv6_prefix: self.ipv6_prefix,
                 fail_mode: self.fail_mode,
                 resolve_ip,
+                overrides: Overrides::default(),
             }),
         })
     }
@@ -475,6 +481,8 @@ impl<S, C> EngineBuilder<S, C> {
 struct Entry {
     index: usize,
     key: KeyBuf,
+    /// The key's override of the policy's quota, when it has one.
+    over: Option<Arc<KeyOverride>>,
 }
 
 /// The synchronous half of an evaluation: which policies match and the keys. Owns its data, so
@@ -502,6 +510,13 @@ impl Prepared {
     /// Whether no policy applies (the request passes untouched, without headers).
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty() && self.refusal.is_none()
+    }
+
+    /// Each matching policy (its index among the engine's policies, in order) with the key the
+    /// request is counted under, as the store sees it: credentials appear as their keyed hash.
+    /// In the order of the outcome's decisions.
+    pub fn keys(&self) -> impl Iterator<Item = (usize, &[u8])> {
+        self.entries.iter().map(|e| (e.index, &e.key[..]))
     }
 }
 
@@ -692,6 +707,16 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// request through the layer gets, `Retry-After` included when denied. Empty when a decision
     /// comes from a policy this engine does not have.
     pub fn headers_for(&self, decisions: &Decisions) -> RateLimitHeaders {
+        self.headers_for_overridden(decisions, &[])
+    }
+
+    /// [`headers_for`](Self::headers_for) decisions of which the i-th was made under the
+    /// override `overrides[i]` when there is one (see [`Engine::key_override`]).
+    pub fn headers_for_overridden(
+        &self,
+        decisions: &Decisions,
+        overrides: &[Option<Arc<KeyOverride>>],
+    ) -> RateLimitHeaders {
         let indexes: SmallVec<[usize; 4]> = decisions
             .as_slice()
             .iter()
@@ -705,7 +730,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         if indexes.len() != decisions.len() {
             return RateLimitHeaders::default();
         }
-        let mut headers = self.render_at(decisions, &indexes);
+        let mut headers = self.render_at(decisions, &indexes, overrides);
         if !decisions.allowed()
             && let Some((_, field)) = self.retry_after_at(decisions, &headers, &indexes)
         {
@@ -782,9 +807,19 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 key.clear();
                 key.extend_from_slice(ANONYMOUS_KEY);
             }
-            prepared.entries.push(Entry { index, key });
+            let over = self.live_override(index, &key);
+            prepared.entries.push(Entry { index, key, over });
         }
         prepared
+    }
+
+    /// The override of `key` under the policy at `index`, if one applies now. The clock is
+    /// read only for a key that has one.
+    #[inline]
+    fn live_override(&self, index: usize, key: &[u8]) -> Option<Arc<KeyOverride>> {
+        let over = self.inner.overrides.get(index, key)?;
+        over.applies_at(self.inner.limiter.clock().now())
+            .then_some(over)
     }
 
     /// Matches, selects keys and decides.
@@ -796,6 +831,12 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// Decides a prepared request: one all-or-nothing `check_all` over every matching policy.
     pub async fn decide(&self, prepared: Prepared) -> Outcome<S, C> {
         self.decide_ref(&prepared).await
+    }
+
+    /// [`decide`](Self::decide), leaving the prepared request with the caller, who can read its
+    /// [`keys`](Prepared::keys) next to the decisions (the server's top-keys sketches do).
+    pub async fn decide_prepared(&self, prepared: &Prepared) -> Outcome<S, C> {
+        self.decide_ref(prepared).await
     }
 
     /// Decides a prepared request without awaiting, when the store answers at once (the memory
@@ -854,7 +895,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         render(
             &self.inner.headers,
             now,
-            &[(&decision, &compiled.text)],
+            &[(&decision, self.text(entry))],
             &mut headers,
         );
         Some(self.outcome(decisions, headers, Verdict::Pass))
@@ -1007,7 +1048,16 @@ impl<S: Store, C: Clock> Engine<S, C> {
 
     fn check<'e>(&'e self, entry: &'e Entry) -> Check<'e> {
         let http = &self.inner.policies[entry.index].http;
-        Check::new(&http.policy, &entry.key, http.cost)
+        let policy = entry.over.as_ref().map_or(&http.policy, |o| &o.policy);
+        Check::new(policy, &entry.key, http.cost)
+    }
+
+    /// The header text of the quota `entry` is decided under: its override's, or its policy's.
+    fn text<'e>(&'e self, entry: &'e Entry) -> &'e PolicyHeaders {
+        match &entry.over {
+            Some(over) => &over.text,
+            None => &self.inner.policies[entry.index].text,
+        }
     }
 
     fn action(&self, entry: &Entry) -> Action {
@@ -1019,23 +1069,42 @@ impl<S: Store, C: Clock> Engine<S, C> {
     }
 
     fn render(&self, decisions: &Decisions, entries: &[Entry]) -> HeaderList {
-        let indexes: SmallVec<[usize; 4]> = entries.iter().map(|e| e.index).collect();
-        self.render_at(decisions, &indexes)
+        let items: SmallVec<[(&Decision, &PolicyHeaders); 4]> = decisions
+            .as_slice()
+            .iter()
+            .zip(entries.iter())
+            .map(|(d, e)| (d, self.text(e)))
+            .collect();
+        self.render_items(&items)
     }
 
-    /// The headers for `decisions`, the i-th made by the policy at `indexes[i]`.
-    fn render_at(&self, decisions: &Decisions, indexes: &[usize]) -> HeaderList {
+    /// The headers for `decisions`, the i-th made by the policy at `indexes[i]`, under the
+    /// quota `overrides[i]` when there is one.
+    fn render_at(
+        &self,
+        decisions: &Decisions,
+        indexes: &[usize],
+        overrides: &[Option<Arc<KeyOverride>>],
+    ) -> HeaderList {
         let items: SmallVec<[(&Decision, &PolicyHeaders); 4]> = decisions
             .as_slice()
             .iter()
             .zip(indexes.iter())
-            .map(|(d, &i)| (d, &self.inner.policies[i].text))
+            .enumerate()
+            .map(|(n, (d, &i))| match overrides.get(n) {
+                Some(Some(over)) => (d, &over.text),
+                _ => (d, &self.inner.policies[i].text),
+            })
             .collect();
+        self.render_items(&items)
+    }
+
+    fn render_items(&self, items: &[(&Decision, &PolicyHeaders)]) -> HeaderList {
         let mut headers = HeaderList::new();
         render(
             &self.inner.headers,
             self.inner.limiter.clock().now(),
-            &items,
+            items,
             &mut headers,
         );
         headers

@@ -73,6 +73,7 @@ mod route;
 
 pub use cidr::{Cidr, TrustedProxies};
 pub use client_ip::ForwardedHeader;
+pub use engine::overrides::{KeyOverride, OverrideError, QuotaFields};
 pub use engine::{
     ANONYMOUS_KEY, Action, Answer, DEFAULT_MAX_DELAY, Engine, EngineBuilder, FailMode, Hold,
     HttpPolicy, Outcome, Prepared, QueueTicket, RateLimitHeaders, Verdict,

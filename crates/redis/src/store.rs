@@ -24,6 +24,7 @@ mod calls;
 mod connection;
 mod failure;
 mod leased;
+mod overrides;
 
 use connection::{Connection, classify};
 

@@ -1,8 +1,12 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz`, `/readyz` (store reachable),
-//! `/v1/policies`, and the queues' dead letters under `/v1/queues` (`admin/queue.rs`), behind an
-//! optional bearer token.
+//! `/v1/policies`, the live operations (`/v1/top`, `/v1/overrides`, `/v1/stats`), the dashboard
+//! at `/`, and the queues' dead letters under `/v1/queues` (`admin/queue.rs`), behind an optional
+//! bearer token.
 
+mod dashboard;
+pub(crate) mod overrides;
 mod queue;
+pub(crate) mod top;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,6 +19,7 @@ use tollgate::Quota;
 
 use crate::Shared;
 use crate::config::PolicyConfig;
+use crate::engine::Engine;
 use crate::response::{Body, json_response, problem, text};
 
 pub(crate) async fn handle(
@@ -22,6 +27,12 @@ pub(crate) async fn handle(
     _peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Response<Body> {
+    let read = req.method() == Method::GET || req.method() == Method::HEAD;
+    // The page and its script hold no data: served without the token, which the page asks
+    // for and sends with each of its own requests (a browser cannot add it to a navigation).
+    if read && let Some(asset) = dashboard::asset(req.uri().path()) {
+        return asset;
+    }
     let engine = shared.engine();
     if let Some(token) = &engine.config().admin_token {
         let given = req
@@ -39,15 +50,29 @@ pub(crate) async fn handle(
                 .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return res;
         }
+    } else if !read && !engine.config().admin_listen.ip().is_loopback() {
+        return problem(
+            StatusCode::FORBIDDEN,
+            "Writes need the admin token",
+            Some(
+                "the admin listener is not loopback-only: set [admin] token to change overrides or queues \
+                 through it",
+            ),
+        );
     }
-    let path = req.uri().path();
+    let path = req.uri().path().to_owned();
     if path == "/v1/queues" || path.starts_with("/v1/queues/") {
-        return queue::handle(&shared, req.method(), path, req.uri().query()).await;
+        return queue::handle(&shared, req.method(), &path, req.uri().query()).await;
     }
-    if req.method() != Method::GET && req.method() != Method::HEAD {
+    if let Some(rest) = path.strip_prefix("/v1/overrides")
+        && (rest.is_empty() || rest.starts_with('/'))
+    {
+        return overrides::handle(&shared, rest, req).await;
+    }
+    if !read {
         return problem(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed", None);
     }
-    match req.uri().path() {
+    match path.as_str() {
         "/metrics" => {
             let mut res = text(
                 StatusCode::OK,
@@ -70,15 +95,196 @@ pub(crate) async fn handle(
             ),
         },
         "/v1/policies" => {
-            let list: Vec<Value> = engine.config().policies.iter().map(policy_json).collect();
+            let now = top::unix_secs();
+            let overrides = shared.overrides.list(now);
+            let list: Vec<Value> = engine
+                .config()
+                .policies
+                .iter()
+                .map(|p| {
+                    let mut v = policy_json(p);
+                    let mine: Vec<Value> = overrides
+                        .iter()
+                        .filter(|(r, _)| r.policy == p.name())
+                        .map(|(r, inactive)| overrides::record_json(&engine, r, inactive.clone()))
+                        .collect();
+                    if let Some(o) = v.as_object_mut() {
+                        o.insert("overrides".into(), Value::from(mine));
+                    }
+                    v
+                })
+                .collect();
             json_response(StatusCode::OK, &json!({ "policies": list }))
         }
+        "/v1/top" => top_response(&shared, &engine, req.uri().query().unwrap_or("")),
+        "/v1/stats" => stats(&shared, &engine).await,
         _ => problem(
             StatusCode::NOT_FOUND,
             "Not found",
-            Some("admin serves /metrics, /healthz, /readyz, /v1/policies and /v1/queues"),
+            Some(
+                "admin serves /metrics, /healthz, /readyz, /v1/policies, /v1/top, /v1/overrides, \
+                 /v1/stats, /v1/queues and the dashboard at /",
+            ),
         ),
     }
+}
+
+/// `GET /v1/top?policy=NAME&n=20`: without `policy`, every policy.
+fn top_response(shared: &Shared, engine: &Engine, query: &str) -> Response<Body> {
+    let mut policy = None;
+    let mut n = 20;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
+        match name {
+            "policy" => policy = Some(value.into_owned()),
+            "n" => match value.parse::<usize>() {
+                Ok(v) if (1..=top::CAPACITY).contains(&v) => n = v,
+                _ => return overrides::bad_field("n", "must be a whole number from 1 to 128"),
+            },
+            other => {
+                return overrides::bad_field(other, "unknown parameter; use policy and n");
+            }
+        }
+    }
+    let names: Vec<&str> = match &policy {
+        Some(p) => match engine.policy(p) {
+            Some(pc) => vec![pc.name()],
+            None => {
+                return problem(
+                    StatusCode::NOT_FOUND,
+                    "Unknown policy",
+                    Some(&format!(
+                        "no policy named {:?}",
+                        p.chars().take(128).collect::<String>()
+                    )),
+                );
+            }
+        },
+        None => engine.config().policies.iter().map(|p| p.name()).collect(),
+    };
+    let scope = match engine.store() {
+        crate::store::AnyStore::Memory(_) => {
+            "this instance: with the memory store, its decisions are all there are"
+        }
+        crate::store::AnyStore::Redis(_) => {
+            "this instance only: instances sharing the Redis store each count their own \
+             decisions; ask each one"
+        }
+    };
+    let mut views: Vec<Value> = names
+        .iter()
+        .map(|name| top_json(name, &shared.metrics.top.policy(name).read(n)))
+        .collect();
+    let mut body = match (&policy, views.len()) {
+        (Some(_), 1) => views.pop().unwrap_or_default(),
+        _ => json!({ "policies": views }),
+    };
+    if let Some(o) = body.as_object_mut() {
+        o.insert("scope".into(), Value::from(scope));
+        o.insert(
+            "sketch".into(),
+            json!({
+                "algorithm": "space-saving",
+                "counters_per_sketch": top::CAPACITY,
+                "period_seconds": top::PERIOD_SECS,
+                "error": "a key's true count is within [count - error, count]; a key not \
+                          listed had at most error_bound",
+            }),
+        );
+    }
+    json_response(StatusCode::OK, &body)
+}
+
+fn top_json(policy: &str, view: &top::TopView) -> Value {
+    let since = top::TopKeys::since_secs(view);
+    let counted = |c: &top::Counted| {
+        json!({
+            "total": c.total,
+            "error_bound": c.error_bound,
+            "keys": c.keys.iter().map(|k| json!({
+                "key": key_text(&k.key),
+                "count": k.count,
+                "error": k.error,
+            })).collect::<Vec<_>>(),
+        })
+    };
+    json!({
+        "policy": policy,
+        "since": overrides::rfc3339(since),
+        "window_seconds": top::unix_secs().saturating_sub(since),
+        "denied": counted(&view.denied),
+        "requests": counted(&view.requests),
+    })
+}
+
+/// A store key as text: as it is when it is UTF-8 (every key the HTTP engine makes is:
+/// credentials already appear as their keyed hash), else `sha256:<hex>` (a `/v1/check` key of
+/// more than 256 bytes, which the store keeps as its SHA-256).
+fn key_text(key: &[u8]) -> String {
+    match std::str::from_utf8(key) {
+        Ok(s) => s.to_owned(),
+        Err(_) => {
+            let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+            format!("sha256:{hex}")
+        }
+    }
+}
+
+/// `GET /v1/stats`: what the dashboard polls: decision counters per policy, store health, and
+/// how many overrides there are.
+async fn stats(shared: &Shared, engine: &Engine) -> Response<Body> {
+    let counts = shared.metrics.decision_counts();
+    let policies: Vec<Value> = engine
+        .config()
+        .policies
+        .iter()
+        .map(|p| {
+            let c = counts
+                .iter()
+                .find(|(name, _)| name == p.name())
+                .map_or([0; 4], |(_, c)| *c);
+            json!({
+                "name": p.name(),
+                "action": p.action.as_str(),
+                "quota": p.policy.quota().to_string(),
+                "allowed": c[0], "denied": c[1], "shadow": c[2], "fail_open": c[3],
+            })
+        })
+        .collect();
+    let ready = engine.store().ready().await;
+    let mut store = json!({
+        "kind": match engine.store() {
+            crate::store::AnyStore::Memory(_) => "memory",
+            crate::store::AnyStore::Redis(_) => "redis",
+        },
+        "ready": ready.is_ok(),
+        "error": ready.err().map(|e| e.to_string()),
+        "keys_tracked": engine.store().keys_tracked(),
+    });
+    if let (Some(r), Some(o)) = (engine.store().redis_stats(), store.as_object_mut()) {
+        o.insert(
+            "redis".into(),
+            json!({
+                "script_calls": r.script_calls, "fallbacks": r.fallbacks,
+                "deny_cache_hits": r.deny_cache_hits, "leased": r.leased, "errors": r.errors,
+            }),
+        );
+    }
+    let (reloads_ok, reloads_failed) = shared.metrics.reloads();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "time_ms": u64::try_from(now_ms).unwrap_or(u64::MAX),
+            "policies": policies,
+            "store": store,
+            "overrides": { "count": engine.http().override_count(), "shared": overrides::sharing(shared) },
+            "reloads": { "ok": reloads_ok, "failed": reloads_failed },
+        }),
+    )
 }
 
 fn policy_json(p: &PolicyConfig) -> Value {

@@ -18,7 +18,7 @@ use tollgate_http::RequestInfo;
 
 use crate::Shared;
 use crate::config::Action;
-use crate::engine::{Engine, Verdict};
+use crate::engine::{Engine, KeyCheck, Verdict};
 use crate::response::{Body, decision_json, full, json_response, problem, text};
 
 /// The largest `/v1/check` body accepted.
@@ -105,11 +105,10 @@ async fn check_by_policy(engine: &Engine, obj: &serde_json::Map<String, Value>) 
             )),
         );
     };
-    let decisions = match engine.check_one(pc, key.as_bytes(), cost).await {
-        Ok(Some(d)) => d,
-        Ok(None) => {
+    let (decisions, headers) = match engine.check_one(pc, key.as_bytes(), cost).await {
+        Ok(KeyCheck::Decided(d, headers)) => (d, headers),
+        Ok(KeyCheck::NeverAdmissible(q)) => {
             // Never admissible: denied, and no retry_after, which would lie.
-            let q = pc.policy.quota();
             let body = json!({"allowed": false, "policy": pc.name(), "limit": q.limit(),
                 "remaining": 0, "reset": q.window().as_secs(), "retry_after": null,
                 "delay": null, "action": pc.action.as_str(),
@@ -138,7 +137,7 @@ async fn check_by_policy(engine: &Engine, obj: &serde_json::Map<String, Value>) 
     };
     let mut res = json_response(status, &body);
     if !shadow {
-        engine.headers_for(&decisions).apply(res.headers_mut());
+        headers.apply(res.headers_mut());
     }
     res
 }

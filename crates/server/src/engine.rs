@@ -1,7 +1,7 @@
 //! One configuration generation, ready to decide: the HTTP policy engine of `tollgate-http`
-//! (routes, key selectors, JWT, trusted proxies, headers, 429/401) over the server's store, plus
-//! the metrics. Rebuilt on every reload over the same store, so unchanged policies keep their
-//! counters.
+//! (routes, key selectors, JWT, trusted proxies, headers, 429/401, per-key overrides) over the
+//! server's store, plus the metrics and the top-keys sketches. Rebuilt on every reload over the
+//! same store, so unchanged policies keep their counters.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,11 +10,12 @@ use hyper::HeaderMap;
 use hyper::header::HeaderName;
 use sha2::{Digest, Sha256};
 use tollgate::store::Check;
-use tollgate::{Clock, Decision, Decisions, Error, Store, SystemClock};
+use tollgate::{Clock, Decision, Decisions, Error, Quota, Store, SystemClock};
 use tollgate_http::{
     FailMode, HeaderConfig, NormalizedPath, RateLimitHeaders, RequestInfo, RetryAfterFormat,
 };
 
+use crate::admin::top::PolicyTop;
 use crate::config::{Action, Config, OnError, PolicyConfig, ResetFormat};
 use crate::metrics::{Metrics, Outcome, PolicyCounters};
 use crate::response::policy_name;
@@ -93,9 +94,30 @@ pub struct Engine {
     config: Arc<Config>,
     http: HttpEngine,
     metrics: Arc<Metrics>,
-    /// Each policy's name, whether it is shadow, and its decision counters, resolved once here
-    /// rather than by a locked map lookup per decision.
-    counters: Vec<(String, bool, Arc<PolicyCounters>)>,
+    /// Each policy's statistics, in policy order, resolved once here rather than by a locked
+    /// map lookup per decision.
+    stats: Vec<PolicyStats>,
+}
+
+/// What one policy's decisions are counted in.
+#[derive(Debug)]
+struct PolicyStats {
+    shadow: bool,
+    counters: Arc<PolicyCounters>,
+    top: Arc<PolicyTop>,
+}
+
+/// The answer to a check of one key by policy name.
+#[derive(Debug)]
+// Made and taken apart once per `/v1/check` by name: boxing the large variant would add an
+// allocation to every such check to save a move.
+#[allow(clippy::large_enum_variant)]
+pub enum KeyCheck {
+    /// Decided: the decision (one) and its rate-limit headers, under the key's override when it
+    /// has one.
+    Decided(Decisions, RateLimitHeaders),
+    /// The cost exceeds what `quota` (the policy's, or the key's override) can ever admit.
+    NeverAdmissible(Quota),
 }
 
 impl Engine {
@@ -105,19 +127,17 @@ impl Engine {
         store: AnyStore,
         metrics: Arc<Metrics>,
     ) -> Result<Engine, tollgate_http::ConfigError> {
-        let counters = config
+        let stats = config
             .policies
             .iter()
-            .map(|pc| {
-                (
-                    pc.name().to_owned(),
-                    pc.action == Action::Shadow,
-                    metrics.policy_counters(pc.name()),
-                )
+            .map(|pc| PolicyStats {
+                shadow: pc.action == Action::Shadow,
+                counters: metrics.policy_counters(pc.name()),
+                top: metrics.top.policy(pc.name()),
             })
             .collect();
         Ok(Engine {
-            counters,
+            stats,
             http: http_engine(&config, store, SystemClock::new())?,
             config,
             metrics,
@@ -141,7 +161,8 @@ impl Engine {
             .find(|h| h.as_str().eq_ignore_ascii_case(name))
     }
 
-    /// The HTTP engine (the proxy's queue path charges and refunds through it).
+    /// The HTTP engine (the proxy's queue path charges and refunds through it; overrides are
+    /// installed into it).
     pub(crate) fn http(&self) -> &HttpEngine {
         &self.http
     }
@@ -183,7 +204,7 @@ impl Engine {
         let prepared = self.http.prepare(info);
         let matched = !prepared.is_empty();
         let started = Instant::now();
-        let outcome = self.http.decide(prepared).await;
+        let outcome = self.http.decide_prepared(&prepared).await;
         if matched {
             self.metrics.latency(started.elapsed());
         }
@@ -208,22 +229,24 @@ impl Engine {
             Verdict::Hold(_) => self.metrics.delayed(),
             _ => {}
         }
-        self.count(&decisions);
+        self.count(&decisions, prepared.keys());
         (decisions, headers, verdict, fail_open)
     }
 
-    /// Checks `key` against one named policy for `cost` (`/v1/check` by policy). `None`: the
-    /// cost exceeds what the quota can ever admit.
+    /// Checks `key` against one named policy for `cost` (`/v1/check` by policy), under the
+    /// key's override when it has one.
     pub async fn check_one(
         &self,
         pc: &PolicyConfig,
         key: &[u8],
         cost: u32,
-    ) -> Result<Option<Decisions>, Error> {
-        if cost > pc.policy.quota().max_cost() {
-            self.metrics.decision(pc.name(), Outcome::Denied);
-            return Ok(None);
-        }
+    ) -> Result<KeyCheck, Error> {
+        let index = self
+            .config
+            .policies
+            .iter()
+            .position(|p| p.name() == pc.name())
+            .ok_or_else(|| Error::UnknownPolicy(pc.name().to_owned()))?;
         let hashed;
         let key = if key.len() > MAX_RAW_KEY {
             hashed = Sha256::digest(key);
@@ -231,17 +254,24 @@ impl Engine {
         } else {
             key
         };
+        let over = self.http.key_override(pc.name(), key);
+        let policy = over.as_ref().map_or(&pc.policy, |o| o.policy());
+        if cost > policy.quota().max_cost() {
+            self.count_one(index, key, Outcome::Denied);
+            return Ok(KeyCheck::NeverAdmissible(policy.quota().clone()));
+        }
         let started = Instant::now();
         let d = self
             .http
             .limiter()
-            .check_all(&[Check::new(&pc.policy, key, cost)])
+            .check_all(&[Check::new(policy, key, cost)])
             .await;
         self.metrics.latency(started.elapsed());
         match d {
             Ok(d) => {
-                self.count(&d);
-                Ok(Some(d))
+                self.count(&d, std::iter::once((index, key)));
+                let headers = self.http.headers_for_overridden(&d, &[over]);
+                Ok(KeyCheck::Decided(d, headers))
             }
             Err(e) => {
                 self.metrics.store_error();
@@ -256,20 +286,37 @@ impl Engine {
             .is_none_or(|p| p.action != Action::Shadow)
     }
 
-    fn count(&self, decisions: &Decisions) {
-        for d in decisions {
-            let name = policy_name(d);
-            let known = self.counters.iter().find(|(n, ..)| n == name);
-            let shadow = known.map_or_else(|| !self.enforced(d), |(_, shadow, _)| *shadow);
-            let outcome = match (d.allowed, shadow) {
-                (true, _) => Outcome::Allowed,
-                (false, true) => Outcome::Shadow,
-                (false, false) => Outcome::Denied,
+    /// Counts each decision with the policy and key it was made for (`keys`: the policy's
+    /// index and the key, in the decisions' order).
+    fn count<'k>(&self, decisions: &Decisions, keys: impl Iterator<Item = (usize, &'k [u8])>) {
+        for (d, (index, key)) in decisions.as_slice().iter().zip(keys) {
+            let outcome = match self.stats.get(index) {
+                Some(stats) => outcome(d.allowed, stats.shadow),
+                None => outcome(d.allowed, !self.enforced(d)),
             };
-            match known {
-                Some((_, _, c)) => c.add(outcome as usize, 1),
-                None => self.metrics.decision(name, outcome),
+            self.count_one(index, key, outcome);
+        }
+    }
+
+    fn count_one(&self, index: usize, key: &[u8], outcome: Outcome) {
+        match self.stats.get(index) {
+            Some(stats) => {
+                stats.counters.add(outcome as usize, 1);
+                stats.top.record(key, outcome != Outcome::Allowed);
+            }
+            None => {
+                if let Some(pc) = self.config.policies.get(index) {
+                    self.metrics.decision(pc.name(), outcome);
+                }
             }
         }
+    }
+}
+
+fn outcome(allowed: bool, shadow: bool) -> Outcome {
+    match (allowed, shadow) {
+        (true, _) => Outcome::Allowed,
+        (false, true) => Outcome::Shadow,
+        (false, false) => Outcome::Denied,
     }
 }

@@ -34,9 +34,10 @@ use tokio::sync::watch;
 use tollgate::{Clock, SystemClock};
 
 pub use config::{Config, ConfigError, Diagnostic, Diagnostics};
-pub use engine::{Engine, http_engine};
+pub use engine::{Engine, KeyCheck, http_engine};
 pub use serve::Limits;
 
+use crate::admin::overrides::registry::{self, Backend, Registry};
 use crate::metrics::Metrics;
 use crate::store::{AnyStore, StoreSetupError};
 
@@ -144,6 +145,8 @@ pub(crate) struct Shared {
     envoy: Option<tollgate_envoy::RlsService<AnyStore, SystemClock>>,
     /// The queues of `queue` policies.
     queues: queue::Queues,
+    /// Per-key overrides, installed into every engine generation.
+    overrides: Registry,
 }
 
 impl Shared {
@@ -219,11 +222,16 @@ impl Shared {
                 format!("[envoy] {e}")
             })?;
         }
-        match self.engine.write() {
-            Ok(mut g) => *g = Arc::new(engine),
-            Err(poisoned) => *poisoned.into_inner() = Arc::new(engine),
-        }
-        self.generation.fetch_add(1, Ordering::Release);
+        let engine = Arc::new(engine);
+        // The overrides go into the new engine before it serves, and no change to them can
+        // land on the old one in between.
+        self.overrides.install_then(&engine, || {
+            match self.engine.write() {
+                Ok(mut g) => *g = Arc::clone(&engine),
+                Err(poisoned) => *poisoned.into_inner() = Arc::clone(&engine),
+            }
+            self.generation.fetch_add(1, Ordering::Release);
+        });
         self.metrics.reload(true);
         Ok(())
     }
@@ -266,6 +274,10 @@ pub async fn run_with(
     let envoy_handle = envoy.as_ref().map(|(service, _)| service.clone());
     let queues = queue::Queues::new(&config.store);
     let engine = Engine::new(Arc::new(config), store.clone(), Arc::clone(&metrics))?;
+    let overrides = Registry::new(match &store {
+        AnyStore::Memory(_) => Backend::Memory,
+        AnyStore::Redis(r) => Backend::Redis(r.clone()),
+    });
     let shared = Arc::new(Shared {
         engine: RwLock::new(Arc::new(engine)),
         generation: AtomicU64::new(0),
@@ -273,6 +285,7 @@ pub async fn run_with(
         metrics,
         envoy: envoy_handle,
         queues,
+        overrides,
     });
     queue::open_configured(&shared).await;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -343,6 +356,7 @@ pub async fn run_with(
             }
         });
     }
+    tokio::spawn(live_operations(Arc::clone(&shared), stop_rx.clone()));
     tokio::spawn(watch_config(Arc::clone(&shared), hup, stop_rx.clone()));
 
     shutdown.await;
@@ -355,6 +369,35 @@ pub async fn run_with(
         tracing::warn!(error = %e, "shutdown: could not give every lease back to the store");
     }
     Ok(())
+}
+
+/// The admin listener's live operations: moves the top-keys sketches to each new minute, and
+/// keeps the overrides current (with Redis, a change another instance made is applied here
+/// within one poll; in memory, expired ones are dropped).
+async fn live_operations(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(registry::POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = crate::serve::stopped(&mut stop) => return,
+        }
+        let now = crate::admin::top::unix_secs();
+        shared.metrics.top.tick(now);
+        match shared.overrides.poll(now, || shared.engine()).await {
+            Ok(()) if failing => {
+                failing = false;
+                tracing::info!("overrides: reading them from the store again");
+            }
+            Ok(()) => {}
+            Err(error) if !failing => {
+                failing = true;
+                tracing::warn!(%error, "overrides: cannot read them from the store; the last ones read stay");
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// Whether two sets of listener limits are the same.

@@ -1,4 +1,6 @@
-//! Prometheus metrics, kept in atomics and written out by hand in the text exposition format.
+//! Prometheus metrics, kept in atomics and written out by hand in the text exposition format,
+//! and the live statistics of the admin listener's dashboard (decision counters per policy, the
+//! top-keys sketches).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -7,6 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 mod queue;
+use crate::admin::top::TopKeys;
 pub use queue::QueueCounters;
 
 /// How a policy treated a request, as the `outcome` label says it.
@@ -36,7 +39,8 @@ pub struct Sharded<const N: usize> {
     shards: [Shard<N>; SHARDS],
 }
 
-const SHARDS: usize = 8;
+/// Shards of per-thread statistics (counters here, top-keys sketches in `admin::top`).
+pub(crate) const SHARDS: usize = 8;
 
 #[repr(align(128))]
 struct Shard<const N: usize>([AtomicU64; N]);
@@ -55,16 +59,22 @@ impl<const N: usize> std::fmt::Debug for Sharded<N> {
     }
 }
 
+/// This thread's shard: threads take them in turn as they first count something, so the
+/// proxy's per-core threads each have their own.
+#[inline]
+pub(crate) fn thread_shard() -> usize {
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static MINE: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;
+    }
+    MINE.with(|m| *m)
+}
+
 impl<const N: usize> Sharded<N> {
     /// Adds `v` to counter `i` (ignored past `N`).
     pub fn add(&self, i: usize, v: u64) {
-        use std::sync::atomic::AtomicUsize;
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        thread_local! {
-            static MINE: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;
-        }
-        let shard = MINE.with(|m| *m);
-        if let Some(c) = self.shards[shard].0.get(i) {
+        if let Some(c) = self.shards[thread_shard()].0.get(i) {
             c.fetch_add(v, Relaxed);
         }
     }
@@ -101,6 +111,8 @@ pub struct Metrics {
     reloads_failed: AtomicU64,
     upstream_errors: AtomicU64,
     missing_key: AtomicU64,
+    /// The top-keys sketches of every policy (`/v1/top`).
+    pub(crate) top: TopKeys,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -177,6 +189,20 @@ impl Metrics {
     /// Counts a request refused with 401 for lack of a key (`require_key`).
     pub fn missing_key(&self) {
         self.missing_key.fetch_add(1, Relaxed);
+    }
+
+    /// The decision counters of every policy seen so far, by name: (allowed, denied, shadow,
+    /// fail_open).
+    pub fn decision_counts(&self) -> Vec<(String, [u64; 4])> {
+        let Ok(map) = self.decisions.read() else {
+            return Vec::new();
+        };
+        let mut list: Vec<(String, [u64; 4])> = map
+            .iter()
+            .map(|(name, c)| (name.clone(), std::array::from_fn(|i| c.get(i))))
+            .collect();
+        list.sort();
+        list
     }
 
     /// Successful and failed reloads so far.

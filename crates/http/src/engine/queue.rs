@@ -9,9 +9,12 @@
 //! policy counts it once. A caller that does not queue answers the 429, and nothing was
 //! consumed.
 
+use std::sync::Arc;
+
 use smallvec::SmallVec;
 use tollgate::{Clock, Decision, Decisions, Store};
 
+use super::overrides::KeyOverride;
 use super::{Action, Answer, Engine, Entry, RateLimitHeaders, RefundGuard, Verdict, miscounted};
 use crate::key::KeyBuf;
 
@@ -23,6 +26,8 @@ pub struct QueueTicket {
     key: KeyBuf,
     cost: u32,
     decision: Decision,
+    /// The key's override of the `queue` policy's quota, for the headers of the `202`.
+    over: Option<Arc<KeyOverride>>,
     /// The enforcing policies the request falls under besides the denying `queue` ones.
     others: SmallVec<[Entry; 2]>,
 }
@@ -80,6 +85,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             key: entry.key.clone(),
             cost: self.inner.policies[entry.index].http.cost,
             decision: *decision,
+            over: entry.over.clone(),
             others,
         }))
     }
@@ -99,6 +105,8 @@ impl<S: Store, C: Clock> Engine<S, C> {
         decisions.push(ticket.decision);
         let mut indexes: SmallVec<[usize; 4]> = SmallVec::new();
         indexes.push(ticket.index);
+        let mut overrides: SmallVec<[Option<Arc<KeyOverride>>; 4]> = SmallVec::new();
+        overrides.push(ticket.over.clone());
         if !ticket.others.is_empty() {
             let checks: SmallVec<[tollgate::Check<'_>; 4]> =
                 ticket.others.iter().map(|e| self.check(e)).collect();
@@ -110,8 +118,11 @@ impl<S: Store, C: Clock> Engine<S, C> {
                     for (decision, e) in d.into_iter().zip(ticket.others.iter()) {
                         decisions.push(decision);
                         indexes.push(e.index);
+                        overrides.push(e.over.clone());
                     }
-                    return Ok(RateLimitHeaders(self.render_at(&decisions, &indexes)));
+                    return Ok(RateLimitHeaders(
+                        self.render_at(&decisions, &indexes, &overrides),
+                    ));
                 }
                 Ok(d) => {
                     let headers = self.render(&d, &ticket.others);
@@ -128,7 +139,9 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 Verdict::Pass | Verdict::Hold(_) => Ok(RateLimitHeaders::default()),
             };
         }
-        Ok(RateLimitHeaders(self.render_at(&decisions, &indexes)))
+        Ok(RateLimitHeaders(
+            self.render_at(&decisions, &indexes, &overrides),
+        ))
     }
 
     /// Gives back what [`Engine::admit_queued`] charged, for a request the queue then could not
