@@ -5,7 +5,7 @@ use tollgate::store::Check;
 use tollgate::{Decision, Decisions, MemoryStore, Store, StoreError, Timestamp};
 use tollgate_redis::{ClockSource, RedisConfig, RedisStore, RedisStoreStats};
 
-use crate::config::{OnError, StoreClock, StoreConfig, StoreKind};
+use crate::config::{StoreClock, StoreConfig, StoreKind};
 
 /// A store of any kind the configuration can name.
 #[derive(Clone)]
@@ -46,11 +46,7 @@ pub fn redis_config(config: &StoreConfig) -> RedisConfig {
         }
     };
     rc.timeout = config.timeout;
-    rc.on_error = match config.on_error {
-        OnError::Allow => tollgate_redis::OnError::Allow,
-        OnError::Deny => tollgate_redis::OnError::Deny,
-        OnError::Local => tollgate_redis::OnError::Local,
-    };
+    rc.on_error = config.on_error;
     rc.clock = match config.clock {
         StoreClock::Redis => ClockSource::Redis,
         StoreClock::Local => ClockSource::Local,

@@ -93,16 +93,9 @@ pub enum StoreKind {
     Redis,
 }
 
-/// What to do when the store fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnError {
-    /// Admit the request (fail open).
-    Allow,
-    /// Refuse the request.
-    Deny,
-    /// Decide with an in-memory limiter until the store is back.
-    Local,
-}
+/// What to do when the store fails: the Redis store's own setting (`allow`, `deny`, `local`),
+/// which the HTTP engine's failure mode is derived from.
+pub use tollgate_redis::OnError;
 
 /// Whose clock a Redis store uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
