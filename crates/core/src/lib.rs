@@ -38,6 +38,7 @@ mod clock;
 mod decision;
 mod error;
 pub mod headers;
+pub mod key_digest;
 mod lease;
 mod limiter;
 mod policy;
