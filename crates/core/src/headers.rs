@@ -45,6 +45,8 @@
 //! ```
 
 use std::cmp::Ordering;
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 use crate::{Decision, Quota, Timestamp};
@@ -74,6 +76,76 @@ pub fn reset_epoch_secs(now: Timestamp, d: &Decision) -> u64 {
     ceil_secs(Duration::from_micros(now.as_micros()).saturating_add(d.reset))
 }
 
+/// What `X-RateLimit-Reset` holds. One definition for every way into Tollgate: the tower
+/// layer's `[headers]`, the server's configuration and the Envoy rate limit service all use
+/// this type, so the three cannot drift apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ResetFormat {
+    /// Unix epoch seconds when the quota is fully available again (as GitHub does). The
+    /// default.
+    #[default]
+    Epoch,
+    /// Seconds from now.
+    Delta,
+    /// No `X-RateLimit-Reset` at all: `X-RateLimit-Limit` and `X-RateLimit-Remaining` only, the
+    /// two lines `tower_governor` sends (and all many clients read).
+    Omitted,
+}
+
+impl ResetFormat {
+    /// The value of `X-RateLimit-Reset` for decision `d` at `now` ([`reset_epoch_secs`] or
+    /// [`reset_delta_secs`]); `None` when the field is [`Omitted`](ResetFormat::Omitted).
+    #[inline]
+    pub fn reset_secs(self, now: Timestamp, d: &Decision) -> Option<u64> {
+        match self {
+            ResetFormat::Epoch => Some(reset_epoch_secs(now, d)),
+            ResetFormat::Delta => Some(reset_delta_secs(d)),
+            ResetFormat::Omitted => None,
+        }
+    }
+}
+
+impl FromStr for ResetFormat {
+    type Err = UnknownResetFormat;
+
+    /// `epoch`, `delta` or `none` (surrounding spaces ignored).
+    fn from_str(s: &str) -> Result<Self, UnknownResetFormat> {
+        match s.trim() {
+            "epoch" => Ok(ResetFormat::Epoch),
+            "delta" => Ok(ResetFormat::Delta),
+            "none" => Ok(ResetFormat::Omitted),
+            _ => Err(UnknownResetFormat {
+                // Config values can be long or hostile; never echo more than a line of them.
+                input: s.chars().take(80).collect(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for ResetFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ResetFormat::Epoch => "epoch",
+            ResetFormat::Delta => "delta",
+            ResetFormat::Omitted => "none",
+        })
+    }
+}
+
+/// A [`ResetFormat`] name that is none of `epoch`, `delta` and `none`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("use \"epoch\", \"delta\" or \"none\"")]
+pub struct UnknownResetFormat {
+    input: String,
+}
+
+impl UnknownResetFormat {
+    /// The rejected text (its first 80 characters).
+    pub fn input(&self) -> &str {
+        &self.input
+    }
+}
+
 /// `RateLimit`'s `t` (draft-ietf-httpapi-ratelimit-headers-11 §4.2): seconds until the quota is
 /// available again for this request when it was denied (at least 1, so a denial never says
 /// "now"), until it is fully reset otherwise. A denial with no `retry_after` (a cost above the
@@ -93,6 +165,25 @@ pub fn t_secs(d: &Decision) -> u64 {
 #[inline]
 pub fn retry_after_secs(wait: Duration, floor_secs: u64) -> u64 {
     ceil_secs(wait).max(1).max(floor_secs)
+}
+
+/// The wait `Retry-After` reports for a response denied by `denials` (the decisions of the
+/// enforcing policies that denied): the latest `retry_after` among them, since the request
+/// passes only once every one of them admits it. `None` when one of them can never admit it
+/// (a cost above its quota: no `retry_after`) or when there are no denials.
+///
+/// What a caller does with `None` is its own product decision: the tower layer and the server
+/// leave `Retry-After` out (no wait helps), while the Envoy rate limit service writes the full
+/// reset of the most restrictive decision, because Envoy's filter always passes a wait on.
+pub fn aggregate_retry_after<'d>(
+    denials: impl IntoIterator<Item = &'d Decision>,
+) -> Option<Duration> {
+    let mut latest: Option<Duration> = None;
+    for d in denials {
+        let wait = d.retry_after?;
+        latest = Some(latest.map_or(wait, |l| l.max(wait)));
+    }
+    latest
 }
 
 /// The order in which headers pick the decision they report (SPEC §5): a denying decision
@@ -227,6 +318,39 @@ mod tests {
         // Denied for good, or allowed: the full reset.
         assert_eq!(t_secs(&decision(false, 0, 30_000, None)), 30);
         assert_eq!(t_secs(&decision(true, 4, 12_001, None)), 13);
+    }
+
+    #[test]
+    fn reset_formats_round_trip_and_render() {
+        for (text, format) in [
+            ("epoch", ResetFormat::Epoch),
+            ("delta", ResetFormat::Delta),
+            ("none", ResetFormat::Omitted),
+        ] {
+            assert_eq!(text.parse::<ResetFormat>().unwrap(), format);
+            assert_eq!(format.to_string(), text);
+        }
+        let err = "utc".parse::<ResetFormat>().unwrap_err();
+        assert_eq!(err.input(), "utc");
+        assert_eq!(err.to_string(), r#"use "epoch", "delta" or "none""#);
+        let d = decision(true, 3, 59_001, None);
+        let now = Timestamp::from_secs(1_000);
+        assert_eq!(ResetFormat::Epoch.reset_secs(now, &d), Some(1_060));
+        assert_eq!(ResetFormat::Delta.reset_secs(now, &d), Some(60));
+        assert_eq!(ResetFormat::Omitted.reset_secs(now, &d), None);
+    }
+
+    #[test]
+    fn retry_after_waits_for_the_latest_denial() {
+        let soon = decision(false, 0, 9_000, Some(1_000));
+        let later = decision(false, 0, 9_000, Some(4_000));
+        let never = decision(false, 0, 9_000, None);
+        assert_eq!(
+            aggregate_retry_after([&soon, &later]),
+            Some(Duration::from_secs(4))
+        );
+        assert_eq!(aggregate_retry_after([&soon, &never, &later]), None);
+        assert_eq!(aggregate_retry_after([]), None);
     }
 
     #[test]

@@ -42,6 +42,7 @@ mod clock;
 mod decision;
 mod error;
 pub mod headers;
+pub mod key_digest;
 mod lease;
 mod limiter;
 mod policy;

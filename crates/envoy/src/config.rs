@@ -315,15 +315,9 @@ impl FromStr for FailureMode {
     }
 }
 
-/// How `X-RateLimit-Reset` is written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ResetFormat {
-    /// Unix epoch seconds (as GitHub does). The default.
-    #[default]
-    Epoch,
-    /// Seconds from now.
-    Delta,
-}
+/// How `X-RateLimit-Reset` is written: the core's one definition, shared with the tower layer
+/// and the server.
+pub use tollgate::headers::ResetFormat;
 
 /// The whole configuration of the rate limit service.
 #[derive(Clone, Debug, PartialEq)]

@@ -8,10 +8,11 @@ mod decide;
 
 use std::collections::HashMap;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
+use tollgate::key_digest::{KeyDigest, MAX_RAW_KEY};
 use tollgate::{Clock, Limiter, Store};
 use tonic::Status;
 
@@ -23,9 +24,6 @@ use crate::tree::{Compiled, Leaf, LeafLimit, LeafOptions};
 
 /// The most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = 10_000;
-
-/// Store keys longer than this are replaced by a hash (SPEC §4).
-const MAX_KEY: usize = 256;
 
 /// The most distinct per-request limit overrides (descriptor key path, requests per unit, unit)
 /// one service keeps; past it, overrides of new shapes are ignored and the configured limit
@@ -296,7 +294,7 @@ fn drop_replaced(matched: &mut SmallVec<[(usize, LeafRef<'_>); 4]>) {
 
 /// The store key of a descriptor: its entries, each key and value length-prefixed so that no
 /// two descriptors share a key, a `share_threshold` wildcard standing for the value it
-/// matched; longer than 256 bytes, a 128-bit SHA-256 prefix of it.
+/// matched; longer than [`MAX_RAW_KEY`] bytes, its 128-bit [`KeyDigest`] after `#h`.
 fn store_key(descriptor: &RateLimitDescriptor, shared: &[Option<Box<str>>]) -> Key {
     let mut key = Key::new();
     for (i, e) in descriptor.entries.iter().enumerate() {
@@ -309,15 +307,15 @@ fn store_key(descriptor: &RateLimitDescriptor, shared: &[Option<Box<str>>]) -> K
             key.extend_from_slice(part.as_bytes());
         }
     }
-    if key.len() <= MAX_KEY {
+    if key.len() <= MAX_RAW_KEY {
         return key;
     }
-    // SHA-256 (cut to 128 bits): collision-resistant, so no one can craft a long value that
-    // shares another's count.
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(&key);
+    // The core's long-key rule: a 128-bit keyed digest, collision-resistant even under the
+    // public (empty) secret used here, so no one can craft a long value that shares another's
+    // count. `#h` keeps it apart from every length-prefixed key.
+    static LONG_KEYS: LazyLock<KeyDigest> = LazyLock::new(|| KeyDigest::new(b""));
     let mut hashed = Key::new();
     hashed.extend_from_slice(b"#h");
-    hashed.extend_from_slice(&digest[..16]);
+    hashed.extend_from_slice(&LONG_KEYS.digest(&key));
     hashed
 }

@@ -41,3 +41,9 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+impl From<tollgate::headers::UnknownResetFormat> for ConfigError {
+    fn from(e: tollgate::headers::UnknownResetFormat) -> Self {
+        ConfigError::new(e.input(), e.to_string())
+    }
+}

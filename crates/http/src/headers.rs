@@ -6,7 +6,6 @@
 //! policy (its quoted name, its `RateLimit-Policy` item) is rendered once when the engine is
 //! built; a request only formats its numbers, mostly from a table of rendered ones.
 
-use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -28,31 +27,9 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// What `X-RateLimit-Reset` holds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum ResetFormat {
-    /// Unix epoch seconds when the quota is fully available again (as GitHub does).
-    #[default]
-    Epoch,
-    /// Seconds from now.
-    Delta,
-    /// No `X-RateLimit-Reset` at all: `X-RateLimit-Limit` and `X-RateLimit-Remaining` only, the
-    /// two lines `tower_governor` sends (and all many clients read).
-    Omitted,
-}
-
-impl FromStr for ResetFormat {
-    type Err = ConfigError;
-
-    fn from_str(s: &str) -> Result<Self, ConfigError> {
-        match s.trim() {
-            "epoch" => Ok(ResetFormat::Epoch),
-            "delta" => Ok(ResetFormat::Delta),
-            "none" => Ok(ResetFormat::Omitted),
-            _ => Err(ConfigError::new(s, "use \"epoch\", \"delta\" or \"none\"")),
-        }
-    }
-}
+/// What `X-RateLimit-Reset` holds: one definition in the core, shared with the server and the
+/// Envoy rate limit service.
+pub use tollgate::headers::ResetFormat;
 
 /// How `Retry-After` is written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -287,11 +264,7 @@ pub(crate) fn render(
         return;
     };
     if config.legacy {
-        let reset = match config.reset_format {
-            ResetFormat::Delta => Some(fields::reset_delta_secs(worst)),
-            ResetFormat::Epoch => Some(fields::reset_epoch_secs(now, worst)),
-            ResetFormat::Omitted => None,
-        };
+        let reset = config.reset_format.reset_secs(now, worst);
         let limit = if worst.limit == worst_text.limit {
             Value::Static(worst_text.limit_text)
         } else {
@@ -425,16 +398,6 @@ pub(crate) fn retry_after(
 /// `Retry-After: 1`, for an answer that asks for a retry soon without a decision behind it.
 pub(crate) fn retry_soon() -> Field {
     Field::new(Which::RetryAfter, Value::Static("1"))
-}
-
-impl fmt::Display for ResetFormat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ResetFormat::Epoch => "epoch",
-            ResetFormat::Delta => "delta",
-            ResetFormat::Omitted => "none",
-        })
-    }
 }
 
 #[cfg(test)]

@@ -16,13 +16,15 @@ use http::header::AUTHORIZATION;
 use sha2::{Digest, Sha256};
 use siphasher::sip128::SipHasher24;
 use smallvec::SmallVec;
+use tollgate::key_digest::KeyDigest;
 
 use crate::ConfigError;
 use crate::jwt::{Claims, JwtVerifier, claim_bytes};
 use crate::request::{RequestInfo, query_params};
 
-/// Values longer than this are hashed before they become store keys (SPEC §4).
-pub const MAX_RAW_KEY: usize = 256;
+/// Values longer than this are hashed before they become store keys (SPEC §4): the core's one
+/// long-key rule.
+pub use tollgate::key_digest::MAX_RAW_KEY;
 
 /// A store key under construction; most fit inline, without allocating.
 pub(crate) type KeyBuf = SmallVec<[u8; 72]>;
@@ -182,27 +184,35 @@ impl fmt::Display for KeyChain {
 /// PRF, under a key derived from the configured secret, in hex. With a secret, a leaked store
 /// dump does not even let anyone test guesses. (SipHash rather than HMAC-SHA-256: the same
 /// guarantee for this use at a fraction of the cost on every request, and on CPUs without SHA
-/// instructions a large fraction of the whole layer's.)
+/// instructions a large fraction of the whole layer's.) Values that are not credentials but
+/// too long to store as they are follow the core's long-key rule instead
+/// ([`tollgate::key_digest`]), under the same secret.
 #[derive(Clone)]
-pub(crate) struct KeyHasher {
+pub(crate) struct CredentialHasher {
     sip: SipHasher24,
+    long_keys: KeyDigest,
 }
 
-impl fmt::Debug for KeyHasher {
+/// The name the engine still uses for [`CredentialHasher`] (kept until the engine's own split,
+/// so the two changes do not collide).
+pub(crate) type KeyHasher = CredentialHasher;
+
+impl fmt::Debug for CredentialHasher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never print the key.
-        f.write_str("KeyHasher")
+        f.write_str("CredentialHasher")
     }
 }
 
-impl KeyHasher {
+impl CredentialHasher {
     pub(crate) fn new(secret: &[u8]) -> Self {
         // Secrets of any length: the SipHash key is the first 128 bits of their SHA-256.
         let digest = Sha256::digest(secret);
         let mut key = [0u8; 16];
         key.copy_from_slice(&digest[..16]);
-        KeyHasher {
+        CredentialHasher {
             sip: SipHasher24::new_with_key(&key),
+            long_keys: KeyDigest::new(secret),
         }
     }
 
@@ -216,6 +226,12 @@ impl KeyHasher {
             pair[1] = HEX[usize::from(b & 0x0f)];
         }
         out.extend_from_slice(&hex);
+    }
+
+    /// Appends the core's long-key digest of `value` (32 hex characters) to `out`: for a
+    /// value longer than [`MAX_RAW_KEY`] that is not a credential.
+    pub(crate) fn append_long(&self, value: &[u8], out: &mut KeyBuf) {
+        self.long_keys.write_hex(value, out);
     }
 }
 
@@ -256,7 +272,7 @@ impl KeyContext<'_> {
     pub(crate) fn key(
         &self,
         chain: &KeyChain,
-        hasher: &KeyHasher,
+        hasher: &CredentialHasher,
         out: &mut KeyBuf,
     ) -> Result<bool, DuplicateField> {
         for selector in &chain.selectors {
@@ -270,7 +286,7 @@ impl KeyContext<'_> {
     fn select(
         &self,
         selector: &KeySelector,
-        hasher: &KeyHasher,
+        hasher: &CredentialHasher,
         out: &mut KeyBuf,
     ) -> Result<bool, DuplicateField> {
         out.clear();
@@ -323,7 +339,7 @@ impl KeyContext<'_> {
                 if id.len() > MAX_RAW_KEY {
                     // A distinct prefix: a raw id can never equal a hashed one.
                     out.extend_from_slice(b"user#:");
-                    hasher.append(id.as_bytes(), out);
+                    hasher.append_long(id.as_bytes(), out);
                 } else {
                     out.extend_from_slice(b"user:");
                     out.extend_from_slice(id.as_bytes());
@@ -444,11 +460,11 @@ mod tests {
     #[test]
     fn hashes_are_fixed_length_hex_and_keyed() {
         let mut a = KeyBuf::new();
-        KeyHasher::new(b"").append(b"secret-api-key", &mut a);
+        CredentialHasher::new(b"").append(b"secret-api-key", &mut a);
         assert_eq!(a.len(), 32);
         assert!(a.iter().all(u8::is_ascii_hexdigit));
         let mut b = KeyBuf::new();
-        KeyHasher::new(b"pepper").append(b"secret-api-key", &mut b);
+        CredentialHasher::new(b"pepper").append(b"secret-api-key", &mut b);
         assert_ne!(a, b);
     }
 

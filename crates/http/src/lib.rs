@@ -18,9 +18,10 @@
 //!   (a shadow policy must never change what the others do).
 //! - **Keys.** The first selector of a policy's chain that finds a value gives the key, stored
 //!   as `header:<name>:<hash>`, `query:<name>:<hash>`, `jwt:<claim>:<hash>`, `user:<id>` (or
-//!   `user#:<hash>` above 256 bytes) or `ip:<addr>` / `ip:<net>/<prefix>`. Hashes are
-//!   128-bit SipHash-2-4 under a key derived from [`EngineBuilder::key_hash_secret`]. No key: the
-//!   policy's [`ANONYMOUS_KEY`], or 401 with `require_key`.
+//!   `user#:<hash>` above 256 bytes) or `ip:<addr>` / `ip:<net>/<prefix>`. Credential hashes
+//!   are 128-bit SipHash-2-4 under a key derived from [`EngineBuilder::key_hash_secret`]; a long
+//!   `user` id follows the core's long-key rule ([`tollgate::key_digest`]) under the same
+//!   secret. No key: the policy's [`ANONYMOUS_KEY`], or 401 with `require_key`.
 //! - **Client IP.** The peer address, unless the peer is in `trusted_proxies`: then the one
 //!   configured [`ForwardedHeader`] is walked right to left past trusted hops; a malformed
 //!   entry stops at the last trusted hop. IPv6 clients are grouped by `ipv6_prefix` (/64).

@@ -16,7 +16,7 @@ use tollgate::{Check, Decision, Decisions, MemoryStore, Store, StoreError, Times
 
 use crate::config::{ClockSource, ConfigError, OnError, RedisConfig};
 use crate::deny_cache::{CacheKey, DenyCache};
-use crate::keys::{KeyHasher, hex, key_name, slot};
+use crate::keys::{KeyDigest, hex, key_name, slot};
 use crate::lease::Leases;
 use crate::script::{ScriptKind, Scripts};
 
@@ -101,7 +101,7 @@ impl std::fmt::Debug for RedisStore {
 struct Inner {
     config: RedisConfig,
     connection: Connection,
-    hasher: KeyHasher,
+    hasher: KeyDigest,
     scripts: Scripts,
     memory: MemoryStore,
     deny: DenyCache,
@@ -185,7 +185,7 @@ impl RedisStore {
         let connection = Connection::new(&config, connect_timeout).map_err(client_error)?;
         let store = RedisStore {
             inner: Arc::new(Inner {
-                hasher: KeyHasher::new(&config.key_secret),
+                hasher: KeyDigest::new(&config.key_secret),
                 scripts: Scripts::new(config.clock),
                 memory: MemoryStore::new(),
                 deny: DenyCache::new(config.deny_cache_size),
@@ -288,7 +288,7 @@ impl RedisStore {
     /// The Redis key that holds `check`'s state (for operators and tests; the client key
     /// appears only as its keyed hash).
     pub fn key_of(&self, check: &Check<'_>) -> String {
-        let tag = hex(&self.inner.hasher.mac(check.key));
+        let tag = hex(&self.inner.hasher.digest(check.key));
         key_name(
             &self.inner.config.key_prefix,
             &tag,
@@ -317,7 +317,7 @@ impl RedisStore {
             let index = match seen.iter().position(|(k, ..)| *k == check.key) {
                 Some(i) => i,
                 None => {
-                    let mac = self.inner.hasher.mac(check.key);
+                    let mac = self.inner.hasher.digest(check.key);
                     let tag = hex(&mac);
                     let slot = slot(&tag);
                     seen.push((check.key, u128::from_be_bytes(mac), tag, slot));

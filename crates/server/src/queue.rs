@@ -70,7 +70,7 @@ impl Queues {
     /// The queues of a server on `store`: in Redis when the store is, in memory otherwise.
     pub(crate) fn new(store: &StoreConfig) -> Queues {
         let redis = (store.kind == StoreKind::Redis).then(|| RedisSource {
-            config: crate::store::redis_config(store),
+            config: store.redis_config(),
             // Queue calls carry whole requests: longer than a decision's 50 ms.
             timeout: store.timeout.max(Duration::from_secs(2)),
             consumer: consumer_name(),

@@ -3,9 +3,9 @@
 
 use tollgate::store::Check;
 use tollgate::{Decision, Decisions, MemoryStore, Store, StoreError, Timestamp};
-use tollgate_redis::{ClockSource, RedisConfig, RedisStore, RedisStoreStats};
+use tollgate_redis::{RedisStore, RedisStoreStats};
 
-use crate::config::{OnError, StoreClock, StoreConfig, StoreKind};
+use crate::config::{StoreConfig, StoreKind};
 
 /// A store of any kind the configuration can name.
 #[derive(Clone)]
@@ -31,34 +31,6 @@ pub enum StoreSetupError {
     /// The Redis settings were refused.
     #[error("[store]: {0}")]
     Redis(String),
-}
-
-/// The Redis client settings `[store]` describes.
-pub fn redis_config(config: &StoreConfig) -> RedisConfig {
-    let mut rc = if !config.nodes.is_empty() {
-        RedisConfig::cluster(&config.nodes)
-    } else {
-        let url = config.url.as_deref().unwrap_or("redis://127.0.0.1:6379");
-        if config.cluster {
-            RedisConfig::cluster(&[url])
-        } else {
-            RedisConfig::standalone(url)
-        }
-    };
-    rc.timeout = config.timeout;
-    rc.on_error = match config.on_error {
-        OnError::Allow => tollgate_redis::OnError::Allow,
-        OnError::Deny => tollgate_redis::OnError::Deny,
-        OnError::Local => tollgate_redis::OnError::Local,
-    };
-    rc.clock = match config.clock {
-        StoreClock::Redis => ClockSource::Redis,
-        StoreClock::Local => ClockSource::Local,
-    };
-    if let Some(secret) = &config.key_secret {
-        rc.key_secret = secret.expose().to_vec();
-    }
-    rc
 }
 
 /// The memory store `[store]` describes (its `max_keys`), whatever its `kind`: what the
@@ -109,7 +81,7 @@ impl AnyStore {
     pub async fn from_config(config: &StoreConfig) -> Result<AnyStore, StoreSetupError> {
         match config.kind {
             StoreKind::Memory => Ok(AnyStore::Memory(memory_store(config))),
-            StoreKind::Redis => RedisStore::new(redis_config(config))
+            StoreKind::Redis => RedisStore::new(config.redis_config())
                 .await
                 .map(AnyStore::Redis)
                 .map_err(|e| StoreSetupError::Redis(e.to_string())),

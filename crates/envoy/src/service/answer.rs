@@ -10,7 +10,6 @@ use tollgate::{Decision, Timestamp};
 
 use super::Entry;
 use super::decide::is_over;
-use crate::config::ResetFormat;
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
@@ -100,11 +99,9 @@ fn rate_limit_headers(
     if config.x_ratelimit_headers {
         out.push(header("X-RateLimit-Limit", number(worst.limit)));
         out.push(header("X-RateLimit-Remaining", number(worst.remaining)));
-        let reset = match config.reset_format {
-            ResetFormat::Delta => headers::reset_delta_secs(worst),
-            ResetFormat::Epoch => headers::reset_epoch_secs(now, worst),
-        };
-        out.push(header("X-RateLimit-Reset", number(reset)));
+        if let Some(reset) = config.reset_format.reset_secs(now, worst) {
+            out.push(header("X-RateLimit-Reset", number(reset)));
+        }
     }
     if config.ietf_headers {
         out.push(header("RateLimit-Policy", policy_field(&items)));
@@ -113,7 +110,10 @@ fn rate_limit_headers(
         out.push(header("RateLimit", field));
     }
     if over {
-        let wait = retry_after(&items).unwrap_or(worst.reset);
+        // The core's one aggregation rule; where it finds no wait (a denial no wait fixes),
+        // Envoy still gets one to pass on: the full reset (the tower layer leaves the field out).
+        let denials = items.iter().filter(|(_, d)| !d.allowed).map(|(_, d)| *d);
+        let wait = headers::aggregate_retry_after(denials).unwrap_or(worst.reset);
         let secs = headers::retry_after_secs(wait, headers::t_secs(worst));
         out.push(header("Retry-After", number(secs)));
     }
@@ -138,18 +138,6 @@ fn policy_field(items: &[(&Entry<'_>, &Decision)]) -> String {
         policy.push_str(&e.leaf.policy_item);
     }
     policy
-}
-
-/// The latest `retry_after` among the denying decisions; `None` if any can never be admitted
-/// or none says (then `Retry-After` falls back to the full reset: Envoy's filter always gets a
-/// wait to pass on).
-fn retry_after(items: &[(&Entry<'_>, &Decision)]) -> Option<Duration> {
-    let mut latest: Option<Duration> = None;
-    for (_, d) in items.iter().filter(|(_, d)| !d.allowed) {
-        let r = d.retry_after?;
-        latest = Some(latest.map_or(r, |l| l.max(r)));
-    }
-    latest
 }
 
 fn number(n: u64) -> String {

@@ -21,7 +21,7 @@ impl RedisStore {
         size: u32,
     ) -> Result<Decision, StoreError> {
         let name = check.policy.shared_name();
-        let mac = self.inner.hasher.mac(check.key);
+        let mac = self.inner.hasher.digest(check.key);
         let cache: CacheKey = (check.policy.fingerprint(), u128::from_be_bytes(mac));
         let mut evicted = Vec::new();
         let slot = loop {

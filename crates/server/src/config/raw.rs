@@ -63,14 +63,14 @@ pub(super) struct RawConfig {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawEnvoy {
+pub(super) struct RawEnvoy {
     config_dir: Option<S<String>>,
     failure_mode: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawServer {
+pub(super) struct RawServer {
     listen: Option<S<String>>,
     grpc_listen: Option<S<String>>,
     ipv6_prefix: Option<S<i64>>,
@@ -81,14 +81,14 @@ struct RawServer {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawAdmin {
+pub(super) struct RawAdmin {
     listen: Option<S<String>>,
     token: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawStore {
+pub(super) struct RawStore {
     kind: Option<S<String>>,
     url: Option<S<String>>,
     cluster: Option<S<bool>>,
@@ -102,7 +102,7 @@ struct RawStore {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawProxy {
+pub(super) struct RawProxy {
     listen: Option<S<String>>,
     upstream: Option<S<String>>,
     trusted_proxies: Option<Vec<S<String>>>,
@@ -113,7 +113,7 @@ struct RawProxy {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawHeaders {
+pub(super) struct RawHeaders {
     legacy: Option<bool>,
     reset_format: Option<S<String>>,
     ietf: Option<bool>,
@@ -121,7 +121,7 @@ struct RawHeaders {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawPolicy {
+pub(super) struct RawPolicy {
     name: Option<S<String>>,
     algorithm: Option<S<String>>,
     limit: Option<S<i64>>,
@@ -149,7 +149,7 @@ struct RawPolicy {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawMatch {
+pub(super) struct RawMatch {
     path: Option<S<String>>,
     methods: Option<Vec<S<String>>>,
     host: Option<S<String>>,
@@ -157,7 +157,7 @@ struct RawMatch {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawJwt {
+pub(super) struct RawJwt {
     hs256_secret_env: Option<S<String>>,
     rs256_public_key_file: Option<S<String>>,
     es256_public_key_file: Option<S<String>>,
@@ -595,7 +595,7 @@ fn validate_store(raw: Option<RawStore>, errs: &mut Errors<'_>) -> Option<StoreC
         }
     }
     if ok && out.kind == StoreKind::Redis && (out.url.is_some() || !out.nodes.is_empty()) {
-        if let Err(e) = crate::store::redis_config(&out).validate() {
+        if let Err(e) = out.redis_config().validate() {
             let at = s
                 .url
                 .as_ref()

@@ -93,16 +93,9 @@ pub enum StoreKind {
     Redis,
 }
 
-/// What to do when the store fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnError {
-    /// Admit the request (fail open).
-    Allow,
-    /// Refuse the request.
-    Deny,
-    /// Decide with an in-memory limiter until the store is back.
-    Local,
-}
+/// What to do when the store fails: the Redis store's own setting (`allow`, `deny`, `local`),
+/// which the HTTP engine's failure mode is derived from.
+pub use tollgate_redis::OnError;
 
 /// Whose clock a Redis store uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +130,35 @@ pub struct StoreConfig {
     /// Redis must use the same one. Unset: a random secret per process with the memory store
     /// (its keys never leave the process), the public built-in one with Redis (with a warning).
     pub key_secret: Option<Secret>,
+}
+
+impl StoreConfig {
+    /// The Redis client settings `[store]` describes. Here rather than in the server's store
+    /// module so that validating `[store]` (which asks the Redis client whether it accepts
+    /// them) does not make the configuration depend on the module that depends on it.
+    pub fn redis_config(&self) -> tollgate_redis::RedisConfig {
+        use tollgate_redis::{ClockSource, RedisConfig};
+        let mut rc = if !self.nodes.is_empty() {
+            RedisConfig::cluster(&self.nodes)
+        } else {
+            let url = self.url.as_deref().unwrap_or("redis://127.0.0.1:6379");
+            if self.cluster {
+                RedisConfig::cluster(&[url])
+            } else {
+                RedisConfig::standalone(url)
+            }
+        };
+        rc.timeout = self.timeout;
+        rc.on_error = self.on_error;
+        rc.clock = match self.clock {
+            StoreClock::Redis => ClockSource::Redis,
+            StoreClock::Local => ClockSource::Local,
+        };
+        if let Some(secret) = &self.key_secret {
+            rc.key_secret = secret.expose().to_vec();
+        }
+        rc
+    }
 }
 
 /// A secret from the environment: compared, never printed.

@@ -1,0 +1,113 @@
+//! The long-key rule (SPEC §4), defined once for every way into Tollgate: a key longer than
+//! [`MAX_RAW_KEY`] bytes is stored as a fixed-length keyed hash of itself, so a client cannot
+//! make the store hold (or the server copy) arbitrarily long keys.
+//!
+//! The hash is HMAC-SHA256 (RFC 2104, the `hmac` crate) cut to 128 bits: keyed, so with a
+//! secret a store dump does not let anyone test guesses, and collision-resistant even when the
+//! key is public, so no one can craft a long value that shares another's count. The Redis store
+//! names its keys with the same digest.
+//!
+//! ```
+//! use tollgate::key_digest::{KeyDigest, MAX_RAW_KEY};
+//!
+//! let digest = KeyDigest::new(b"a secret shared by every instance");
+//! let long = vec![b'x'; MAX_RAW_KEY + 1];
+//! let mut key = Vec::new();
+//! digest.write_hex(&long, &mut key);
+//! assert_eq!(key.len(), 32);
+//! ```
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// Keys longer than this many bytes are replaced by their [`KeyDigest`] before they reach a
+/// store.
+pub const MAX_RAW_KEY: usize = 256;
+
+/// HMAC-SHA256 under one secret, keyed once: each digest clones the keyed state, whose pads
+/// are already absorbed, so a digest costs two hash finishes.
+#[derive(Clone)]
+pub struct KeyDigest {
+    keyed: Hmac<Sha256>,
+}
+
+impl std::fmt::Debug for KeyDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the secret (nor state derived from it).
+        f.write_str("KeyDigest")
+    }
+}
+
+impl KeyDigest {
+    /// A digest keyed by `secret` (any length; an empty one stands for "no secret").
+    pub fn new(secret: &[u8]) -> Self {
+        KeyDigest {
+            // HMAC takes a key of any length (longer than a block: hashed first), so this
+            // cannot fail; `new_from_slice` says so only because other MACs have fixed keys.
+            keyed: <Hmac<Sha256> as Mac>::new_from_slice(secret)
+                .unwrap_or_else(|_| unreachable!("HMAC accepts keys of every length")),
+        }
+    }
+
+    /// The first 128 bits of HMAC-SHA256(secret, `value`).
+    pub fn digest(&self, value: &[u8]) -> [u8; 16] {
+        let mut mac = self.keyed.clone();
+        mac.update(value);
+        let full = mac.finalize().into_bytes();
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&full[..16]);
+        out
+    }
+
+    /// Appends [`digest`](Self::digest) of `value` to `out` as 32 lowercase hex digits.
+    pub fn write_hex(&self, value: &[u8], out: &mut impl Extend<u8>) {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let digest = self.digest(value);
+        out.extend(
+            digest
+                .iter()
+                .flat_map(|b| [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0x0f)]]),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(value: &[u8], secret: &[u8]) -> String {
+        let mut out = Vec::new();
+        KeyDigest::new(secret).write_hex(value, &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    #[test]
+    fn digest_is_hmac_sha256_cut_to_128_bits() {
+        // RFC 4231 test case 2 (key "Jefe") and case 6 (a 131-byte key, hashed first).
+        assert_eq!(
+            hex(b"what do ya want for nothing?", b"Jefe"),
+            "5bdcc146bf60754e6a042426089575c7"
+        );
+        assert_eq!(
+            hex(
+                b"Test Using Larger Than Block-Size Key - Hash Key First",
+                &[0xaa; 131]
+            ),
+            "60e431591ee0b67f0d8a26aacbf5b77f"
+        );
+    }
+
+    #[test]
+    fn digest_is_keyed_and_fixed_length() {
+        let long = vec![b'k'; MAX_RAW_KEY * 4];
+        let a = hex(&long, b"");
+        let b = hex(&long, b"pepper");
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+        // A different value of the same length: a different digest.
+        let mut other = long.clone();
+        other[MAX_RAW_KEY] = b'j';
+        assert_ne!(hex(&other, b""), a);
+    }
+}
