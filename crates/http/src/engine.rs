@@ -27,13 +27,13 @@ use crate::headers::{
     Field, HeaderList, PolicyHeaders, render, retry_after, retry_soon, t_of, write_lines,
 };
 use crate::key::DuplicateField;
-use crate::key::{KeyBuf, KeyContext, KeyHasher};
+use crate::key::{CredentialHasher, KeyBuf, KeyContext};
 use crate::route::{NormalizedPath, PathTooDeep};
 use crate::{
     ConfigError, HeaderConfig, JwtVerifier, KeyChain, KeySelector, RequestInfo, RouteMatch,
     TrustedProxies, problem,
 };
-use tollgate::headers::t_secs;
+use tollgate::headers::{aggregate_retry_after, t_secs};
 
 mod queue;
 pub use queue::QueueTicket;
@@ -84,6 +84,18 @@ impl Action {
                 input,
                 "use \"reject\", \"delay\", \"shadow\" or \"queue\"",
             )),
+        }
+    }
+}
+
+impl Action {
+    /// The configuration name: `"reject"`, `"delay"`, `"shadow"` or `"queue"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Reject => "reject",
+            Action::Delay { .. } => "delay",
+            Action::Shadow => "shadow",
+            Action::Queue => "queue",
         }
     }
 }
@@ -208,7 +220,7 @@ struct Inner<S, C> {
     policies: Vec<Compiled>,
     headers: HeaderConfig,
     jwt: Option<JwtVerifier>,
-    hasher: KeyHasher,
+    hasher: CredentialHasher,
     ipv6_prefix: u8,
     fail_mode: FailMode,
     resolve_ip: Box<ResolveIp>,
@@ -466,7 +478,7 @@ impl<S, C> EngineBuilder<S, C> {
                 policies: compiled,
                 headers: self.headers,
                 jwt: self.jwt,
-                hasher: KeyHasher::new(&self.key_secret),
+                hasher: CredentialHasher::new(&self.key_secret),
                 ipv6_prefix: self.ipv6_prefix,
                 fail_mode: self.fail_mode,
                 resolve_ip,
@@ -1120,18 +1132,20 @@ impl<S: Store, C: Clock> Engine<S, C> {
         indexes: &[usize],
     ) -> Option<(u64, Field)> {
         let now = self.inner.limiter.clock().now();
-        let mut wait: Option<Duration> = Some(Duration::ZERO);
-        let mut floor = 0;
-        for (d, &i) in decisions.as_slice().iter().zip(indexes.iter()) {
-            if d.allowed || self.inner.policies[i].http.action == Action::Shadow {
-                continue;
-            }
-            floor = floor.max(t_secs(d));
-            wait = match (wait, d.retry_after) {
-                (Some(w), Some(r)) => Some(w.max(r)),
-                _ => None,
-            };
-        }
+        let denials: SmallVec<[&Decision; 4]> = decisions
+            .as_slice()
+            .iter()
+            .zip(indexes.iter())
+            .filter(|(d, i)| !d.allowed && self.inner.policies[**i].http.action != Action::Shadow)
+            .map(|(d, _)| d)
+            .collect();
+        let mut floor = denials.iter().map(|d| t_secs(d)).max().unwrap_or(0);
+        // The core's one rule; with no enforcing denial there is nothing to wait for.
+        let wait = if denials.is_empty() {
+            Some(Duration::ZERO)
+        } else {
+            aggregate_retry_after(denials.iter().copied())
+        };
         // RateLimit's `t` may come from another denying policy: never answer earlier than it.
         if let Some(t) = t_of(headers) {
             floor = floor.max(t);

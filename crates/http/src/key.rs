@@ -193,10 +193,6 @@ pub(crate) struct CredentialHasher {
     long_keys: KeyDigest,
 }
 
-/// The name the engine still uses for [`CredentialHasher`] (kept until the engine's own split,
-/// so the two changes do not collide).
-pub(crate) type KeyHasher = CredentialHasher;
-
 impl fmt::Debug for CredentialHasher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never print the key.

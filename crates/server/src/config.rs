@@ -202,14 +202,9 @@ pub struct ProxyConfig {
     pub timeout: Duration,
 }
 
-/// How `X-RateLimit-Reset` is written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ResetFormat {
-    /// Unix epoch seconds (GitHub style).
-    Epoch,
-    /// Seconds from now.
-    Delta,
-}
+/// How `X-RateLimit-Reset` is written: the one definition every way in shares (the config
+/// offers `epoch` and `delta`).
+pub use tollgate::headers::ResetFormat;
 
 /// `[headers]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,30 +227,9 @@ impl Default for HeadersConfig {
     }
 }
 
-/// What a policy does with a request it denies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
-    /// Answer 429.
-    Reject,
-    /// Hold the request until its slot (leaky bucket), 429 past the bound.
-    Delay,
-    /// Never block: count, log and report only.
-    Shadow,
-    /// Store a request over the rate and deliver it later at the policy's rate (leaky bucket).
-    Queue,
-}
-
-impl Action {
-    /// The configuration name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Reject => "reject",
-            Action::Delay => "delay",
-            Action::Shadow => "shadow",
-            Action::Queue => "queue",
-        }
-    }
-}
+/// What a policy does with a request it denies: the engine's own type (a `delay` carries its
+/// `max_delay`).
+pub use tollgate_http::Action;
 
 /// `[jwt]`: how Bearer tokens are verified for `jwt:<claim>` key selectors, with the key
 /// already loaded (from the environment variable or the PEM file).
@@ -295,8 +269,6 @@ pub struct PolicyConfig {
     /// `require_key`: a request with no key is refused with 401 rather than counted as
     /// `anonymous`.
     pub require_key: bool,
-    /// `max_delay` (leaky bucket): the longest a `delay` request is held.
-    pub max_delay: Option<Duration>,
     /// The `queue_*` fields, for a `queue` policy.
     pub queue: Option<QueueSettings>,
     /// Where a `jwt:` selector was written, for the error when `[jwt]` is missing.
@@ -311,19 +283,11 @@ impl PolicyConfig {
 
     /// The policy as the HTTP engine runs it.
     pub fn to_http(&self) -> tollgate_http::HttpPolicy {
-        let action = match self.action {
-            Action::Reject => tollgate_http::Action::Reject,
-            Action::Shadow => tollgate_http::Action::Shadow,
-            Action::Queue => tollgate_http::Action::Queue,
-            Action::Delay => tollgate_http::Action::Delay {
-                max_delay: self.max_delay.unwrap_or(tollgate_http::DEFAULT_MAX_DELAY),
-            },
-        };
         tollgate_http::HttpPolicy::new(self.policy.clone())
             .keys(self.keys.clone())
             .route(self.route.clone())
             .cost(self.cost)
-            .action(action)
+            .action(self.action)
             .require_key(self.require_key)
     }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use hyper::HeaderMap;
 use hyper::header::HeaderName;
-use sha2::{Digest, Sha256};
+use tollgate::key_digest::{KeyDigest, MAX_RAW_KEY};
 use tollgate::store::Check;
 use tollgate::{Clock, Decision, Decisions, Error, Quota, Store, SystemClock};
 use tollgate_http::{
@@ -16,7 +16,7 @@ use tollgate_http::{
 };
 
 use crate::admin::top::PolicyTop;
-use crate::config::{Action, Config, OnError, PolicyConfig, ResetFormat};
+use crate::config::{Action, Config, OnError, PolicyConfig};
 use crate::metrics::{Metrics, Outcome, PolicyCounters};
 use crate::response::policy_name;
 use crate::store::AnyStore;
@@ -43,8 +43,14 @@ pub struct Evaluation {
     pub fail_open: bool,
 }
 
-/// Keys longer than this are hashed before they reach the store.
-const MAX_RAW_KEY: usize = 256;
+/// The digest a key longer than [`MAX_RAW_KEY`] is counted under: the core's one long-key rule,
+/// under a public secret (the stores hash every key again under their own secret), so every
+/// instance sharing a Redis counts a long key under the same name.
+fn long_key_digest() -> &'static KeyDigest {
+    static DIGEST: std::sync::LazyLock<KeyDigest> =
+        std::sync::LazyLock::new(|| KeyDigest::new(b""));
+    &DIGEST
+}
 
 /// The HTTP policy engine `config` describes (policies, keys, routes, costs, headers, trusted
 /// proxies, JWT, key hashing, failure mode) over `store`, reading time from `clock`. The server
@@ -63,10 +69,7 @@ pub fn http_engine<S: Store, C: Clock>(
         .policies(config.policies.iter().map(PolicyConfig::to_http))
         .headers(HeaderConfig {
             legacy: h.legacy,
-            reset_format: match h.reset_format {
-                ResetFormat::Epoch => tollgate_http::ResetFormat::Epoch,
-                ResetFormat::Delta => tollgate_http::ResetFormat::Delta,
-            },
+            reset_format: h.reset_format,
             ietf: h.ietf,
             retry_after_format: RetryAfterFormat::Seconds,
         })
@@ -249,7 +252,7 @@ impl Engine {
             .ok_or_else(|| Error::UnknownPolicy(pc.name().to_owned()))?;
         let hashed;
         let key = if key.len() > MAX_RAW_KEY {
-            hashed = Sha256::digest(key);
+            hashed = long_key_digest().digest(key);
             &hashed[..]
         } else {
             key

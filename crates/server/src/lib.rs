@@ -25,8 +25,9 @@ pub mod store;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -136,9 +137,8 @@ impl Listeners {
 /// State every listener shares; the engine is swapped whole on reload.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    engine: RwLock<Arc<Engine>>,
-    /// Bumped after every engine swap, so a connection can keep its engine until a reload.
-    generation: AtomicU64,
+    /// The running engine: read without a lock on every request, replaced whole on reload.
+    engine: ArcSwap<Engine>,
     store: AnyStore,
     metrics: Arc<Metrics>,
     /// Envoy's rate limit service, kept so a reload can swap its descriptors in place.
@@ -151,10 +151,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn engine(&self) -> Arc<Engine> {
-        match self.engine.read() {
-            Ok(e) => Arc::clone(&e),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
+        self.engine.load_full()
     }
 
     /// Re-reads the configuration from where it came from (its file, its `--envoy-config`
@@ -225,13 +222,8 @@ impl Shared {
         let engine = Arc::new(engine);
         // The overrides go into the new engine before it serves, and no change to them can
         // land on the old one in between.
-        self.overrides.install_then(&engine, || {
-            match self.engine.write() {
-                Ok(mut g) => *g = Arc::clone(&engine),
-                Err(poisoned) => *poisoned.into_inner() = Arc::clone(&engine),
-            }
-            self.generation.fetch_add(1, Ordering::Release);
-        });
+        self.overrides
+            .install_then(&engine, || self.engine.store(Arc::clone(&engine)));
         self.metrics.reload(true);
         Ok(())
     }
@@ -279,8 +271,7 @@ pub async fn run_with(
         AnyStore::Redis(r) => Backend::Redis(r.clone()),
     });
     let shared = Arc::new(Shared {
-        engine: RwLock::new(Arc::new(engine)),
-        generation: AtomicU64::new(0),
+        engine: ArcSwap::from_pointee(engine),
         store: store.clone(),
         metrics,
         envoy: envoy_handle,
@@ -431,10 +422,7 @@ fn rls_config(config: &Config, envoy: &config::Envoy) -> tollgate_envoy::Config 
         .failure_mode(envoy.failure_mode)
         .x_ratelimit_headers(h.legacy)
         .ietf_headers(h.ietf)
-        .reset_format(match h.reset_format {
-            config::ResetFormat::Epoch => tollgate_envoy::ResetFormat::Epoch,
-            config::ResetFormat::Delta => tollgate_envoy::ResetFormat::Delta,
-        })
+        .reset_format(h.reset_format)
 }
 
 /// Reloads on SIGHUP and whenever a watched file changes, appears or goes (checked every

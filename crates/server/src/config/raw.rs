@@ -992,7 +992,16 @@ fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<Pol
             &ctx,
             &[
                 ("reject", Action::Reject),
-                ("delay", Action::Delay),
+                (
+                    "delay",
+                    Action::Delay {
+                        max_delay: p
+                            .max_delay
+                            .as_ref()
+                            .and_then(|v| parse_duration(v.get_ref()).ok())
+                            .unwrap_or(tollgate_http::DEFAULT_MAX_DELAY),
+                    },
+                ),
                 ("shadow", Action::Shadow),
                 ("queue", Action::Queue),
             ],
@@ -1000,7 +1009,7 @@ fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<Pol
         ),
         None => Some(Action::Reject),
     };
-    if action == Some(Action::Delay) && kind != AlgorithmKind::LeakyBucket {
+    if matches!(action, Some(Action::Delay { .. })) && kind != AlgorithmKind::LeakyBucket {
         let pos = p.action.as_ref().map_or(at, |v| v.span().start);
         errs.at(pos, format!("{ctx}action \"delay\" needs algorithm \"leaky_bucket\" (it holds a request until its slot); use action = \"reject\" with \"{kname}\""));
         ok = false;
@@ -1026,10 +1035,6 @@ fn validate_policy(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<Pol
         policy: policy?,
         keys: KeyChain::new(keys),
         route: route?,
-        max_delay: p
-            .max_delay
-            .as_ref()
-            .and_then(|v| parse_duration(v.get_ref()).ok()),
         jwt_key_at,
         cost: cost?,
         action: action?,

@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use bytes::{Buf, BytesMut};
 use hyper::header::HeaderValue;
@@ -54,9 +53,8 @@ pub(super) struct Conn {
     pub(super) out: Vec<u8>,
     /// The headers the engine reads (keys, JWT, forwarding headers), refilled per request.
     pub(super) map: HeaderMap,
-    /// The engine this connection last used, and the reload generation it came from (out of
-    /// here during an exchange).
-    pub(super) engine: Option<(u64, Arc<Engine>)>,
+    /// The engine this connection last used (out of here during an exchange).
+    pub(super) engine: Option<Arc<Engine>>,
 }
 
 /// What the relay keeps of a request head once its bytes are gone.
@@ -98,11 +96,13 @@ impl Conn {
     /// (give it back with [`Conn::put_engine`]): looked up again only after a reload, and
     /// never cloned per request, as a reference count both cores update would bounce between
     /// them.
-    fn take_engine(&mut self) -> (u64, Arc<Engine>) {
-        let generation = self.shared.generation.load(Ordering::Acquire);
+    fn take_engine(&mut self) -> Arc<Engine> {
+        // arc-swap's load borrows the running engine without touching its reference count;
+        // a pointer comparison tells whether a reload replaced it.
+        let running = self.shared.engine.load();
         match self.engine.take() {
-            Some((g, e)) if g == generation => (g, e),
-            _ => (generation, self.shared.engine()),
+            Some(engine) if Arc::ptr_eq(&engine, &running) => engine,
+            _ => arc_swap::Guard::into_inner(running),
         }
     }
 
@@ -124,7 +124,7 @@ impl Conn {
             };
             first = false;
             let engine = self.take_engine();
-            let go_on = self.exchange(client, &engine.1, head_len, stopping).await;
+            let go_on = self.exchange(client, &engine, head_len, stopping).await;
             self.engine = Some(engine);
             if !go_on {
                 return;
