@@ -1,0 +1,243 @@
+//! How an [`Engine`] is put together: policies compiled once (header text, the headers keys
+//! are read from), the store, the clock, proxies, JWT and the credential hash secret.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::HeaderName;
+use tollgate::{Clock, Limiter, MemoryStore, Policy, Quota, Store, SystemClock};
+
+use crate::client_ip::{ForwardedHeader, client_ip};
+use crate::headers::PolicyHeaders;
+use crate::key::CredentialHasher;
+use crate::{ConfigError, HeaderConfig, JwtVerifier, KeySelector, RequestInfo, TrustedProxies};
+
+use super::{Action, Compiled, Engine, FailMode, HttpPolicy, Inner, Overrides, ResolveIp};
+
+/// Builds an [`Engine`].
+pub struct EngineBuilder<S, C> {
+    store: S,
+    clock: C,
+    policies: Vec<HttpPolicy>,
+    headers: HeaderConfig,
+    trusted: TrustedProxies,
+    forwarded: ForwardedHeader,
+    ipv6_prefix: u8,
+    jwt: Option<JwtVerifier>,
+    key_secret: Vec<u8>,
+    fail_mode: FailMode,
+}
+
+impl<S, C> fmt::Debug for EngineBuilder<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineBuilder")
+            .field("policies", &self.policies)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// A builder with the in-memory store and the system clock.
+    pub fn builder() -> EngineBuilder<MemoryStore, SystemClock> {
+        EngineBuilder {
+            store: MemoryStore::default(),
+            clock: SystemClock::new(),
+            policies: Vec::new(),
+            headers: HeaderConfig::default(),
+            trusted: TrustedProxies::none(),
+            forwarded: ForwardedHeader::default(),
+            ipv6_prefix: 64,
+            jwt: None,
+            key_secret: Vec::new(),
+            fail_mode: FailMode::default(),
+        }
+    }
+}
+
+impl<S, C> EngineBuilder<S, C> {
+    /// Keeps state in `store`.
+    pub fn store<S2: Store>(self, store: S2) -> EngineBuilder<S2, C> {
+        EngineBuilder {
+            store,
+            clock: self.clock,
+            policies: self.policies,
+            headers: self.headers,
+            trusted: self.trusted,
+            forwarded: self.forwarded,
+            ipv6_prefix: self.ipv6_prefix,
+            jwt: self.jwt,
+            key_secret: self.key_secret,
+            fail_mode: self.fail_mode,
+        }
+    }
+
+    /// Reads time (and sleeps held requests) with `clock`.
+    pub fn clock<C2: Clock>(self, clock: C2) -> EngineBuilder<S, C2> {
+        EngineBuilder {
+            store: self.store,
+            clock,
+            policies: self.policies,
+            headers: self.headers,
+            trusted: self.trusted,
+            forwarded: self.forwarded,
+            ipv6_prefix: self.ipv6_prefix,
+            jwt: self.jwt,
+            key_secret: self.key_secret,
+            fail_mode: self.fail_mode,
+        }
+    }
+
+    /// Adds a policy. Policies are checked in the order they are added.
+    pub fn policy(mut self, policy: HttpPolicy) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    /// Adds policies.
+    pub fn policies(mut self, policies: impl IntoIterator<Item = HttpPolicy>) -> Self {
+        self.policies.extend(policies);
+        self
+    }
+
+    /// Which headers responses carry.
+    pub fn headers(mut self, headers: HeaderConfig) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// The proxies whose forwarding headers are believed (default: none).
+    pub fn trusted_proxies(mut self, trusted: TrustedProxies) -> Self {
+        self.trusted = trusted;
+        self
+    }
+
+    /// Which forwarding header trusted proxies write (default `X-Forwarded-For`).
+    pub fn forwarded_header(mut self, header: ForwardedHeader) -> Self {
+        self.forwarded = header;
+        self
+    }
+
+    /// How many leading bits of an IPv6 address form one client (default 64).
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits;
+        self
+    }
+
+    /// Verifies Bearer tokens for `jwt:<claim>` selectors.
+    pub fn jwt(mut self, verifier: JwtVerifier) -> Self {
+        self.jwt = Some(verifier);
+        self
+    }
+
+    /// The secret credentials are hashed with before they become store keys (default empty).
+    /// Instances sharing a store must share it.
+    pub fn key_hash_secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.key_secret = secret.into();
+        self
+    }
+
+    /// What to do when the store fails (default [`FailMode::Allow`]).
+    pub fn fail_mode(mut self, mode: FailMode) -> Self {
+        self.fail_mode = mode;
+        self
+    }
+
+    /// The engine, or the first configuration error.
+    pub fn build(self) -> Result<Engine<S, C>, ConfigError>
+    where
+        S: Store,
+        C: Clock,
+    {
+        if self.ipv6_prefix > 128 {
+            return Err(ConfigError::new(
+                &self.ipv6_prefix.to_string(),
+                "ipv6_prefix must be from 0 to 128",
+            ));
+        }
+        let mut compiled = Vec::with_capacity(self.policies.len());
+        for mut http in self.policies {
+            let name = http.policy.name().to_owned();
+            let fail = |reason: &str| Err(ConfigError::new(&name, reason));
+            if http.keys.uses_jwt() && self.jwt.is_none() {
+                return fail(
+                    "a \"jwt:<claim>\" key selector needs a JWT key ([jwt] in the config)",
+                );
+            }
+            if http.require_key && http.keys.selectors().is_empty() {
+                return fail("require_key needs at least one key selector");
+            }
+            let max = http.policy.quota().max_cost();
+            if http.cost > max {
+                return Err(ConfigError::new(
+                    &name,
+                    format!(
+                        "cost {} exceeds the quota: no request could ever pass (at most {max})",
+                        http.cost
+                    ),
+                ));
+            }
+            if let Action::Delay { max_delay } = http.action {
+                // The bound is enforced by the algorithm, so a request that would wait too long
+                // is denied before it consumes anything.
+                let Quota::LeakyBucket(bucket) = http.policy.quota() else {
+                    return fail("action \"delay\" needs algorithm \"leaky_bucket\"");
+                };
+                let bound = bucket.max_delay().map_or(max_delay, |d| d.min(max_delay));
+                let quota = Quota::LeakyBucket(bucket.clone().with_max_delay(bound));
+                http.policy =
+                    Policy::new(&name, quota).map_err(|e| ConfigError::new(&name, e.reason()))?;
+            }
+            if http.action == Action::Queue && !matches!(http.policy.quota(), Quota::LeakyBucket(_))
+            {
+                return fail("action \"queue\" needs algorithm \"leaky_bucket\"");
+            }
+            let text = PolicyHeaders::new(&http.policy)?;
+            compiled.push(Compiled { http, text });
+        }
+        let limiter = Limiter::builder()
+            .store(self.store)
+            .clock(self.clock)
+            .policies(compiled.iter().map(|c| c.http.policy.clone()))
+            .build()
+            .map_err(|e| ConfigError::new("policies", e.to_string()))?;
+        let trusted = self.trusted;
+        let forwarded = self.forwarded;
+        let resolve_ip: Box<ResolveIp> = Box::new(move |info: &RequestInfo<'_>| {
+            if let Some(ip) = info.client_ip {
+                return Some(ip.to_canonical());
+            }
+            info.peer
+                .map(|peer| client_ip(peer, info.headers, &trusted, forwarded))
+        });
+        let reads_path = compiled.iter().any(|c| c.http.route.reads_path());
+        let mut headers_read = vec![match self.forwarded {
+            ForwardedHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
+            ForwardedHeader::Forwarded => http::header::FORWARDED,
+        }];
+        for selector in compiled.iter().flat_map(|c| c.http.keys.selectors()) {
+            let name = match selector {
+                KeySelector::Header(name) => name.clone(),
+                KeySelector::Jwt(_) => http::header::AUTHORIZATION,
+                _ => continue,
+            };
+            if !headers_read.contains(&name) {
+                headers_read.push(name);
+            }
+        }
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                reads_path,
+                headers_read,
+                limiter,
+                policies: compiled,
+                headers: self.headers,
+                jwt: self.jwt,
+                hasher: CredentialHasher::new(&self.key_secret),
+                ipv6_prefix: self.ipv6_prefix,
+                fail_mode: self.fail_mode,
+                resolve_ip,
+                overrides: Overrides::default(),
+            }),
+        })
+    }
+}

@@ -1,0 +1,159 @@
+//! The engine's answers: the rate-limit headers rendered from decisions, `Retry-After` by the
+//! core's one rule, the 429, and what a store failure turns into under the fail mode.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use smallvec::SmallVec;
+use tollgate::headers::{aggregate_retry_after, t_secs};
+use tollgate::{Clock, Decision, Decisions, Error, Store};
+
+use crate::headers::{Field, HeaderList, PolicyHeaders, render, retry_after, retry_soon, t_of};
+use crate::problem;
+
+use super::{Action, Answer, Engine, Entry, FailMode, KeyOverride, Outcome, Verdict};
+
+impl<S: Store, C: Clock> Engine<S, C> {
+    pub(super) fn render(&self, decisions: &Decisions, entries: &[Entry]) -> HeaderList {
+        let items: SmallVec<[(&Decision, &PolicyHeaders); 4]> = decisions
+            .as_slice()
+            .iter()
+            .zip(entries.iter())
+            .map(|(d, e)| (d, self.text(e)))
+            .collect();
+        self.render_items(&items)
+    }
+
+    /// The headers for `decisions`, the i-th made by the policy at `indexes[i]`, under the
+    /// quota `overrides[i]` when there is one.
+    pub(super) fn render_at(
+        &self,
+        decisions: &Decisions,
+        indexes: &[usize],
+        overrides: &[Option<Arc<KeyOverride>>],
+    ) -> HeaderList {
+        let items: SmallVec<[(&Decision, &PolicyHeaders); 4]> = decisions
+            .as_slice()
+            .iter()
+            .zip(indexes.iter())
+            .enumerate()
+            .map(|(n, (d, &i))| match overrides.get(n) {
+                Some(Some(over)) => (d, &over.text),
+                _ => (d, &self.inner.policies[i].text),
+            })
+            .collect();
+        self.render_items(&items)
+    }
+
+    pub(super) fn render_items(&self, items: &[(&Decision, &PolicyHeaders)]) -> HeaderList {
+        let mut headers = HeaderList::new();
+        render(
+            &self.inner.headers,
+            self.inner.limiter.clock().now(),
+            items,
+            &mut headers,
+        );
+        headers
+    }
+
+    /// `Retry-After` for denied `decisions` (the i-th made by the policy at `indexes[i]`): it
+    /// covers every enforcing policy that denied, never earlier than the `t` in `headers`;
+    /// shadow denials never delay. `None` when some denial can never pass.
+    pub(super) fn retry_after_at(
+        &self,
+        decisions: &Decisions,
+        headers: &HeaderList,
+        indexes: &[usize],
+    ) -> Option<(u64, Field)> {
+        let now = self.inner.limiter.clock().now();
+        let denials: SmallVec<[&Decision; 4]> = decisions
+            .as_slice()
+            .iter()
+            .zip(indexes.iter())
+            .filter(|(d, i)| !d.allowed && self.inner.policies[**i].http.action != Action::Shadow)
+            .map(|(d, _)| d)
+            .collect();
+        let mut floor = denials.iter().map(|d| t_secs(d)).max().unwrap_or(0);
+        // The core's one rule; with no enforcing denial there is nothing to wait for.
+        let wait = if denials.is_empty() {
+            Some(Duration::ZERO)
+        } else {
+            aggregate_retry_after(denials.iter().copied())
+        };
+        // RateLimit's `t` may come from another denying policy: never answer earlier than it.
+        if let Some(t) = t_of(headers) {
+            floor = floor.max(t);
+        }
+        wait.map(|w| retry_after(self.inner.headers.retry_after_format, now, w, floor))
+    }
+
+    /// The 429.
+    pub(super) fn deny(
+        &self,
+        decisions: Decisions,
+        mut headers: HeaderList,
+        entries: &[Entry],
+    ) -> Outcome<S, C> {
+        let indexes: SmallVec<[usize; 4]> = entries.iter().map(|e| e.index).collect();
+        let retry = self.retry_after_at(&decisions, &headers, &indexes);
+        let violated = decisions
+            .as_slice()
+            .iter()
+            .zip(entries.iter())
+            .filter(|(d, e)| !d.allowed && !self.is_shadow(e))
+            .map(|(d, _)| d.policy);
+        tracing::debug!(policies = ?violated.clone().collect::<SmallVec<[&str; 4]>>(), "rate limited");
+        let body = problem::quota_exceeded(violated, retry.as_ref().map(|(s, _)| *s));
+        if let Some((_, field)) = retry {
+            headers.push(field);
+        }
+        let mut answer = Answer::new(StatusCode::TOO_MANY_REQUESTS, headers.clone(), body);
+        answer.queue = self.queue_ticket(&decisions, entries);
+        self.outcome(decisions, headers, Verdict::Respond(answer))
+    }
+
+    pub(super) fn failed(&self, error: Error, entries: &[Entry]) -> Outcome<S, C> {
+        match error {
+            Error::CostExceedsQuota { policy, .. } => {
+                // Cannot happen for configured costs (the builder refuses them); answered as
+                // the SPEC says: 429 with no Retry-After, since waiting never helps.
+                let body = problem::quota_exceeded([policy.as_str()].into_iter(), None);
+                let answer = Answer::new(StatusCode::TOO_MANY_REQUESTS, HeaderList::new(), body);
+                self.outcome(
+                    Decisions::new(),
+                    HeaderList::new(),
+                    Verdict::Respond(answer),
+                )
+            }
+            error => {
+                let names: SmallVec<[&str; 4]> = entries
+                    .iter()
+                    .map(|e| self.inner.policies[e.index].http.policy.name())
+                    .collect();
+                tracing::warn!(%error, policies = ?names, fail_mode = ?self.inner.fail_mode, "rate limit store failed");
+                let mut outcome = match self.inner.fail_mode {
+                    FailMode::Allow => {
+                        self.outcome(Decisions::new(), HeaderList::new(), Verdict::Pass)
+                    }
+                    FailMode::Deny => {
+                        let mut retry = HeaderList::new();
+                        retry.push(retry_soon());
+                        let answer = Answer::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            retry,
+                            problem::unavailable(),
+                        );
+                        self.outcome(
+                            Decisions::new(),
+                            HeaderList::new(),
+                            Verdict::Respond(answer),
+                        )
+                    }
+                };
+                outcome.store_failed = true;
+                outcome
+            }
+        }
+    }
+}
