@@ -26,7 +26,8 @@ mod failure;
 mod leased;
 mod overrides;
 
-use connection::{Connection, classify};
+use connection::Connection;
+pub(crate) use connection::classify;
 
 /// How long a failed Redis is left alone before one call tries it again.
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);

@@ -130,39 +130,15 @@ impl Shared {
             })
     }
 
-    /// Whether a failure is worth retrying (Redis away, slow, failing over) or not.
+    /// Whether a failure is worth retrying (Redis away, slow, failing over) or not: the store's
+    /// rule, with a timeout reported as one (with this queue's bound).
     fn classify(&self, e: RedisError) -> StoreError {
         if e.is_timeout() {
             return StoreError::Timeout {
                 after: self.timeout,
             };
         }
-        let retryable = e.is_io_error()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || matches!(
-                e.kind(),
-                ErrorKind::Io
-                    | ErrorKind::ClusterConnectionNotFound
-                    | ErrorKind::Server(
-                        ServerErrorKind::TryAgain
-                            | ServerErrorKind::ClusterDown
-                            | ServerErrorKind::MasterDown
-                            | ServerErrorKind::BusyLoading
-                            | ServerErrorKind::Moved
-                            | ServerErrorKind::Ask
-                            | ServerErrorKind::ReadOnly
-                    )
-            );
-        if retryable {
-            StoreError::Unavailable {
-                reason: e.to_string(),
-            }
-        } else {
-            StoreError::Protocol {
-                reason: e.to_string(),
-            }
-        }
+        crate::store::classify(e)
     }
 }
 
