@@ -58,10 +58,27 @@ pub enum ServerError {
     Store(#[from] StoreSetupError),
     /// The Envoy descriptors could not be compiled.
     #[error("cannot start Envoy's rate limit service: {0}")]
-    Envoy(String),
+    Envoy(#[source] tollgate_envoy::ConfigError),
+    /// The limiter under Envoy's rate limit service could not be built.
+    #[error("cannot start Envoy's rate limit service: {0}")]
+    EnvoyLimiter(#[source] tollgate::Error),
     /// The policies could not be loaded into the engine.
     #[error("cannot build the policy engine: {0}")]
     Engine(#[from] tollgate_http::ConfigError),
+}
+
+/// Why a reload was rejected (the running configuration stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The file (or the Envoy folder) could not be read or is not valid.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// The policies could not be loaded into the engine.
+    #[error("{0}")]
+    Engine(#[source] tollgate_http::ConfigError),
+    /// The Envoy descriptors could not be compiled.
+    #[error("[envoy] {0}")]
+    Envoy(#[source] tollgate_envoy::ConfigError),
 }
 
 /// The bound listeners the server runs on.
@@ -156,13 +173,13 @@ impl Shared {
 
     /// Re-reads the configuration from where it came from (its file, its `--envoy-config`
     /// folder); keeps the running one when the new one is bad.
-    fn reload(&self) -> Result<(), String> {
+    fn reload(&self) -> Result<(), ReloadError> {
         let current = self.engine();
         let mut config = match current.config().reread() {
             Ok(c) => c,
             Err(e) => {
                 self.metrics.reload(false);
-                return Err(e.to_string());
+                return Err(ReloadError::Config(e));
             }
         };
         let old = current.config();
@@ -209,14 +226,14 @@ impl Shared {
         )
         .map_err(|e| {
             self.metrics.reload(false);
-            e.to_string()
+            ReloadError::Engine(e)
         })?;
         // Swapped only after the engine was built, and before it is installed: a bad descriptor
         // tree leaves both the descriptors and the engine as they were.
         if let Some((service, rls)) = envoy_reload {
             service.reload(&rls).map_err(|e| {
                 self.metrics.reload(false);
-                format!("[envoy] {e}")
+                ReloadError::Envoy(e)
             })?;
         }
         let engine = Arc::new(engine);
@@ -410,8 +427,8 @@ fn envoy_service(
         .store(store.clone())
         .clock(SystemClock::new())
         .build()
-        .map_err(|e| ServerError::Envoy(e.to_string()))?;
-    tollgate_envoy::RlsService::new(limiter, &rls).map_err(|e| ServerError::Envoy(e.to_string()))
+        .map_err(ServerError::EnvoyLimiter)?;
+    tollgate_envoy::RlsService::new(limiter, &rls).map_err(ServerError::Envoy)
 }
 
 /// The Envoy service's configuration: the descriptors and the server's header settings.
