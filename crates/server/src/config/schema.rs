@@ -188,22 +188,7 @@ fn check_value(
             wrong(errs, "true or false", &format!("{name} = true"));
             return false;
         }
-        (Ty::StrArray, DeValue::Array(items)) => {
-            let mut ok = true;
-            for item in items.iter() {
-                if !item.get_ref().is_str() {
-                    errs.at(
-                        item.span().start,
-                        format!(
-                            "field \"{name}\" in {ctx} must list strings, not {}; write e.g. {name} = [\"...\"]",
-                            item.get_ref().type_str()
-                        ),
-                    );
-                    ok = false;
-                }
-            }
-            return ok;
-        }
+        (Ty::StrArray, DeValue::Array(items)) => return string_items(name, items, ctx, errs),
         (Ty::StrArray, _) => {
             wrong(errs, "an array of strings", &format!("{name} = [\"...\"]"));
             return false;
@@ -221,27 +206,7 @@ fn check_value(
             return false;
         }
         (Ty::TableArray(fields), DeValue::Array(items)) => {
-            let mut ok = true;
-            for (i, item) in items.iter_mut().enumerate() {
-                let at = item.span().start;
-                match item.get_mut() {
-                    DeValue::Table(t) => {
-                        let label = t
-                            .get("name")
-                            .and_then(|n| n.get_ref().as_str().map(|s| format!("{name} \"{s}\"")))
-                            .unwrap_or_else(|| format!("[[{name}]] #{}", i + 1));
-                        table(t, fields, &label, errs);
-                    }
-                    _ => {
-                        errs.at(
-                            at,
-                            format!("each entry of \"{name}\" must be a table; write [[{name}]]"),
-                        );
-                        ok = false;
-                    }
-                }
-            }
-            return ok;
+            return table_items(name, items, fields, errs);
         }
         (Ty::TableArray(_), _) => {
             wrong(errs, "an array of tables", &format!("[[{name}]]"));
@@ -249,6 +214,60 @@ fn check_value(
         }
     }
     true
+}
+
+/// Every item of a string array is a string; each one that is not is reported.
+fn string_items(
+    name: &str,
+    items: &[Spanned<DeValue<'_>>],
+    ctx: &str,
+    errs: &mut Errors<'_>,
+) -> bool {
+    let mut ok = true;
+    for item in items {
+        if !item.get_ref().is_str() {
+            errs.at(
+                item.span().start,
+                format!(
+                    "field \"{name}\" in {ctx} must list strings, not {}; write e.g. {name} = [\"...\"]",
+                    item.get_ref().type_str()
+                ),
+            );
+            ok = false;
+        }
+    }
+    ok
+}
+
+/// Every entry of an array of tables (`[[policy]]`) is a table whose fields are checked, each
+/// named in messages by its `name` when it has one.
+fn table_items(
+    name: &str,
+    items: &mut [Spanned<DeValue<'_>>],
+    fields: &[(&'static str, Ty)],
+    errs: &mut Errors<'_>,
+) -> bool {
+    let mut ok = true;
+    for (i, item) in items.iter_mut().enumerate() {
+        let at = item.span().start;
+        match item.get_mut() {
+            DeValue::Table(t) => {
+                let label = t
+                    .get("name")
+                    .and_then(|n| n.get_ref().as_str().map(|s| format!("{name} \"{s}\"")))
+                    .unwrap_or_else(|| format!("[[{name}]] #{}", i + 1));
+                table(t, fields, &label, errs);
+            }
+            _ => {
+                errs.at(
+                    at,
+                    format!("each entry of \"{name}\" must be a table; write [[{name}]]"),
+                );
+                ok = false;
+            }
+        }
+    }
+    ok
 }
 
 /// The known name nearest to `name`, if it is a plausible typo.

@@ -1,0 +1,134 @@
+//! `[server]` and `[admin]`: where Tollgate listens, and the bounds every listener keeps
+//! (`header_read_timeout`, `max_header_bytes`, `max_connections`, `[proxy] idle_timeout`).
+
+use std::net::SocketAddr;
+
+use super::fields::{addr, duration};
+use super::{Errors, RawAdmin, RawProxy, RawServer, S};
+
+/// The listeners of `[server]` and `[admin]`; each field `None` when its value was refused
+/// (and reported).
+pub(super) struct Listeners {
+    pub(super) listen: Option<SocketAddr>,
+    /// `Some(None)` when no `grpc_listen` is set.
+    pub(super) grpc_listen: Option<Option<SocketAddr>>,
+    pub(super) ipv6_prefix: Option<u8>,
+    pub(super) limits: Option<crate::Limits>,
+    pub(super) admin_listen: Option<SocketAddr>,
+    pub(super) admin_token: Option<String>,
+    /// False when a field was refused that has no `None` of its own (an empty admin token).
+    pub(super) ok: bool,
+}
+
+pub(super) fn validate(
+    server: &RawServer,
+    proxy: Option<&RawProxy>,
+    admin: RawAdmin,
+    errs: &mut Errors<'_>,
+) -> Listeners {
+    let limits = validate_limits(server, proxy, errs);
+    let ipv6_prefix = match &server.ipv6_prefix {
+        Some(v) if (0..=128).contains(v.get_ref()) => u8::try_from(*v.get_ref()).ok(),
+        Some(v) => {
+            errs.at(v.span().start, format!("[server] field \"ipv6_prefix\" must be 0 to 128, not {}; write e.g. ipv6_prefix = 64", v.get_ref()));
+            None
+        }
+        None => Some(64),
+    };
+    let listen = match &server.listen {
+        Some(v) => addr(v, "[server]", "listen", errs),
+        None => Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
+    };
+    let grpc_listen = match &server.grpc_listen {
+        Some(v) => addr(v, "[server]", "grpc_listen", errs).map(Some),
+        None => Some(None),
+    };
+    let admin_listen = match &admin.listen {
+        Some(v) => addr(v, "[admin]", "listen", errs),
+        None => Some(SocketAddr::from(([127, 0, 0, 1], 9090))),
+    };
+    let mut ok = true;
+    let admin_token = match admin.token {
+        Some(t) if t.get_ref().is_empty() => {
+            errs.at(
+                t.span().start,
+                "[admin] field \"token\" is empty; remove it to disable the check, or write a secret".to_owned(),
+            );
+            ok = false;
+            None
+        }
+        Some(t) => Some(t.into_inner()),
+        None => None,
+    };
+    Listeners {
+        listen,
+        grpc_listen,
+        ipv6_prefix,
+        limits,
+        admin_listen,
+        admin_token,
+        ok,
+    }
+}
+
+/// The listener bounds: `[server] header_read_timeout`, `max_header_bytes`, `max_connections`,
+/// and `[proxy] idle_timeout`; each unset one keeps its default.
+fn validate_limits(
+    server: &RawServer,
+    proxy: Option<&RawProxy>,
+    errs: &mut Errors<'_>,
+) -> Option<crate::Limits> {
+    let mut out = crate::Limits::default();
+    let mut ok = true;
+    let mut positive = |v: &S<String>, ctx: &str, field: &str, example: &str| match duration(
+        v, field, ctx, errs,
+    ) {
+        Some(d) if d.is_zero() => {
+            errs.at(
+                v.span().start,
+                format!(
+                    "{ctx}field \"{field}\" must be positive; write e.g. {field} = \"{example}\""
+                ),
+            );
+            None
+        }
+        d => d,
+    };
+    if let Some(v) = &server.header_read_timeout {
+        match positive(v, "[server] ", "header_read_timeout", "10s") {
+            Some(d) => out.header_read_timeout = d,
+            None => ok = false,
+        }
+    }
+    if let Some(v) = proxy.and_then(|p| p.idle_timeout.as_ref()) {
+        match positive(v, "[proxy] ", "idle_timeout", "75s") {
+            Some(d) => out.idle_timeout = d,
+            None => ok = false,
+        }
+    }
+    let mut bounded = |v: &S<i64>, field: &str, min: i64, max: i64, example: &str| {
+        let n = *v.get_ref();
+        if (min..=max).contains(&n) {
+            usize::try_from(n).ok()
+        } else {
+            errs.at(
+                v.span().start,
+                format!("[server] field \"{field}\" must be {min} to {max}, not {n}; write e.g. {field} = {example}"),
+            );
+            None
+        }
+    };
+    if let Some(v) = &server.max_header_bytes {
+        match bounded(v, "max_header_bytes", 1024, 1 << 20, "65536") {
+            Some(n) => out.max_header_bytes = n,
+            None => ok = false,
+        }
+    }
+    if let Some(v) = &server.max_connections {
+        match bounded(v, "max_connections", 1, 1_000_000, "10000") {
+            Some(n) => out.max_connections = n,
+            None => ok = false,
+        }
+    }
+    ok.then_some(out)
+}

@@ -1,0 +1,474 @@
+//! One `[[policy]]`: its algorithm and quota, cost, key chain, route, action, queue settings
+//! and hot-key lease. Fields that belong to another algorithm are refused, so a typo in
+//! `algorithm` cannot silently drop a limit.
+
+use tollgate::{AlgorithmKind, Lease, Policy, Quota, parse_duration};
+use tollgate_http::{KeyChain, KeySelector, RouteMatch, parse_method};
+
+use super::fields::{count, duration, one_of};
+use super::{Errors, RawMatch, RawPolicy};
+use crate::config::{Action, PolicyConfig, make_policy, parse_algorithm, parse_rate};
+
+/// What a policy's validation needs at every step: where the table starts (for errors about a
+/// missing field), the message prefix naming the policy, and its algorithm.
+struct Ctx {
+    at: usize,
+    prefix: String,
+    kind: AlgorithmKind,
+}
+
+impl Ctx {
+    /// Reports a missing field the algorithm requires.
+    fn required(&self, errs: &mut Errors<'_>, field: &str, example: &str) {
+        errs.at(
+            self.at,
+            format!(
+                "{}field \"{field}\" is required for algorithm \"{}\"; write e.g. {field} = {example}",
+                self.prefix,
+                self.kind.as_str()
+            ),
+        );
+    }
+}
+
+/// One `[[policy]]` starting at byte `at`; `None` when any field was refused (each reported).
+pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option<PolicyConfig> {
+    let Some(name) = p.name.as_ref() else {
+        errs.at(
+            at,
+            "[[policy]]: field \"name\" is required; write e.g. name = \"api\"".to_owned(),
+        );
+        return None;
+    };
+    let n = name.get_ref().clone();
+    let prefix = format!("policy \"{n}\": ");
+    let kind = match &p.algorithm {
+        Some(v) => match parse_algorithm(v.get_ref()) {
+            Ok(k) => k,
+            Err(reason) => {
+                errs.at(v.span().start, format!("{prefix}field \"algorithm\": {reason}; write e.g. algorithm = \"sliding_window_counter\""));
+                return None;
+            }
+        },
+        None => AlgorithmKind::SlidingWindowCounter,
+    };
+    let cx = Ctx { at, prefix, kind };
+    let mut ok = foreign_fields(&p, &cx, errs);
+
+    let policy = quota(&p, &cx, errs).and_then(|q| {
+        make_policy(&n, q)
+            .map_err(|reason| {
+                errs.at(
+                    name.span().start,
+                    format!("policy {n:?}: field \"name\": {reason}"),
+                )
+            })
+            .ok()
+    });
+    let (policy, lease_ok) = validate_lease(&p, policy, &cx.prefix, errs);
+    ok &= lease_ok;
+    let (cost, cost_ok) = cost(&p, policy.as_ref(), &cx, errs);
+    ok &= cost_ok;
+    let (keys, jwt_key_at, keys_ok) = keys(&p, &cx.prefix, errs);
+    ok &= keys_ok;
+    let route = match &p.route {
+        None => Some(RouteMatch::any()),
+        Some(m) => {
+            let route = route(m.get_ref(), &cx.prefix, errs);
+            ok &= route.is_some();
+            route
+        }
+    };
+    let (action, action_ok) = action(&p, &cx, errs);
+    ok &= action_ok;
+    let queue_fields = crate::config::queue::RawQueueFields {
+        max_body: p.queue_max_body.as_ref(),
+        max_depth: p.queue_max_depth.as_ref(),
+        attempts: p.queue_attempts.as_ref(),
+        backoff: p.queue_backoff.as_ref(),
+        claim_after: p.queue_claim_after.as_ref(),
+        concurrency: p.queue_concurrency.as_ref(),
+    };
+    let queue = crate::config::queue::validate(
+        &queue_fields,
+        action == Some(Action::Queue),
+        &cx.prefix,
+        errs,
+    );
+    if !ok {
+        return None;
+    }
+    Some(PolicyConfig {
+        policy: policy?,
+        keys: KeyChain::new(keys),
+        route: route?,
+        jwt_key_at,
+        cost: cost?,
+        action: action?,
+        require_key: p.require_key.unwrap_or(false),
+        queue: queue?,
+    })
+}
+
+/// Refuses the quota fields of other algorithms; false when there was one.
+fn foreign_fields(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> bool {
+    let given: &[(&str, Option<usize>)] = &[
+        ("limit", p.limit.as_ref().map(|v| v.span().start)),
+        ("window", p.window.as_ref().map(|v| v.span().start)),
+        ("capacity", p.capacity.as_ref().map(|v| v.span().start)),
+        ("refill", p.refill.as_ref().map(|v| v.span().start)),
+        ("rate", p.rate.as_ref().map(|v| v.span().start)),
+        ("queue", p.queue.as_ref().map(|v| v.span().start)),
+        ("max_delay", p.max_delay.as_ref().map(|v| v.span().start)),
+    ];
+    let own: &[&str] = match cx.kind {
+        AlgorithmKind::TokenBucket => &["capacity", "refill"],
+        AlgorithmKind::LeakyBucket => &["rate", "queue", "max_delay"],
+        _ => &["limit", "window"],
+    };
+    let mut ok = true;
+    for (field, pos) in given {
+        if let Some(pos) = pos
+            && !own.contains(field)
+        {
+            errs.at(
+                *pos,
+                format!(
+                    "{}field \"{field}\" does not apply to algorithm \"{}\", which takes {}; remove it or change the algorithm",
+                    cx.prefix,
+                    cx.kind.as_str(),
+                    own.join(", ")
+                ),
+            );
+            ok = false;
+        }
+    }
+    ok
+}
+
+/// The quota from the algorithm's own fields.
+fn quota(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> Option<Quota> {
+    match cx.kind {
+        AlgorithmKind::TokenBucket => token_bucket_quota(p, cx, errs),
+        AlgorithmKind::LeakyBucket => leaky_bucket_quota(p, cx, errs),
+        AlgorithmKind::FixedWindow
+        | AlgorithmKind::SlidingWindowLog
+        | AlgorithmKind::SlidingWindowCounter => window_quota(p, cx, errs),
+    }
+}
+
+/// `limit` and `window`: the fixed window and both sliding windows.
+fn window_quota(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> Option<Quota> {
+    let ctx = cx.prefix.as_str();
+    let limit = match &p.limit {
+        Some(v) => count(v, "limit", ctx, 1, errs),
+        None => {
+            cx.required(errs, "limit", "100");
+            None
+        }
+    };
+    let window = match &p.window {
+        Some(v) => duration(v, "window", ctx, errs),
+        None => {
+            cx.required(errs, "window", "\"1m\"");
+            None
+        }
+    };
+    match (limit, window) {
+        (Some(l), Some(w)) => {
+            let q = match cx.kind {
+                AlgorithmKind::FixedWindow => Quota::fixed_window(l, w),
+                AlgorithmKind::SlidingWindowLog => Quota::sliding_window_log(l, w),
+                _ => Quota::sliding_window_counter(l, w),
+            };
+            q.map_err(|e| {
+                let pos = p.window.as_ref().map_or(cx.at, |v| v.span().start);
+                errs.at(pos, format!("{ctx}{}", e.reason()));
+            })
+            .ok()
+        }
+        _ => None,
+    }
+}
+
+/// `capacity` and `refill`.
+fn token_bucket_quota(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> Option<Quota> {
+    let ctx = cx.prefix.as_str();
+    let capacity = match &p.capacity {
+        Some(v) => count(v, "capacity", ctx, 1, errs),
+        None => {
+            cx.required(errs, "capacity", "20");
+            None
+        }
+    };
+    let refill = match &p.refill {
+        Some(v) => parse_rate(v.get_ref())
+            .map_err(|reason| {
+                errs.at(
+                    v.span().start,
+                    format!("{ctx}field \"refill\": {reason}; write e.g. refill = \"1/s\""),
+                );
+            })
+            .ok(),
+        None => {
+            cx.required(errs, "refill", "\"1/s\"");
+            None
+        }
+    };
+    match (capacity, refill) {
+        (Some(c), Some(r)) => Quota::token_bucket(c, r)
+            .map_err(|e| errs.at(cx.at, format!("{ctx}{}", e.reason())))
+            .ok(),
+        _ => None,
+    }
+}
+
+/// `rate`, `queue` and `max_delay`.
+fn leaky_bucket_quota(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> Option<Quota> {
+    let ctx = cx.prefix.as_str();
+    let rate = match &p.rate {
+        Some(v) => parse_rate(v.get_ref())
+            .map_err(|reason| {
+                errs.at(
+                    v.span().start,
+                    format!("{ctx}field \"rate\": {reason}; write e.g. rate = \"5/s\""),
+                );
+            })
+            .ok(),
+        None => {
+            cx.required(errs, "rate", "\"5/s\"");
+            None
+        }
+    };
+    let queue = match &p.queue {
+        Some(v) => count(v, "queue", ctx, 0, errs),
+        None => Some(0),
+    };
+    let max_delay = match &p.max_delay {
+        Some(v) => duration(v, "max_delay", ctx, errs).map(Some),
+        None => Some(None),
+    };
+    match (rate, queue, max_delay) {
+        (Some(r), Some(q), Some(md)) => match Quota::leaky_bucket(r, q) {
+            Ok(Quota::LeakyBucket(lb)) => Some(Quota::LeakyBucket(match md {
+                Some(d) => lb.with_max_delay(d),
+                None => lb,
+            })),
+            Ok(other) => Some(other),
+            Err(e) => {
+                errs.at(cx.at, format!("{ctx}{}", e.reason()));
+                None
+            }
+        },
+        _ => None,
+    }
+}
+
+/// `cost` (default 1), which must fit what the quota can ever admit; `(None, _)` when refused.
+fn cost(
+    p: &RawPolicy,
+    policy: Option<&Policy>,
+    cx: &Ctx,
+    errs: &mut Errors<'_>,
+) -> (Option<u32>, bool) {
+    let cost = match &p.cost {
+        Some(v) => count(v, "cost", &cx.prefix, 1, errs),
+        None => Some(1),
+    };
+    if let (Some(c), Some(pol)) = (cost, policy) {
+        let max = pol.quota().max_cost();
+        if c > max {
+            let pos = p.cost.as_ref().map_or(cx.at, |v| v.span().start);
+            errs.at(
+                pos,
+                format!("{}field \"cost\" = {c} exceeds what the quota can ever admit ({max}); every request would be refused. Lower the cost or raise the quota", cx.prefix),
+            );
+            return (cost, false);
+        }
+    }
+    (cost, true)
+}
+
+/// `key`: the key chain (default: the client IP), where a `jwt:<claim>` selector is, and
+/// whether every selector was valid.
+fn keys(
+    p: &RawPolicy,
+    ctx: &str,
+    errs: &mut Errors<'_>,
+) -> (Vec<KeySelector>, Option<usize>, bool) {
+    let mut keys = Vec::new();
+    let mut jwt_key_at = None;
+    let mut ok = true;
+    match &p.key {
+        Some(list) => {
+            if list.get_ref().is_empty() {
+                errs.at(list.span().start, format!("{ctx}field \"key\" is empty; write e.g. key = [\"header:x-api-key\", \"ip\"]"));
+                ok = false;
+            }
+            for k in list.get_ref() {
+                match k.get_ref().parse::<KeySelector>() {
+                    Ok(sel) => {
+                        if matches!(sel, KeySelector::Jwt(_)) {
+                            jwt_key_at = Some(k.span().start);
+                        }
+                        keys.push(sel);
+                    }
+                    Err(e) => {
+                        errs.at(
+                            k.span().start,
+                            format!("{ctx}field \"key\": {:?}: {}", e.input(), e.reason()),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+        }
+        None => keys.push(KeySelector::Ip),
+    }
+    (keys, jwt_key_at, ok)
+}
+
+/// `match`: the path pattern, methods and host a policy applies to; `None` when one was refused.
+fn route(m: &RawMatch, ctx: &str, errs: &mut Errors<'_>) -> Option<RouteMatch> {
+    let mut route = Some(RouteMatch::any());
+    if let Some(path) = &m.path {
+        route = match route.map(|r| r.path(path.get_ref())) {
+            Some(Ok(r)) => Some(r),
+            Some(Err(e)) => {
+                errs.at(
+                    path.span().start,
+                    format!(
+                        "{ctx}match.path {:?}: {}; write e.g. path = \"/v1/**\"",
+                        path.get_ref(),
+                        e.reason()
+                    ),
+                );
+                None
+            }
+            None => None,
+        };
+    }
+    let mut methods = Vec::new();
+    for method in m.methods.iter().flatten() {
+        match parse_method(method.get_ref()) {
+            Ok(_) => methods.push(method.get_ref().clone()),
+            Err(e) => {
+                errs.at(
+                    method.span().start,
+                    format!(
+                        "{ctx}match.methods: {:?}: {}; write e.g. methods = [\"GET\", \"POST\"]",
+                        e.input(),
+                        e.reason()
+                    ),
+                );
+                route = None;
+            }
+        }
+    }
+    if !methods.is_empty() {
+        route = route.and_then(|r| r.methods(&methods).ok());
+    }
+    if let Some(host) = &m.host {
+        route = match route.map(|r| r.host(host.get_ref())) {
+            Some(Ok(r)) => Some(r),
+            Some(Err(e)) => {
+                errs.at(
+                    host.span().start,
+                    format!(
+                        "{ctx}match.host {:?}: {}; write e.g. host = \"api.example.com\"",
+                        host.get_ref(),
+                        e.reason()
+                    ),
+                );
+                None
+            }
+            None => None,
+        };
+    }
+    route
+}
+
+/// `action` (default `reject`): `delay` and `queue` need the leaky bucket, whose rate they
+/// follow; `(None, _)` when refused.
+fn action(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> (Option<Action>, bool) {
+    let mut ok = true;
+    let action = match &p.action {
+        Some(v) => one_of(
+            v,
+            "action",
+            &cx.prefix,
+            &[
+                ("reject", Action::Reject),
+                (
+                    "delay",
+                    Action::Delay {
+                        max_delay: p
+                            .max_delay
+                            .as_ref()
+                            .and_then(|v| parse_duration(v.get_ref()).ok())
+                            .unwrap_or(tollgate_http::DEFAULT_MAX_DELAY),
+                    },
+                ),
+                ("shadow", Action::Shadow),
+                ("queue", Action::Queue),
+            ],
+            errs,
+        ),
+        None => Some(Action::Reject),
+    };
+    if matches!(action, Some(Action::Delay { .. })) && cx.kind != AlgorithmKind::LeakyBucket {
+        let pos = p.action.as_ref().map_or(cx.at, |v| v.span().start);
+        errs.at(pos, format!("{}action \"delay\" needs algorithm \"leaky_bucket\" (it holds a request until its slot); use action = \"reject\" with \"{}\"", cx.prefix, cx.kind.as_str()));
+        ok = false;
+    }
+    if action == Some(Action::Queue) && cx.kind != AlgorithmKind::LeakyBucket {
+        let pos = p.action.as_ref().map_or(cx.at, |v| v.span().start);
+        errs.at(pos, format!("{}action \"queue\" needs algorithm \"leaky_bucket\" (its rate is the rate queued requests are delivered at); use action = \"reject\" with \"{}\"", cx.prefix, cx.kind.as_str()));
+        ok = false;
+    }
+    (action, ok)
+}
+
+/// `lease` and `lease_ttl`: hot-key leases for the Redis store, refused where unsound for the
+/// algorithm. Returns the policy with its lease, and whether the fields were valid.
+fn validate_lease(
+    p: &RawPolicy,
+    policy: Option<Policy>,
+    ctx: &str,
+    errs: &mut Errors<'_>,
+) -> (Option<Policy>, bool) {
+    let Some(size) = &p.lease else {
+        if let Some(ttl) = &p.lease_ttl {
+            errs.at(
+                ttl.span().start,
+                format!("{ctx}field \"lease_ttl\" needs \"lease\" (how many units a lease takes); write e.g. lease = 100"),
+            );
+            return (policy, false);
+        }
+        return (policy, true);
+    };
+    let Some(units) = count(size, "lease", ctx, 1, errs) else {
+        return (policy, false);
+    };
+    let ttl = match &p.lease_ttl {
+        Some(v) => match duration(v, "lease_ttl", ctx, errs) {
+            Some(d) => Some(d),
+            None => return (policy, false),
+        },
+        None => None,
+    };
+    let Some(policy) = policy else {
+        return (None, true);
+    };
+    let ttl = ttl.unwrap_or_else(|| Lease::default_ttl(policy.quota()));
+    match Lease::new(units, ttl).and_then(|lease| policy.with_lease(lease)) {
+        Ok(leased) => (Some(leased), true),
+        Err(e) => {
+            errs.at(
+                size.span().start,
+                format!("{ctx}field \"lease\": {}", e.reason()),
+            );
+            (None, false)
+        }
+    }
+}
