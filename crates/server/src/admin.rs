@@ -34,31 +34,8 @@ pub(crate) async fn handle(
         return asset;
     }
     let engine = shared.engine();
-    if let Some(token) = &engine.config().admin_token {
-        let given = req
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
-            let mut res = problem(
-                StatusCode::UNAUTHORIZED,
-                "Unauthorized",
-                Some("the admin endpoints need Authorization: Bearer <[admin] token>"),
-            );
-            res.headers_mut()
-                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return res;
-        }
-    } else if !read && !engine.config().admin_listen.ip().is_loopback() {
-        return problem(
-            StatusCode::FORBIDDEN,
-            "Writes need the admin token",
-            Some(
-                "the admin listener is not loopback-only: set [admin] token to change overrides or queues \
-                 through it",
-            ),
-        );
+    if let Some(refused) = authorize(&engine, &req, read) {
+        return refused;
     }
     let path = req.uri().path().to_owned();
     if path == "/v1/queues" || path.starts_with("/v1/queues/") {
@@ -94,28 +71,7 @@ pub(crate) async fn handle(
                 format!("store unreachable: {e}\n"),
             ),
         },
-        "/v1/policies" => {
-            let now = top::unix_secs();
-            let overrides = shared.overrides.list(now);
-            let list: Vec<Value> = engine
-                .config()
-                .policies
-                .iter()
-                .map(|p| {
-                    let mut v = policy_json(p);
-                    let mine: Vec<Value> = overrides
-                        .iter()
-                        .filter(|(r, _)| r.policy == p.name())
-                        .map(|(r, inactive)| overrides::record_json(&engine, r, inactive.clone()))
-                        .collect();
-                    if let Some(o) = v.as_object_mut() {
-                        o.insert("overrides".into(), Value::from(mine));
-                    }
-                    v
-                })
-                .collect();
-            json_response(StatusCode::OK, &json!({ "policies": list }))
-        }
+        "/v1/policies" => policies_response(&shared, &engine),
         "/v1/top" => top_response(&shared, &engine, req.uri().query().unwrap_or("")),
         "/v1/stats" => stats(&shared, &engine).await,
         _ => problem(
@@ -127,6 +83,63 @@ pub(crate) async fn handle(
             ),
         ),
     }
+}
+
+/// The admin token check: `Some(refusal)` when the request may not go on. With a token, every
+/// request but the dashboard's assets must carry it; without one, writes are refused unless the
+/// admin listener is loopback-only.
+fn authorize(engine: &Engine, req: &Request<Incoming>, read: bool) -> Option<Response<Body>> {
+    if let Some(token) = &engine.config().admin_token {
+        let given = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+            let mut res = problem(
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                Some("the admin endpoints need Authorization: Bearer <[admin] token>"),
+            );
+            res.headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return Some(res);
+        }
+    } else if !read && !engine.config().admin_listen.ip().is_loopback() {
+        return Some(problem(
+            StatusCode::FORBIDDEN,
+            "Writes need the admin token",
+            Some(
+                "the admin listener is not loopback-only: set [admin] token to change overrides or queues \
+                 through it",
+            ),
+        ));
+    }
+    None
+}
+
+/// `GET /v1/policies`: every policy with its quota, key chain and route, and its overrides.
+fn policies_response(shared: &Shared, engine: &Engine) -> Response<Body> {
+    let now = top::unix_secs();
+    let overrides = shared.overrides.list(now);
+    let list: Vec<Value> = engine
+        .config()
+        .policies
+        .iter()
+        .map(|p| {
+            let mut v = policy_json(p);
+            let mine: Vec<Value> = overrides
+                .iter()
+                .filter(|(r, _)| r.policy == p.name())
+                .map(|(r, inactive)| overrides::record_json(engine, r, inactive.clone()))
+                .collect();
+            if let Some(o) = v.as_object_mut() {
+                o.insert("overrides".into(), Value::from(mine));
+            }
+            v
+        })
+        .collect();
+    json_response(StatusCode::OK, &json!({ "policies": list }))
 }
 
 /// `GET /v1/top?policy=NAME&n=20`: without `policy`, every policy.

@@ -303,67 +303,15 @@ pub async fn run_with(
     #[cfg(not(unix))]
     let hup: Option<()> = None;
 
-    let mut tasks = tokio::task::JoinSet::new();
-    {
-        let s = Arc::clone(&shared);
-        tasks.spawn(serve::serve(
-            "api",
-            listeners.api,
-            move |peer, req| api::handle(Arc::clone(&s), peer, req),
-            stop_rx.clone(),
-            limits,
-        ));
-    }
-    {
-        let s = Arc::clone(&shared);
-        tasks.spawn(serve::serve(
-            "admin",
-            listeners.admin,
-            move |peer, req| admin::handle(Arc::clone(&s), peer, req),
-            stop_rx.clone(),
-            limits,
-        ));
-    }
-    tasks.spawn(queue::supervise(
-        Arc::clone(&shared),
-        stop_rx.clone(),
-        limits.drain,
-    ));
+    let mut tasks = spawn_listeners(&shared, listeners.api, listeners.admin, &stop_rx, limits);
     if let Some(l) = listeners.proxy {
         let s = Arc::clone(&shared);
         tasks.spawn(relay::serve_per_core(s, l, stop_rx.clone(), limits));
     }
     if let Some((service, listener)) = envoy {
-        let mut stop = stop_rx.clone();
-        tasks.spawn(async move {
-            let shutdown = async move { serve::stopped(&mut stop).await };
-            // Bounded like the other listeners: max_connections at once, the same drain.
-            let options = tollgate_envoy::ServeOptions {
-                max_connections: limits.max_connections,
-                drain: limits.drain,
-            };
-            if let Err(e) = tollgate_envoy::serve_with(listener, service, shutdown, options).await {
-                tracing::error!(error = %e, "Envoy rate limit service stopped");
-            }
-        });
+        tasks.spawn(serve_envoy(service, listener, stop_rx.clone(), limits));
     }
-    // Housekeeping: purge idle keys of the memory stores.
-    {
-        let s = Arc::clone(&shared);
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let clock = SystemClock::new();
-            let mut tick = tokio::time::interval(Duration::from_secs(10));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        s.store.purge(clock.now());
-                    }
-                    _ = crate::serve::stopped(&mut stop) => break,
-                }
-            }
-        });
-    }
+    tokio::spawn(purge_idle_keys(Arc::clone(&shared), stop_rx.clone()));
     tokio::spawn(live_operations(Arc::clone(&shared), stop_rx.clone()));
     tokio::spawn(watch_config(Arc::clone(&shared), hup, stop_rx.clone()));
 
@@ -377,6 +325,70 @@ pub async fn run_with(
         tracing::warn!(error = %e, "shutdown: could not give every lease back to the store");
     }
     Ok(())
+}
+
+/// The API and admin listeners and the queue supervisor, each a task that ends when `stop`
+/// turns true and its connections have drained.
+fn spawn_listeners(
+    shared: &Arc<Shared>,
+    api: tokio::net::TcpListener,
+    admin: tokio::net::TcpListener,
+    stop: &watch::Receiver<bool>,
+    limits: Limits,
+) -> tokio::task::JoinSet<()> {
+    let mut tasks = tokio::task::JoinSet::new();
+    let s = Arc::clone(shared);
+    tasks.spawn(serve::serve(
+        "api",
+        api,
+        move |peer, req| api::handle(Arc::clone(&s), peer, req),
+        stop.clone(),
+        limits,
+    ));
+    let s = Arc::clone(shared);
+    tasks.spawn(serve::serve(
+        "admin",
+        admin,
+        move |peer, req| admin::handle(Arc::clone(&s), peer, req),
+        stop.clone(),
+        limits,
+    ));
+    tasks.spawn(queue::supervise(
+        Arc::clone(shared),
+        stop.clone(),
+        limits.drain,
+    ));
+    tasks
+}
+
+/// Envoy's rate limit service, bounded like the other listeners: `max_connections` at once,
+/// the same drain.
+async fn serve_envoy(
+    service: tollgate_envoy::RlsService<AnyStore, SystemClock>,
+    listener: tokio::net::TcpListener,
+    mut stop: watch::Receiver<bool>,
+    limits: Limits,
+) {
+    let shutdown = async move { serve::stopped(&mut stop).await };
+    let options = tollgate_envoy::ServeOptions {
+        max_connections: limits.max_connections,
+        drain: limits.drain,
+    };
+    if let Err(e) = tollgate_envoy::serve_with(listener, service, shutdown, options).await {
+        tracing::error!(error = %e, "Envoy rate limit service stopped");
+    }
+}
+
+/// Housekeeping: purges the idle keys of the memory stores every 10 seconds.
+async fn purge_idle_keys(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let clock = SystemClock::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => shared.store.purge(clock.now()),
+            _ = serve::stopped(&mut stop) => break,
+        }
+    }
 }
 
 /// The admin listener's live operations: moves the top-keys sketches to each new minute, and

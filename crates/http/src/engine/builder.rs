@@ -155,44 +155,8 @@ impl<S, C> EngineBuilder<S, C> {
             ));
         }
         let mut compiled = Vec::with_capacity(self.policies.len());
-        for mut http in self.policies {
-            let name = http.policy.name().to_owned();
-            let fail = |reason: &str| Err(ConfigError::new(&name, reason));
-            if http.keys.uses_jwt() && self.jwt.is_none() {
-                return fail(
-                    "a \"jwt:<claim>\" key selector needs a JWT key ([jwt] in the config)",
-                );
-            }
-            if http.require_key && http.keys.selectors().is_empty() {
-                return fail("require_key needs at least one key selector");
-            }
-            let max = http.policy.quota().max_cost();
-            if http.cost > max {
-                return Err(ConfigError::new(
-                    &name,
-                    format!(
-                        "cost {} exceeds the quota: no request could ever pass (at most {max})",
-                        http.cost
-                    ),
-                ));
-            }
-            if let Action::Delay { max_delay } = http.action {
-                // The bound is enforced by the algorithm, so a request that would wait too long
-                // is denied before it consumes anything.
-                let Quota::LeakyBucket(bucket) = http.policy.quota() else {
-                    return fail("action \"delay\" needs algorithm \"leaky_bucket\"");
-                };
-                let bound = bucket.max_delay().map_or(max_delay, |d| d.min(max_delay));
-                let quota = Quota::LeakyBucket(bucket.clone().with_max_delay(bound));
-                http.policy =
-                    Policy::new(&name, quota).map_err(|e| ConfigError::new(&name, e.reason()))?;
-            }
-            if http.action == Action::Queue && !matches!(http.policy.quota(), Quota::LeakyBucket(_))
-            {
-                return fail("action \"queue\" needs algorithm \"leaky_bucket\"");
-            }
-            let text = PolicyHeaders::new(&http.policy)?;
-            compiled.push(Compiled { http, text });
+        for http in self.policies {
+            compiled.push(compile(http, self.jwt.is_some())?);
         }
         let limiter = Limiter::builder()
             .store(self.store)
@@ -210,20 +174,7 @@ impl<S, C> EngineBuilder<S, C> {
                 .map(|peer| client_ip(peer, info.headers, &trusted, forwarded))
         });
         let reads_path = compiled.iter().any(|c| c.http.route.reads_path());
-        let mut headers_read = vec![match self.forwarded {
-            ForwardedHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
-            ForwardedHeader::Forwarded => http::header::FORWARDED,
-        }];
-        for selector in compiled.iter().flat_map(|c| c.http.keys.selectors()) {
-            let name = match selector {
-                KeySelector::Header(name) => name.clone(),
-                KeySelector::Jwt(_) => http::header::AUTHORIZATION,
-                _ => continue,
-            };
-            if !headers_read.contains(&name) {
-                headers_read.push(name);
-            }
-        }
+        let headers_read = headers_read(&compiled, self.forwarded);
         Ok(Engine {
             inner: Arc::new(Inner {
                 reads_path,
@@ -240,4 +191,62 @@ impl<S, C> EngineBuilder<S, C> {
             }),
         })
     }
+}
+
+/// One policy checked against what the engine can do (a JWT key for `jwt:` selectors, a cost
+/// the quota can admit, the leaky bucket for `delay` and `queue`), with its header text.
+fn compile(mut http: HttpPolicy, has_jwt: bool) -> Result<Compiled, ConfigError> {
+    let name = http.policy.name().to_owned();
+    let fail = |reason: &str| Err(ConfigError::new(&name, reason));
+    if http.keys.uses_jwt() && !has_jwt {
+        return fail("a \"jwt:<claim>\" key selector needs a JWT key ([jwt] in the config)");
+    }
+    if http.require_key && http.keys.selectors().is_empty() {
+        return fail("require_key needs at least one key selector");
+    }
+    let max = http.policy.quota().max_cost();
+    if http.cost > max {
+        return Err(ConfigError::new(
+            &name,
+            format!(
+                "cost {} exceeds the quota: no request could ever pass (at most {max})",
+                http.cost
+            ),
+        ));
+    }
+    if let Action::Delay { max_delay } = http.action {
+        // The bound is enforced by the algorithm, so a request that would wait too long
+        // is denied before it consumes anything.
+        let Quota::LeakyBucket(bucket) = http.policy.quota() else {
+            return fail("action \"delay\" needs algorithm \"leaky_bucket\"");
+        };
+        let bound = bucket.max_delay().map_or(max_delay, |d| d.min(max_delay));
+        let quota = Quota::LeakyBucket(bucket.clone().with_max_delay(bound));
+        http.policy = Policy::new(&name, quota).map_err(|e| ConfigError::new(&name, e.reason()))?;
+    }
+    if http.action == Action::Queue && !matches!(http.policy.quota(), Quota::LeakyBucket(_)) {
+        return fail("action \"queue\" needs algorithm \"leaky_bucket\"");
+    }
+    let text = PolicyHeaders::new(&http.policy)?;
+    Ok(Compiled { http, text })
+}
+
+/// The request headers the engine reads, for a caller that copies only those: the forwarding
+/// header, and every header a key selector names (`Authorization` for `jwt:`).
+fn headers_read(compiled: &[Compiled], forwarded: ForwardedHeader) -> Vec<HeaderName> {
+    let mut headers_read = vec![match forwarded {
+        ForwardedHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
+        ForwardedHeader::Forwarded => http::header::FORWARDED,
+    }];
+    for selector in compiled.iter().flat_map(|c| c.http.keys.selectors()) {
+        let name = match selector {
+            KeySelector::Header(name) => name.clone(),
+            KeySelector::Jwt(_) => http::header::AUTHORIZATION,
+            _ => continue,
+        };
+        if !headers_read.contains(&name) {
+            headers_read.push(name);
+        }
+    }
+    headers_read
 }
