@@ -142,92 +142,9 @@ pub(super) fn check<'b>(req: &httparse::Request<'_, 'b>) -> Result<RequestHead<'
     }
     let (target, target_host) = origin_form(raw_target)?;
 
-    let mut length: Option<u64> = None;
-    let mut chunked = false;
-    let mut close = version == Version::Http10;
-    let mut host: Option<&'b str> = None;
-    let mut hosts = 0;
-    let mut expect_continue = false;
-    for h in req.headers.iter() {
-        let name = h.name.as_bytes();
-        // Most headers are none of these: ruled out by their first byte.
-        if !matches!(
-            name.first().map(u8::to_ascii_lowercase),
-            Some(b'c' | b't' | b'h' | b'e')
-        ) {
-            continue;
-        }
-        if name.eq_ignore_ascii_case(b"content-length") {
-            let n = parse_length(h.value).ok_or(AMBIGUOUS)?;
-            if length.is_some_and(|l| l != n) {
-                return Err(AMBIGUOUS);
-            }
-            length = Some(n);
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            // One coding, chunked, once; and never from HTTP/1.0, which has no chunking
-            // (RFC 9112 §6.1: such framing is faulty).
-            if chunked
-                || version == Version::Http10
-                || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked")
-            {
-                return Err(AMBIGUOUS);
-            }
-            chunked = true;
-        } else if name.eq_ignore_ascii_case(b"host") {
-            hosts += 1;
-            host = std::str::from_utf8(h.value.trim_ascii()).ok();
-        } else if name.eq_ignore_ascii_case(b"connection") {
-            for token in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
-                if token.eq_ignore_ascii_case(b"close") {
-                    close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::Http10 {
-                    close = false;
-                }
-            }
-        } else if name.eq_ignore_ascii_case(b"expect") {
-            // `100-continue` is forwarded: the upstream's interim 100 reaches the client.
-            if !h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue") {
-                return Err(refuse(
-                    StatusCode::EXPECTATION_FAILED,
-                    "Expectation Failed",
-                    "the only expectation this proxy meets is 100-continue",
-                ));
-            }
-            expect_continue = true;
-        }
-    }
-    // RFC 9112 §3.2: exactly one valid Host in HTTP/1.1; at most one in HTTP/1.0.
-    if hosts > 1 {
-        return Err(refuse(
-            StatusCode::BAD_REQUEST,
-            BAD_REQUEST,
-            "the request has more than one Host header",
-        ));
-    }
-    let host = match (host, hosts, version) {
-        (_, 0, Version::Http11) => {
-            return Err(refuse(
-                StatusCode::BAD_REQUEST,
-                BAD_REQUEST,
-                "an HTTP/1.1 request needs a Host header",
-            ));
-        }
-        (Some(h), 1, _) if valid_authority(h) => Some(h),
-        (_, 1, _) => {
-            return Err(refuse(
-                StatusCode::BAD_REQUEST,
-                BAD_REQUEST,
-                "the Host header is not a valid host",
-            ));
-        }
-        _ => None,
-    };
-    let host = match (target_host, host) {
-        (Some(authority), _) => Host::Target(authority),
-        (None, Some(h)) => Host::Header(h),
-        (None, None) => Host::Upstream,
-    };
-    let framing = match (chunked, length) {
+    let facts = HeaderFacts::read(req.headers, version)?;
+    let host = facts.host(version, target_host)?;
+    let framing = match (facts.chunked, facts.length) {
         (true, Some(_)) => return Err(AMBIGUOUS),
         (true, None) => Framing::Chunked,
         (false, Some(n)) => Framing::Length(n),
@@ -240,15 +157,131 @@ pub(super) fn check<'b>(req: &httparse::Request<'_, 'b>) -> Result<RequestHead<'
         host,
         version,
         framing,
-        close,
+        close: facts.close,
         is_head: method == "HEAD",
         idempotent: bodyless
             && matches!(
                 method,
                 "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE"
             ),
-        expect_continue,
+        expect_continue: facts.expect_continue,
     })
+}
+
+/// What the request's headers say about its framing, its connection, its host and its
+/// expectation, read in one pass.
+struct HeaderFacts<'b> {
+    length: Option<u64>,
+    chunked: bool,
+    close: bool,
+    /// The last `Host` value, and how many there were.
+    host: Option<&'b str>,
+    hosts: usize,
+    expect_continue: bool,
+}
+
+impl<'b> HeaderFacts<'b> {
+    /// Refuses framing that two readers could take apart differently (RFC 9112 §6.3) and an
+    /// expectation the proxy cannot meet.
+    #[inline]
+    fn read(headers: &[httparse::Header<'b>], version: Version) -> Result<Self, Refusal> {
+        let mut f = HeaderFacts {
+            length: None,
+            chunked: false,
+            close: version == Version::Http10,
+            host: None,
+            hosts: 0,
+            expect_continue: false,
+        };
+        for h in headers.iter() {
+            let name = h.name.as_bytes();
+            // Most headers are none of these: ruled out by their first byte.
+            if !matches!(
+                name.first().map(u8::to_ascii_lowercase),
+                Some(b'c' | b't' | b'h' | b'e')
+            ) {
+                continue;
+            }
+            if name.eq_ignore_ascii_case(b"content-length") {
+                let n = parse_length(h.value).ok_or(AMBIGUOUS)?;
+                if f.length.is_some_and(|l| l != n) {
+                    return Err(AMBIGUOUS);
+                }
+                f.length = Some(n);
+            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                // One coding, chunked, once; and never from HTTP/1.0, which has no chunking
+                // (RFC 9112 §6.1: such framing is faulty).
+                if f.chunked
+                    || version == Version::Http10
+                    || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked")
+                {
+                    return Err(AMBIGUOUS);
+                }
+                f.chunked = true;
+            } else if name.eq_ignore_ascii_case(b"host") {
+                f.hosts += 1;
+                f.host = std::str::from_utf8(h.value.trim_ascii()).ok();
+            } else if name.eq_ignore_ascii_case(b"connection") {
+                for token in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        f.close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive")
+                        && version == Version::Http10
+                    {
+                        f.close = false;
+                    }
+                }
+            } else if name.eq_ignore_ascii_case(b"expect") {
+                // `100-continue` is forwarded: the upstream's interim 100 reaches the client.
+                if !h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue") {
+                    return Err(refuse(
+                        StatusCode::EXPECTATION_FAILED,
+                        "Expectation Failed",
+                        "the only expectation this proxy meets is 100-continue",
+                    ));
+                }
+                f.expect_continue = true;
+            }
+        }
+        Ok(f)
+    }
+
+    /// Where the request goes: the absolute-form target's authority, else the `Host` header,
+    /// else (HTTP/1.0 only) the upstream.
+    #[inline]
+    fn host(&self, version: Version, target_host: Option<&'b str>) -> Result<Host<'b>, Refusal> {
+        // RFC 9112 §3.2: exactly one valid Host in HTTP/1.1; at most one in HTTP/1.0.
+        if self.hosts > 1 {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                BAD_REQUEST,
+                "the request has more than one Host header",
+            ));
+        }
+        let host = match (self.host, self.hosts, version) {
+            (_, 0, Version::Http11) => {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    BAD_REQUEST,
+                    "an HTTP/1.1 request needs a Host header",
+                ));
+            }
+            (Some(h), 1, _) if valid_authority(h) => Some(h),
+            (_, 1, _) => {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    BAD_REQUEST,
+                    "the Host header is not a valid host",
+                ));
+            }
+            _ => None,
+        };
+        Ok(match (target_host, host) {
+            (Some(authority), _) => Host::Target(authority),
+            (None, Some(h)) => Host::Header(h),
+            (None, None) => Host::Upstream,
+        })
+    }
 }
 
 /// The origin-form of a request target, and the authority of an absolute-form one. A target

@@ -99,38 +99,13 @@ fn rewrite(
         rate_limit.names().all(|n| may_be_rate_limit(n.as_bytes())),
         "the pre-filter must pass every header Tollgate sets"
     );
-    let mut length: Option<u64> = None;
-    let mut chunked = false;
-    let mut upstream_close = false;
-    let mut keep_alive = false;
-    let mut listed = false;
-    for h in res.headers.iter() {
-        let name = h.name.as_bytes();
-        if name.eq_ignore_ascii_case(b"content-length") {
-            let n = parse_length(h.value).ok_or(BadResponse)?;
-            if length.is_some_and(|l| l != n) {
-                return Err(BadResponse);
-            }
-            length = Some(n);
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-            // Chunked alone: another coding could not be passed on once the chunking is
-            // written again (a 502, as nginx answers).
-            if chunked || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
-                return Err(BadResponse);
-            }
-            chunked = true;
-        } else if name.eq_ignore_ascii_case(b"connection") {
-            for t in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
-                if t.eq_ignore_ascii_case(b"close") {
-                    upstream_close = true;
-                } else if t.eq_ignore_ascii_case(b"keep-alive") {
-                    keep_alive = true;
-                } else if !t.is_empty() {
-                    listed = true;
-                }
-            }
-        }
-    }
+    let ResponseFacts {
+        length,
+        chunked,
+        mut upstream_close,
+        keep_alive,
+        listed,
+    } = ResponseFacts::read(res.headers)?;
     // HTTP/1.0 closes after each response unless it says keep-alive.
     if res.version == Some(0) && !keep_alive {
         upstream_close = true;
@@ -172,24 +147,7 @@ fn rewrite(
         });
     }
     write_status(out, code, res.reason);
-    for h in res.headers.iter() {
-        let name = h.name.as_bytes();
-        let framing_header = name.eq_ignore_ascii_case(b"content-length")
-            || name.eq_ignore_ascii_case(b"transfer-encoding");
-        // A bodiless answer's Content-Length describes what a GET would get: kept as it is.
-        let informational_length = bodyless && name.eq_ignore_ascii_case(b"content-length");
-        if hop_by_hop(name)
-            || (framing_header && !informational_length)
-            || (listed && connection_listed(res.headers).any(|l| l.eq_ignore_ascii_case(name)))
-            || (!interim && may_be_rate_limit(name) && replaced_by(rate_limit, name))
-        {
-            continue;
-        }
-        out.extend_from_slice(name);
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(h.value);
-        out.extend_from_slice(b"\r\n");
-    }
+    copy_headers(out, res.headers, bodyless, interim, listed, rate_limit);
     if !interim {
         rate_limit.write(out);
         match (framing, encoding) {
@@ -212,6 +170,94 @@ fn rewrite(
         upstream_close,
         client_close,
     })
+}
+
+/// What an upstream response's headers say about its framing and its connection, read in one
+/// pass.
+struct ResponseFacts {
+    length: Option<u64>,
+    chunked: bool,
+    /// `Connection: close`.
+    upstream_close: bool,
+    /// `Connection: keep-alive` (an HTTP/1.0 upstream keeps the connection only then).
+    keep_alive: bool,
+    /// `Connection` lists other headers, which are hop-by-hop and not passed on.
+    listed: bool,
+}
+
+impl ResponseFacts {
+    /// Refuses framing the relay cannot pass on unambiguously: two different lengths, or a
+    /// coding other than chunked.
+    #[inline]
+    fn read(headers: &[httparse::Header<'_>]) -> Result<Self, BadResponse> {
+        let mut f = ResponseFacts {
+            length: None,
+            chunked: false,
+            upstream_close: false,
+            keep_alive: false,
+            listed: false,
+        };
+        for h in headers.iter() {
+            let name = h.name.as_bytes();
+            if name.eq_ignore_ascii_case(b"content-length") {
+                let n = parse_length(h.value).ok_or(BadResponse)?;
+                if f.length.is_some_and(|l| l != n) {
+                    return Err(BadResponse);
+                }
+                f.length = Some(n);
+            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                // Chunked alone: another coding could not be passed on once the chunking is
+                // written again (a 502, as nginx answers).
+                if f.chunked || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                    return Err(BadResponse);
+                }
+                f.chunked = true;
+            } else if name.eq_ignore_ascii_case(b"connection") {
+                for t in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+                    if t.eq_ignore_ascii_case(b"close") {
+                        f.upstream_close = true;
+                    } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                        f.keep_alive = true;
+                    } else if !t.is_empty() {
+                        f.listed = true;
+                    }
+                }
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// Copies the upstream's end-to-end headers: not the hop-by-hop ones (nor those `Connection`
+/// lists), not its framing (the relay writes its own), and not the rate limit headers this
+/// answer carries from Tollgate.
+#[inline]
+fn copy_headers(
+    out: &mut Vec<u8>,
+    headers: &[httparse::Header<'_>],
+    bodyless: bool,
+    interim: bool,
+    listed: bool,
+    rate_limit: &RateLimitHeaders,
+) {
+    for h in headers.iter() {
+        let name = h.name.as_bytes();
+        let framing_header = name.eq_ignore_ascii_case(b"content-length")
+            || name.eq_ignore_ascii_case(b"transfer-encoding");
+        // A bodiless answer's Content-Length describes what a GET would get: kept as it is.
+        let informational_length = bodyless && name.eq_ignore_ascii_case(b"content-length");
+        if hop_by_hop(name)
+            || (framing_header && !informational_length)
+            || (listed && connection_listed(headers).any(|l| l.eq_ignore_ascii_case(name)))
+            || (!interim && may_be_rate_limit(name) && replaced_by(rate_limit, name))
+        {
+            continue;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
 }
 
 /// `connection: close` when the connection ends; `connection: keep-alive` to an HTTP/1.0
