@@ -1,5 +1,5 @@
-//! The memory store's sliding logs: one 64-byte record per key (a cache line), in a slab found
-//! through the same dense table of hashes the packed states use.
+//! The memory store's sliding logs: one 64-byte record per key (a cache line: the key's hash, a
+//! mutex and the log), in an open-addressing table of records.
 //!
 //! A record holds up to [`INLINE`] entries itself, as 32-bit offsets from a base time with 8-bit
 //! costs; a longer log, a merged cost over 255, or entries more than 71 minutes apart spill to a
@@ -9,26 +9,27 @@
 //!
 //! Why: the map of deques before this cost four cache lines a decision (the map's control byte,
 //! its slot, the deque's front and back) and 217 bytes for a key with one entry; a short log is
-//! now a line in the index and the record's line, 84 bytes or so.
+//! now the one line of its record, 80 to 120 bytes. An index of hashes pointing into a slab of
+//! records was tried first: two lines, and the mutex's locked instruction waiting on the
+//! second one's miss made it no faster than the map (`docs/performance.md`).
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::table::Table;
+use super::table::{Keyed, Table};
 use crate::algorithm::{LogEntries, SlidingWindowLog};
 use crate::{Timestamp, Verdict};
 
 /// Entries a record holds without the heap.
-pub(super) const INLINE: usize = 7;
+pub(super) const INLINE: usize = 6;
 
 /// A spilled log shorter than this comes back inline (half the inline room, so a log that
 /// hovers at the boundary does not move back and forth on every request).
 const UNSPILL_AT: usize = INLINE / 2;
 
-/// What a tracked log costs besides spilled entries: its record and its share of the index
-/// (16-byte entries, at most four-fifths full).
-pub(super) const LOG_KEY_BYTES: usize = std::mem::size_of::<Record>() + 20;
+/// What a tracked log costs besides spilled entries: its record, in a table at most four-fifths
+/// full (the least it costs: a table just grown by half is about 53% full).
+pub(super) const LOG_KEY_BYTES: usize = std::mem::size_of::<Record>() * 5 / 4;
 
 /// What one spilled entry costs.
 const HEAP_ENTRY_BYTES: usize = std::mem::size_of::<(u64, u32)>();
@@ -347,10 +348,21 @@ impl Iterator for Entries<'_> {
     }
 }
 
-/// A record on a cache line of its own, so two keys' logs never share one.
+/// A key's hash and its log, on a cache line of its own: a decision reads the line the probe
+/// for the key already brought in, and two keys' logs never share a line.
 #[derive(Debug, Default)]
 #[repr(align(64))]
-struct Record(Mutex<CompactLog>);
+pub(super) struct Record {
+    hash: u64,
+    log: Mutex<CompactLog>,
+}
+
+impl Keyed for Record {
+    #[inline]
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+}
 
 /// A poisoned log still holds a valid state: steps do not panic midway.
 pub(super) fn lock(log: &Mutex<CompactLog>) -> MutexGuard<'_, CompactLog> {
@@ -361,99 +373,59 @@ fn get_mut(log: &mut Mutex<CompactLog>) -> &mut CompactLog {
     log.get_mut().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// One policy's logs: records in a slab, found by key hash through a [`Table`] whose state is
-/// the record's number. The slab and the index change only under the shard's exclusive lock;
-/// under the shared lock, each record has its own mutex.
+/// One policy's logs: records in an open-addressing [`Table`] of their own, by key hash. The
+/// table changes only under the shard's exclusive lock; under the shared lock, each record
+/// has its own mutex.
 #[derive(Debug, Default)]
 pub(super) struct LogTable {
-    index: Table,
-    records: Vec<Record>,
-    /// Numbers of records not in use.
-    free: Vec<usize>,
+    records: Table<Record>,
 }
 
 impl LogTable {
     pub(super) fn len(&self) -> usize {
-        self.index.len()
+        self.records.len()
     }
 
     /// The log of `hash`, to lock under the shared lock.
     #[inline]
     pub(super) fn get(&self, hash: u64) -> Option<&Mutex<CompactLog>> {
-        let number = self.index.get(hash)?.load(Ordering::Relaxed);
-        self.records.get(number as usize).map(|r| &r.0)
+        self.records.entry(hash).map(|r| &r.log)
     }
 
     /// The log of `hash`, for a caller that holds the shard exclusively.
     pub(super) fn get_mut(&mut self, hash: u64) -> Option<&mut CompactLog> {
-        let number = *self.index.get_mut(hash)?;
-        self.records
-            .get_mut(number as usize)
-            .map(|r| get_mut(&mut r.0))
+        self.records.entry_mut(hash).map(|r| get_mut(&mut r.log))
     }
 
     /// Adds `hash` (not present) with `log`.
     pub(super) fn insert(&mut self, hash: u64, log: CompactLog) {
-        let number = match self.free.pop() {
-            Some(number) => {
-                *get_mut(&mut self.records[number].0) = log;
-                number
-            }
-            None => {
-                if self.records.len() == self.records.capacity() {
-                    // Grow by half, as the index does, rather than double.
-                    self.records.reserve_exact((self.records.len() / 2).max(16));
-                }
-                self.records.push(Record(Mutex::new(log)));
-                self.records.len() - 1
-            }
-        };
-        self.index.insert(hash, number as u64);
+        self.records.insert_entry(Record {
+            hash,
+            log: Mutex::new(log),
+        });
     }
 
     /// Removes `hash`; its log, if it was there.
     pub(super) fn remove(&mut self, hash: u64) -> Option<CompactLog> {
-        let number = *self.index.get_mut(hash)? as usize;
-        self.index.remove(hash);
-        let log = std::mem::take(get_mut(&mut self.records.get_mut(number)?.0));
-        self.free.push(number);
-        Some(log)
+        let record = self.records.take(hash)?;
+        Some(
+            record
+                .log
+                .into_inner()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
     }
 
     /// Calls `f` on every `(hash, log)`.
     pub(super) fn for_each_mut(&mut self, mut f: impl FnMut(u64, &mut CompactLog)) {
-        for (hash, number) in self.index.iter() {
-            if let Some(record) = self.records.get_mut(number as usize) {
-                f(hash, get_mut(&mut record.0));
-            }
+        for record in self.records.entries_mut() {
+            f(record.hash, get_mut(&mut record.log));
         }
     }
 
-    /// Keeps the logs for which `keep` holds, and packs the slab when most of it is unused.
+    /// Keeps the logs for which `keep` holds.
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&mut CompactLog) -> bool) {
-        let mut gone = Vec::new();
-        self.for_each_mut(|hash, log| {
-            if !keep(log) {
-                gone.push(hash);
-            }
-        });
-        for hash in gone {
-            self.remove(hash);
-        }
-        if self.free.len() > self.records.len() / 2 {
-            self.pack();
-        }
-    }
-
-    /// Rebuilds the slab with only the records in use.
-    fn pack(&mut self) {
-        let mut live = Vec::with_capacity(self.len());
-        self.for_each_mut(|hash, log| live.push((hash, std::mem::take(log))));
-        *self = LogTable::default();
-        self.records.reserve_exact(live.len());
-        for (hash, log) in live {
-            self.insert(hash, log);
-        }
+        self.records.retain_entries(|r| keep(get_mut(&mut r.log)));
     }
 
     /// Bytes held by the logs.
