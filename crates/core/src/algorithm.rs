@@ -18,6 +18,7 @@ mod token_bucket;
 
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use leaky_bucket::{LeakyBucket, LeakyBucketState};
+pub(crate) use sliding_log::LogEntries;
 pub use sliding_log::{SlidingWindowLog, SlidingWindowLogState};
 pub use sliding_window::{SlidingWindowCounter, SlidingWindowCounterState};
 pub use token_bucket::{TokenBucket, TokenBucketState};

@@ -47,49 +47,61 @@ impl SlidingWindowLog {
     }
 
     /// Drops entries that left the window: an entry at `t` counts while `now < t + window`.
-    fn prune(&self, state: &mut SlidingWindowLogState, now: Timestamp) {
-        let now = now.as_micros();
-        while let Some(&(t, cost)) = state.entries.front() {
+    /// Reads only the oldest entry's time until one stays, so a store that keeps that time at
+    /// hand touches its entries only to drop one.
+    fn prune(&self, log: &mut impl LogEntries, now: u64) {
+        while let Some(t) = log.oldest() {
             if t.saturating_add(self.window) > now {
                 break;
             }
-            state.total -= u64::from(cost);
-            state.entries.pop_front();
+            log.pop_oldest();
         }
     }
-}
 
-impl Algorithm for SlidingWindowLog {
-    type State = SlidingWindowLogState;
+    /// How long until the newest entry leaves the window. Read only when a verdict needs it
+    /// (an admission does not), so an admitted request does not touch the newest entry twice.
+    fn newest_expiry(&self, log: &impl LogEntries, now: u64) -> u64 {
+        log.newest_time()
+            .map_or(0, |t| (t + self.window).saturating_sub(now))
+    }
 
-    fn evaluate(&self, state: &mut SlidingWindowLogState, now: Timestamp, cost: u32) -> Verdict {
-        self.prune(state, now);
+    /// [`Algorithm::evaluate`] on any log storage.
+    #[inline]
+    pub(crate) fn evaluate_log(
+        &self,
+        log: &mut impl LogEntries,
+        now: Timestamp,
+        cost: u32,
+    ) -> Verdict {
         let now_us = now.as_micros();
+        self.prune(log, now_us);
+        let total = log.total();
         let limit = u64::from(self.limit);
-        let available = limit.saturating_sub(state.total);
-        let newest_expiry = state
-            .entries
-            .back()
-            .map_or(0, |&(t, _)| (t + self.window).saturating_sub(now_us));
+        let available = limit.saturating_sub(total);
         if cost > self.limit {
-            return never(self.limit, available, newest_expiry);
+            return never(self.limit, available, self.newest_expiry(log, now_us));
         }
         let cost = u64::from(cost);
-        if state.total + cost <= limit {
+        if total + cost <= limit {
             return Verdict {
                 allowed: true,
                 limit,
                 remaining: available - cost,
-                reset_micros: if cost > 0 { self.window } else { newest_expiry },
+                reset_micros: if cost > 0 {
+                    self.window
+                } else {
+                    self.newest_expiry(log, now_us)
+                },
                 retry_after_micros: None,
                 delay_micros: 0,
             };
         }
         // Admitted once enough of the oldest entries have left the window.
-        let must_free = state.total + cost - limit;
+        let must_free = total + cost - limit;
         let mut freed = 0;
-        let mut retry = newest_expiry;
-        for &(t, c) in &state.entries {
+        let reset = self.newest_expiry(log, now_us);
+        let mut retry = reset;
+        for (t, c) in log.entries() {
             freed += u64::from(c);
             if freed >= must_free {
                 retry = (t + self.window).saturating_sub(now_us);
@@ -100,50 +112,123 @@ impl Algorithm for SlidingWindowLog {
             allowed: false,
             limit,
             remaining: available,
-            reset_micros: newest_expiry,
+            reset_micros: reset,
             retry_after_micros: Some(retry),
             delay_micros: 0,
         }
     }
 
-    fn commit(&self, state: &mut SlidingWindowLogState, now: Timestamp, cost: u32) {
+    /// [`Algorithm::commit`] on any log storage.
+    #[inline]
+    pub(crate) fn commit_log(&self, log: &mut impl LogEntries, now: Timestamp, cost: u32) {
         if cost == 0 {
             return;
         }
-        self.prune(state, now);
         let now = now.as_micros();
-        match state.entries.back_mut() {
-            // Same microsecond: one entry, so a burst costs one slot of memory.
-            Some((t, c)) if *t == now => *c = c.saturating_add(cost),
-            _ => state.entries.push_back((now, cost)),
-        }
-        state.total += u64::from(cost);
+        self.prune(log, now);
+        // Same microsecond: one entry, so a burst costs one slot of memory.
+        log.push(now, cost);
     }
 
-    fn refund(&self, state: &mut SlidingWindowLogState, now: Timestamp, cost: u32) {
-        self.prune(state, now);
+    /// [`Algorithm::refund`] on any log storage.
+    pub(crate) fn refund_log(&self, log: &mut impl LogEntries, now: Timestamp, cost: u32) {
+        self.prune(log, now.as_micros());
+        log.take_newest(cost);
+    }
+
+    /// [`Algorithm::expires_at`] on any log storage.
+    pub(crate) fn expires_at_log(&self, log: &impl LogEntries) -> Timestamp {
+        Timestamp::from_micros(
+            log.newest_time()
+                .map_or(0, |t| t.saturating_add(self.window)),
+        )
+    }
+}
+
+/// How a log is stored: [`SlidingWindowLogState`]'s deque, or the memory store's compact
+/// record. The algorithm is written once against this, so both decide alike.
+pub(crate) trait LogEntries {
+    /// The sum of the entries' costs.
+    fn total(&self) -> u64;
+    /// The time of the oldest entry.
+    fn oldest(&self) -> Option<u64>;
+    /// The time of the newest entry.
+    fn newest_time(&self) -> Option<u64>;
+    /// Drops the oldest entry (and its cost from the total).
+    fn pop_oldest(&mut self);
+    /// Logs `cost` at `t`, no earlier than the newest entry: merged into it at the same time.
+    fn push(&mut self, t: u64, cost: u32);
+    /// Takes `cost` back out of the newest entries (at most the total).
+    fn take_newest(&mut self, cost: u32);
+    /// `(time, cost)` of every entry, oldest first.
+    fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_;
+}
+
+impl LogEntries for SlidingWindowLogState {
+    fn total(&self) -> u64 {
+        self.total
+    }
+
+    fn oldest(&self) -> Option<u64> {
+        self.entries.front().map(|&(t, _)| t)
+    }
+
+    fn newest_time(&self) -> Option<u64> {
+        self.entries.back().map(|&(t, _)| t)
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some((_, cost)) = self.entries.pop_front() {
+            self.total -= u64::from(cost);
+        }
+    }
+
+    fn push(&mut self, t: u64, cost: u32) {
+        match self.entries.back_mut() {
+            Some((newest, c)) if *newest == t => *c = c.saturating_add(cost),
+            _ => self.entries.push_back((t, cost)),
+        }
+        self.total += u64::from(cost);
+    }
+
+    fn take_newest(&mut self, cost: u32) {
         let mut left = cost;
         while left > 0 {
-            let Some((_, c)) = state.entries.back_mut() else {
+            let Some((_, c)) = self.entries.back_mut() else {
                 break;
             };
             let take = left.min(*c);
             *c -= take;
             left -= take;
-            state.total -= u64::from(take);
+            self.total -= u64::from(take);
             if *c == 0 {
-                state.entries.pop_back();
+                self.entries.pop_back();
             }
         }
     }
 
+    fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.entries.iter().copied()
+    }
+}
+
+impl Algorithm for SlidingWindowLog {
+    type State = SlidingWindowLogState;
+
+    fn evaluate(&self, state: &mut SlidingWindowLogState, now: Timestamp, cost: u32) -> Verdict {
+        self.evaluate_log(state, now, cost)
+    }
+
+    fn commit(&self, state: &mut SlidingWindowLogState, now: Timestamp, cost: u32) {
+        self.commit_log(state, now, cost);
+    }
+
+    fn refund(&self, state: &mut SlidingWindowLogState, now: Timestamp, cost: u32) {
+        self.refund_log(state, now, cost);
+    }
+
     fn expires_at(&self, state: &SlidingWindowLogState) -> Timestamp {
-        Timestamp::from_micros(
-            state
-                .entries
-                .back()
-                .map_or(0, |&(t, _)| t.saturating_add(self.window)),
-        )
+        self.expires_at_log(state)
     }
 
     fn max_cost(&self) -> u32 {

@@ -14,7 +14,8 @@
 //! (`table`): 16 bytes an entry, 20 to 30 bytes a tracked key at any size
 //! (`benches/memory_per_key.rs` measures it). The rare state that does not fit a word (a window
 //! under 100 ms, a sliding count over 65,535, a time before 2024) keeps a 16-byte slot beside
-//! the table. The sliding log keeps a log per key, within a byte budget.
+//! the table. The sliding log keeps a 64-byte record per key in a table of its own, with up to
+//! six entries in it and longer logs on the heap (`log`), within a byte budget.
 //!
 //! # Concurrency
 //!
@@ -47,6 +48,7 @@ use super::{Check, Store};
 use crate::{Decision, Decisions, StoreError, Timestamp, Verdict};
 
 mod key_hash;
+mod log;
 mod packing;
 mod shard;
 mod table;
@@ -98,8 +100,10 @@ impl MemoryStoreBuilder {
 
     /// The most bytes the sliding logs hold (default 64 MiB), split evenly over the shards.
     /// Past it, the logs with the least at stake are evicted, never the one being written (so
-    /// a shard may exceed its share by one key's log). A log takes about 80 bytes and 16 per
-    /// request in its window.
+    /// a shard may exceed its share by one key's log). A log counts 80 bytes (a 64-byte record
+    /// in a table at most four-fifths full) while it holds at most six requests (fewer when a
+    /// merged cost passes 255 or its entries lie more than 71 minutes apart), and 16 bytes more
+    /// per request, and per free slot of its deque, once it is longer.
     pub fn max_log_bytes(mut self, bytes: usize) -> Self {
         self.max_log_bytes = bytes;
         self

@@ -12,19 +12,14 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use super::log::{self, CompactLog, LogTable};
 use super::packing::{Packed, SPILLED, Slot};
 use super::table::Table;
-use crate::algorithm::{Algorithm, SlidingWindowLog, SlidingWindowLogState};
+use crate::algorithm::{Algorithm, SlidingWindowLog};
 use crate::{Policy, Quota, Timestamp, Verdict};
 
 /// A sweep never runs on a shard smaller than this.
 const MIN_SWEEP: usize = 64;
-
-/// What a tracked sliding log costs besides its entries: the map slot (key, mutex, deque
-/// header, total, expiry) and its control byte.
-pub(super) const LOG_KEY_BYTES: usize = std::mem::size_of::<(u64, Mutex<LogEntry>)>() + 1;
-/// What one logged request costs.
-const LOG_ENTRY_BYTES: usize = std::mem::size_of::<(u64, u32)>();
 
 /// The bounds a shard keeps.
 #[derive(Clone, Copy, Debug)]
@@ -70,13 +65,7 @@ struct PolicyTable {
     /// States too wide for a word; their word in `packed` is [`SPILLED`]. Each has a mutex,
     /// so a spilled key is still decided under the shared lock.
     spill: KeyMap<Mutex<Slot>>,
-    logs: KeyMap<Mutex<LogEntry>>,
-}
-
-#[derive(Debug)]
-pub(super) struct LogEntry {
-    state: SlidingWindowLogState,
-    expires_at: u64,
+    logs: LogTable,
 }
 
 type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
@@ -134,34 +123,6 @@ fn get_mut<T>(entry: &mut Mutex<T>) -> &mut T {
     entry.get_mut().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl LogEntry {
-    fn bytes(&self) -> usize {
-        LOG_KEY_BYTES + self.state.entries.capacity() * LOG_ENTRY_BYTES
-    }
-
-    /// Steps the log and keeps its memory near its length; returns the verdict and the change
-    /// in bytes.
-    fn step(
-        &mut self,
-        alg: &SlidingWindowLog,
-        now: Timestamp,
-        cost: u32,
-        commit: bool,
-    ) -> (Verdict, isize) {
-        let before = self.bytes();
-        let verdict = alg.evaluate(&mut self.state, now, cost);
-        if commit && verdict.allowed && cost > 0 {
-            alg.commit(&mut self.state, now, cost);
-            self.expires_at = alg.expires_at(&self.state).as_micros();
-        }
-        let entries = &mut self.state.entries;
-        if entries.capacity() > 8 && entries.len() * 4 < entries.capacity() {
-            entries.shrink_to(entries.len() * 2);
-        }
-        (verdict, self.bytes() as isize - before as isize)
-    }
-}
-
 fn add_bytes(counter: &AtomicUsize, delta: isize) {
     if delta > 0 {
         counter.fetch_add(delta.unsigned_abs(), Ordering::Relaxed);
@@ -179,7 +140,7 @@ impl PolicyTable {
             base,
             packed: Table::default(),
             spill: KeyMap::default(),
-            logs: KeyMap::default(),
+            logs: LogTable::default(),
         }
     }
 
@@ -214,7 +175,7 @@ impl PolicyTable {
 
     fn remove(&mut self, hash: u64) -> bool {
         self.spill.remove(&hash);
-        self.packed.remove(hash) || self.logs.remove(&hash).is_some()
+        self.packed.remove(hash) || self.logs.remove(hash).is_some()
     }
 
     /// Decides under the shared lock: a compare-and-swap loop on the key's word.
@@ -285,11 +246,11 @@ impl PolicyTable {
                 }
             }
         }, alg => {
-            for (&hash, entry) in &mut self.logs {
-                let entry = get_mut(entry);
-                let stake = stake(alg.evaluate(&mut entry.state, now, 0));
-                out.push(Candidate { stake, expires_at: entry.expires_at, hash, index });
-            }
+            self.logs.for_each_mut(|hash, log| {
+                let expires_at = alg.expires_at_log(log).as_micros();
+                let stake = stake(alg.evaluate_log(log, now, 0));
+                out.push(Candidate { stake, expires_at, hash, index });
+            });
         });
     }
 
@@ -306,13 +267,9 @@ impl PolicyTable {
                     alg.expires_at(&alg.decode(base, word)).as_micros() > now
                 }
             });
-        }, _log => {
-            self.logs.retain(|_, e| get_mut(e).expires_at > now);
+        }, alg => {
+            self.logs.retain(|log| alg.expires_at_log(log).as_micros() > now);
         });
-    }
-
-    fn log_bytes(&mut self) -> usize {
-        self.logs.values_mut().map(|e| get_mut(e).bytes()).sum()
     }
 }
 
@@ -397,10 +354,10 @@ impl Shard {
                 None => Shared::Exclusive,
             }
         }, alg => {
-            let Some(entry) = table.logs.get(&hash) else {
+            let Some(entry) = table.logs.get(hash) else {
                 return Shared::Exclusive;
             };
-            let (verdict, delta) = lock(entry).step(alg, now, cost, true);
+            let (verdict, delta) = log::lock(entry).step(alg, now, cost, true);
             add_bytes(&self.log_bytes, delta);
             if delta > 0 && self.log_bytes() > limits.log_bytes {
                 Shared::DecidedOverBudget(verdict)
@@ -468,14 +425,11 @@ impl Shard {
         let commit = mode == Mode::Commit;
         let known = self
             .table_index(policy.fingerprint())
-            .and_then(|i| self.tables[i].logs.get_mut(&hash));
+            .and_then(|i| self.tables[i].logs.get_mut(hash));
         let (verdict, delta) = if let Some(entry) = known {
-            get_mut(entry).step(alg, now, cost, commit)
+            entry.step(alg, now, cost, commit)
         } else {
-            let mut entry = LogEntry {
-                state: SlidingWindowLogState::default(),
-                expires_at: 0,
-            };
+            let mut entry = CompactLog::default();
             let (verdict, _) = entry.step(alg, now, cost, commit);
             if !(commit && verdict.allowed && cost > 0) {
                 return (verdict, Undo::Nothing);
@@ -483,7 +437,7 @@ impl Shard {
             self.make_room(now, limits);
             self.len += 1;
             let bytes = entry.bytes() as isize;
-            self.table_mut(policy).logs.insert(hash, Mutex::new(entry));
+            self.table_mut(policy).logs.insert(hash, entry);
             (verdict, bytes)
         };
         add_bytes(&self.log_bytes, delta);
@@ -526,10 +480,9 @@ impl Shard {
             alg.refund(&mut state, now, cost);
             self.table_mut(policy).save(alg, hash, &state);
         }, alg => {
-            if let Some(entry) = self.table_mut(policy).logs.get_mut(&hash) {
-                let entry = get_mut(entry);
-                alg.refund(&mut entry.state, now, cost);
-                entry.expires_at = alg.expires_at(&entry.state).as_micros();
+            if let Some(log) = self.table_mut(policy).logs.get_mut(hash) {
+                alg.refund_log(log, now, cost);
+                log.tidy();
             }
         });
     }
@@ -562,7 +515,7 @@ impl Shard {
 
     fn recount(&mut self) {
         self.len = self.tables.iter().map(PolicyTable::len).sum();
-        let bytes = self.tables.iter_mut().map(PolicyTable::log_bytes).sum();
+        let bytes = self.tables.iter_mut().map(|t| t.logs.bytes()).sum();
         *self.log_bytes.get_mut() = bytes;
     }
 
@@ -598,7 +551,11 @@ impl Shard {
         let target = limits.log_bytes - limits.log_bytes / 16;
         let now_us = now.as_micros();
         for table in &mut self.tables {
-            table.logs.retain(|_, e| get_mut(e).expires_at > now_us);
+            if let Quota::SlidingWindowLog(alg) = &table.quota {
+                table
+                    .logs
+                    .retain(|log| alg.expires_at_log(log).as_micros() > now_us);
+            }
         }
         self.recount();
         while self.log_bytes() > target {
@@ -617,8 +574,8 @@ impl Shard {
             let mut excess = self.log_bytes() - target;
             for c in ranked.iter().take(count) {
                 let table = &mut self.tables[c.index];
-                if let Some(mut entry) = table.logs.remove(&c.hash) {
-                    excess = excess.saturating_sub(get_mut(&mut entry).bytes());
+                if let Some(log) = table.logs.remove(c.hash) {
+                    excess = excess.saturating_sub(log.bytes());
                 }
                 if excess == 0 {
                     break;

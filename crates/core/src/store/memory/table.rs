@@ -1,5 +1,6 @@
-//! The memory store's table: open addressing with linear probing over 16-byte entries, each a
-//! key's 64-bit keyed hash and its state packed in one atomic word.
+//! The memory store's table: open addressing with linear probing over entries that start with a
+//! key's 64-bit keyed hash: 16-byte entries with a state packed in one atomic word, or a
+//! sliding log's 64-byte record (`log`).
 //!
 //! Why not `std`'s map: its tables double, so at some sizes (a million keys is one) they are
 //! less than half full and a 16-byte entry costs 35 bytes. This one grows by half and is at most
@@ -21,20 +22,42 @@ pub(super) fn identity(hash: u64) -> u64 {
     if hash == EMPTY { 1 } else { hash }
 }
 
+/// What a table holds: a key's hash and its state. `Default` is an empty slot.
+pub(super) trait Keyed: Default {
+    /// The key's hash, or [`EMPTY`].
+    fn hash(&self) -> u64;
+}
+
 #[derive(Debug, Default)]
-struct Entry {
+pub(super) struct Entry {
     hash: u64,
     state: AtomicU64,
 }
 
-/// Keys (as hashes) to packed states.
-#[derive(Debug, Default)]
-pub(super) struct Table {
-    entries: Box<[Entry]>,
+impl Keyed for Entry {
+    #[inline]
+    fn hash(&self) -> u64 {
+        self.hash
+    }
+}
+
+/// Keys (as hashes) to states: packed states by default.
+#[derive(Debug)]
+pub(super) struct Table<E = Entry> {
+    entries: Box<[E]>,
     len: usize,
 }
 
-impl Table {
+impl<E> Default for Table<E> {
+    fn default() -> Self {
+        Table {
+            entries: Box::default(),
+            len: 0,
+        }
+    }
+}
+
+impl<E: Keyed> Table<E> {
     pub(super) fn len(&self) -> usize {
         self.len
     }
@@ -64,69 +87,65 @@ impl Table {
         // Terminates: the table is never full (at most four-fifths).
         loop {
             let entry = &self.entries[i];
-            if entry.hash == hash {
+            if entry.hash() == hash {
                 return Some(i);
             }
-            if entry.hash == EMPTY {
+            if entry.hash() == EMPTY {
                 return None;
             }
             i = self.next(i);
         }
     }
 
-    /// The state of `hash`, to update in place by compare-and-swap.
+    /// The entry of `hash`.
     #[inline]
-    pub(super) fn get(&self, hash: u64) -> Option<&AtomicU64> {
-        self.position(hash).map(|i| &self.entries[i].state)
+    pub(super) fn entry(&self, hash: u64) -> Option<&E> {
+        self.position(hash).map(|i| &self.entries[i])
     }
 
-    /// The state of `hash`, for a caller that holds the table exclusively.
-    pub(super) fn get_mut(&mut self, hash: u64) -> Option<&mut u64> {
+    /// The entry of `hash`, for a caller that holds the table exclusively.
+    pub(super) fn entry_mut(&mut self, hash: u64) -> Option<&mut E> {
         let i = self.position(hash)?;
-        Some(self.entries[i].state.get_mut())
+        Some(&mut self.entries[i])
     }
 
-    /// Adds `hash` (not present) with `state`, growing by half when four-fifths full.
-    pub(super) fn insert(&mut self, hash: u64, state: u64) {
+    /// Adds `entry` (its hash not present), growing by half when four-fifths full.
+    pub(super) fn insert_entry(&mut self, entry: E) {
         if (self.len + 1) * 5 > self.entries.len() * 4 {
             self.resize((self.entries.len() * 3 / 2).max(MIN_CAPACITY));
         }
-        self.place(hash, state);
+        self.place(entry);
         self.len += 1;
     }
 
-    fn place(&mut self, hash: u64, state: u64) {
-        let mut i = self.home(hash);
-        while self.entries[i].hash != EMPTY {
+    fn place(&mut self, entry: E) {
+        let mut i = self.home(entry.hash());
+        while self.entries[i].hash() != EMPTY {
             i = self.next(i);
         }
-        self.entries[i] = Entry {
-            hash,
-            state: AtomicU64::new(state),
-        };
+        self.entries[i] = entry;
     }
 
     fn resize(&mut self, capacity: usize) {
         let old = std::mem::replace(
             &mut self.entries,
-            (0..capacity).map(|_| Entry::default()).collect(),
+            (0..capacity).map(|_| E::default()).collect(),
         );
-        for mut entry in old.into_vec() {
-            if entry.hash != EMPTY {
-                self.place(entry.hash, *entry.state.get_mut());
+        for entry in old.into_vec() {
+            if entry.hash() != EMPTY {
+                self.place(entry);
             }
         }
     }
 
-    /// Removes `hash`; whether it was there. Backward-shift deletion: later entries of the
-    /// probe run move up into the hole, so lookups never need tombstones.
-    pub(super) fn remove(&mut self, hash: u64) -> bool {
-        let Some(mut hole) = self.position(hash) else {
-            return false;
-        };
+    /// Removes `hash`; its entry, if it was there. Backward-shift deletion: later entries of
+    /// the probe run move up into the hole, so lookups never need tombstones.
+    pub(super) fn take(&mut self, hash: u64) -> Option<E> {
+        let mut hole = self.position(hash)?;
+        let removed = std::mem::take(&mut self.entries[hole]);
         let mut i = self.next(hole);
-        while self.entries[i].hash != EMPTY {
-            let home = self.home(self.entries[i].hash);
+        while self.entries[i].hash() != EMPTY {
+            let home = self.home(self.entries[i].hash());
             // The entry at `i` may fill the hole unless its home lies cyclically in (hole, i].
             let stays = if hole < i {
                 hole < home && home <= i
@@ -139,9 +158,74 @@ impl Table {
             }
             i = self.next(i);
         }
-        self.entries[hole] = Entry::default();
+        self.entries[hole] = E::default();
         self.len -= 1;
-        true
+        Some(removed)
+    }
+
+    /// Every entry, for a caller that holds the table exclusively.
+    pub(super) fn entries_mut(&mut self) -> impl Iterator<Item = &mut E> + '_ {
+        self.entries.iter_mut().filter(|e| e.hash() != EMPTY)
+    }
+
+    /// Keeps the entries for which `keep` holds, and gives memory back when fewer than a fifth
+    /// of the slots remain used.
+    pub(super) fn retain_entries(&mut self, mut keep: impl FnMut(&mut E) -> bool) {
+        let mut dropped = 0;
+        for entry in self.entries.iter_mut() {
+            if entry.hash() != EMPTY && !keep(entry) {
+                *entry = E::default();
+                dropped += 1;
+            }
+        }
+        if dropped == 0 {
+            return;
+        }
+        // The holes broke probe runs: place the survivors again.
+        let old_capacity = self.entries.len();
+        let survivors: Vec<E> = std::mem::take(&mut self.entries)
+            .into_vec()
+            .into_iter()
+            .filter(|e| e.hash() != EMPTY)
+            .collect();
+        let capacity = if survivors.is_empty() {
+            0
+        } else if survivors.len() * 5 < old_capacity {
+            (survivors.len() * 2).max(MIN_CAPACITY)
+        } else {
+            old_capacity
+        };
+        self.entries = (0..capacity).map(|_| E::default()).collect();
+        self.len = survivors.len();
+        for entry in survivors {
+            self.place(entry);
+        }
+    }
+}
+
+impl Table<Entry> {
+    /// The state of `hash`, to update in place by compare-and-swap.
+    #[inline]
+    pub(super) fn get(&self, hash: u64) -> Option<&AtomicU64> {
+        self.entry(hash).map(|e| &e.state)
+    }
+
+    /// The state of `hash`, for a caller that holds the table exclusively.
+    pub(super) fn get_mut(&mut self, hash: u64) -> Option<&mut u64> {
+        self.entry_mut(hash).map(|e| e.state.get_mut())
+    }
+
+    /// Adds `hash` (not present) with `state`, growing by half when four-fifths full.
+    pub(super) fn insert(&mut self, hash: u64, state: u64) {
+        self.insert_entry(Entry {
+            hash,
+            state: AtomicU64::new(state),
+        });
+    }
+
+    /// Removes `hash`; whether it was there.
+    pub(super) fn remove(&mut self, hash: u64) -> bool {
+        self.take(hash).is_some()
     }
 
     /// Every `(hash, state)`.
@@ -152,25 +236,9 @@ impl Table {
             .map(|e| (e.hash, e.state.load(std::sync::atomic::Ordering::Relaxed)))
     }
 
-    /// Keeps the entries for which `keep(hash, state)` holds, and gives memory back when fewer
-    /// than a fifth of the slots remain used.
+    /// Keeps the entries for which `keep(hash, state)` holds (see [`Table::retain_entries`]).
     pub(super) fn retain(&mut self, mut keep: impl FnMut(u64, u64) -> bool) {
-        let survivors: Vec<(u64, u64)> = self.iter().filter(|&(h, s)| keep(h, s)).collect();
-        if survivors.len() == self.len {
-            return;
-        }
-        let capacity = if survivors.is_empty() {
-            0
-        } else if survivors.len() * 5 < self.entries.len() {
-            (survivors.len() * 2).max(MIN_CAPACITY)
-        } else {
-            self.entries.len()
-        };
-        self.entries = (0..capacity).map(|_| Entry::default()).collect();
-        self.len = survivors.len();
-        for (hash, state) in survivors {
-            self.place(hash, state);
-        }
+        self.retain_entries(|e| keep(e.hash, *e.state.get_mut()));
     }
 
     /// Bytes allocated.

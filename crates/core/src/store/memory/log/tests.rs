@@ -1,0 +1,207 @@
+//! The compact log against the deque the pure algorithm keeps: the same decisions through
+//! spills and returns, and a record that stays one cache line.
+
+use super::*;
+use crate::algorithm::{Algorithm, SlidingWindowLogState};
+use std::time::Duration;
+
+struct Xorshift(u64);
+
+impl Xorshift {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn a_record_is_one_cache_line() {
+    assert_eq!(std::mem::size_of::<Record>(), 64);
+    assert_eq!(std::mem::align_of::<Record>(), 64);
+}
+
+/// Random checks and refunds on one key, decided on the compact log and on the algorithm's own
+/// deque, must agree field by field. `costs` and `gaps` pick what spills: long logs (a limit
+/// above [`INLINE`]), merged costs over 255, entries more than 2³² µs apart.
+fn agrees_with_the_deque(limit: u32, window: Duration, max_cost: u64, max_gap: u64, seed: u64) {
+    let alg = SlidingWindowLog::new(limit, window).unwrap_or_else(|e| panic!("{e}"));
+    let mut compact = CompactLog::default();
+    let mut deque = SlidingWindowLogState::default();
+    let mut rng = Xorshift(seed);
+    let mut now = Timestamp::from_secs(1_800_000_000);
+    let (mut spilled, mut returned) = (0, 0);
+    for step in 0..20_000 {
+        // Bursts, steady traffic, and now and then a pause that empties much of the log.
+        now = now.saturating_add(Duration::from_micros(match rng.below(40) {
+            0..=9 => 0,
+            10..=19 => rng.below(1_000),
+            20..=38 => rng.below(max_gap),
+            _ => rng.below(2 * window.as_micros() as u64),
+        }));
+        let cost = rng.below(max_cost + 1) as u32;
+        let was_spilled = compact.is_spilled();
+        if rng.below(10) == 0 {
+            alg.refund(&mut deque, now, cost);
+            alg.refund_log(&mut compact, now, cost);
+            compact.tidy();
+        } else {
+            let want = alg.check(&mut deque, now, cost);
+            let (got, _) = compact.step(&alg, now, cost, true);
+            assert_eq!(got, want, "step {step} at {now} cost {cost}");
+        }
+        assert_eq!(compact.total(), deque.total, "step {step}");
+        assert_eq!(
+            compact.entries().collect::<Vec<_>>(),
+            deque.entries.iter().copied().collect::<Vec<_>>(),
+            "step {step}"
+        );
+        assert_eq!(alg.expires_at_log(&compact), alg.expires_at(&deque));
+        spilled += usize::from(!was_spilled && compact.is_spilled());
+        returned += usize::from(was_spilled && !compact.is_spilled());
+    }
+    if limit as usize > INLINE || max_cost > 255 || max_gap > 1 << 32 {
+        assert!(
+            spilled > 0 && returned > 0,
+            "{spilled} spills, {returned} returns"
+        );
+    }
+}
+
+#[test]
+fn limits_below_the_inline_room_stay_inline_and_exact() {
+    agrees_with_the_deque(5, Duration::from_millis(700), 3, 300_000, 1);
+    agrees_with_the_deque(7, Duration::from_secs(1), 2, 200_000, 2);
+}
+
+#[test]
+fn longer_logs_spill_and_come_back_exactly() {
+    agrees_with_the_deque(40, Duration::from_millis(500), 3, 40_000, 3);
+    agrees_with_the_deque(1_000, Duration::from_secs(2), 1, 20_000, 4);
+}
+
+#[test]
+fn large_costs_spill_and_come_back_exactly() {
+    agrees_with_the_deque(2_000, Duration::from_millis(300), 600, 100_000, 5);
+}
+
+#[test]
+fn entries_far_apart_spill_and_come_back_exactly() {
+    // A three-hour window: entries more than 71 minutes apart do not fit 32-bit offsets.
+    agrees_with_the_deque(6, Duration::from_secs(3 * 3600), 2, 6_000_000_000, 6);
+}
+
+#[test]
+fn the_table_finds_drops_and_keeps_logs() {
+    let mut table = LogTable::default();
+    let alg = SlidingWindowLog::new(100, Duration::from_secs(1)).unwrap_or_else(|e| panic!("{e}"));
+    let now = Timestamp::from_secs(1_800_000_000);
+    for hash in 1..=1_000u64 {
+        let mut log = CompactLog::default();
+        log.step(&alg, now, (hash % 20) as u32 + 1, true);
+        table.insert(hash, log);
+    }
+    assert_eq!(table.len(), 1_000);
+    for hash in (1..=1_000u64).step_by(2) {
+        assert!(table.remove(hash).is_some());
+    }
+    assert!(table.remove(1).is_none());
+    table.retain(|log| log.total() > 15);
+    for hash in 1..=1_000u64 {
+        let want = (hash % 2 == 0 && hash % 20 + 1 > 15).then_some(hash % 20 + 1);
+        let got = table.get(hash).map(|log| lock(log).total());
+        assert_eq!(got, want, "hash {hash}");
+    }
+    assert_eq!(table.len(), 100);
+}
+
+/// Through the store (shared and exclusive paths, sweeps, spills), keys with limits below and
+/// above the inline room decide exactly as the algorithm on its own deque.
+#[test]
+fn the_store_decides_as_the_algorithm_below_and_above_the_inline_room() {
+    use crate::store::{Check, MemoryStore};
+    use crate::{Policy, Quota};
+    use std::collections::HashMap;
+
+    for (limit, max_cost) in [(3, 2), (7, 3), (25, 4), (2_000, 400)] {
+        let window = Duration::from_millis(400);
+        let store = MemoryStore::builder().shards(2).build();
+        let quota = Quota::sliding_window_log(limit, window).unwrap_or_else(|e| panic!("{e}"));
+        let Quota::SlidingWindowLog(alg) = quota.clone() else {
+            unreachable!("a sliding log quota");
+        };
+        let policy = Policy::new("log", quota).unwrap_or_else(|e| panic!("{e}"));
+        let mut model: HashMap<u64, SlidingWindowLogState> = HashMap::new();
+        let mut rng = Xorshift(u64::from(limit) * 7 + 1);
+        let mut now = Timestamp::from_secs(1_800_000_000);
+        for step in 0..6_000 {
+            now = now.saturating_add(Duration::from_micros(match rng.below(10) {
+                0..=3 => 0,
+                4..=8 => rng.below(30_000),
+                _ => rng.below(900_000),
+            }));
+            if step % 500 == 0 {
+                store.purge_expired(now);
+            }
+            let key = rng.below(5);
+            let cost = rng.below(max_cost + 1) as u32;
+            let key_bytes = key.to_le_bytes();
+            let got = store.apply_now(now, &[Check::new(&policy, &key_bytes, cost)]);
+            let want = alg.check(model.entry(key).or_default(), now, cost);
+            let want = want.into_decision(policy.shared_name());
+            assert_eq!(got.as_slice(), [want], "limit {limit} step {step}");
+        }
+    }
+}
+
+/// Short (inline) logs are held to the byte budget too: a flood of new keys evicts other logs
+/// and never the client being denied.
+#[test]
+fn inline_logs_stay_within_the_budget_and_keep_the_denied_key() {
+    use crate::store::{Check, MemoryStore};
+    use crate::{Policy, Quota};
+
+    const BUDGET: usize = 32 << 10;
+    let store = MemoryStore::builder()
+        .shards(1)
+        .max_log_bytes(BUDGET)
+        .build();
+    let quota =
+        Quota::sliding_window_log(5, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"));
+    let policy = Policy::new("log", quota).unwrap_or_else(|e| panic!("{e}"));
+    let now = Timestamp::from_secs(1_800_000_000);
+    for _ in 0..5 {
+        assert!(
+            store
+                .apply_now(now, &[Check::new(&policy, b"abuser", 1)])
+                .allowed()
+        );
+    }
+    assert_eq!(
+        store.log_bytes(),
+        LOG_KEY_BYTES,
+        "five entries fit the record"
+    );
+    assert!(
+        !store
+            .apply_now(now, &[Check::new(&policy, b"abuser", 1)])
+            .allowed()
+    );
+    let later = now.saturating_add(Duration::from_secs(1));
+    for i in 0u32..5_000 {
+        store.apply_now(later, &[Check::new(&policy, &i.to_le_bytes(), 1)]);
+        assert!(
+            store.log_bytes() <= BUDGET,
+            "{} bytes after {i} keys",
+            store.log_bytes()
+        );
+    }
+    assert!(
+        store.len() < 1_000,
+        "logs were evicted: {} keys",
+        store.len()
+    );
+    let d = store.apply_now(later, &[Check::new(&policy, b"abuser", 1)]);
+    assert!(!d.allowed(), "the denied key's log was evicted");
+}
