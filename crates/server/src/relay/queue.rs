@@ -11,7 +11,7 @@ use hyper::http::uri::Authority;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::Quota;
-use tollgate_http::Answer;
+use tollgate_http::{Answer, QueueTicket};
 use tollgate_redis::stream_queue::{NewMessage, Pushed};
 
 use super::body::{BodyCopy, Encoding, Framing, Trailers};
@@ -19,7 +19,7 @@ use super::conn::{Conn, Plan, READ_CHUNK};
 use super::deadline;
 use super::head::{self, MALFORMED, MALFORMED_BODY, Refusal, RequestHead, Version};
 use super::response::{write_answer, write_answer_as};
-use crate::config::Action;
+use crate::config::{Action, PolicyConfig};
 use crate::engine::Engine;
 use crate::queue;
 
@@ -128,24 +128,7 @@ impl Conn {
             payload: &queue::encode(&self.uphead, &body),
             enqueued_ms: queue::now_ms(),
         };
-        let reply = match queue.backend.push(message, settings.max_depth).await {
-            Ok(Pushed::Queued(_)) => {
-                queue.counters.enqueued();
-                queue.wake.notify_one();
-                accepted(&id, ticket.policy())
-            }
-            Ok(Pushed::Full) => {
-                engine.http().refund_queued(ticket);
-                queue.counters.full();
-                let retry = policy.map_or(1, |p| retry_secs(p.policy.quota()));
-                refused(StatusCode::TOO_MANY_REQUESTS, "Queue full", retry)
-            }
-            Err(e) => {
-                engine.http().refund_queued(ticket);
-                tracing::warn!(policy = ticket.policy(), error = %e, "queue: cannot store a request");
-                refused(StatusCode::SERVICE_UNAVAILABLE, "Queue unavailable", 1)
-            }
-        };
+        let reply = store(engine, &queue, ticket, policy, message, settings.max_depth).await;
         write_answer_as(
             &mut self.out,
             reply.status,
@@ -359,6 +342,37 @@ struct QueueReply {
     /// `Location` of a 202, `Retry-After` of a refusal.
     header: (&'static str, String),
     body: String,
+}
+
+/// Stores a request the engine admitted to the queue: `202` with its status URL, or `429`
+/// (the queue is full) or `503` (its store failed) with the policy's quota given back.
+async fn store(
+    engine: &Engine,
+    queue: &queue::Queue,
+    ticket: &QueueTicket,
+    policy: Option<&PolicyConfig>,
+    message: NewMessage<'_>,
+    max_depth: u64,
+) -> QueueReply {
+    let id = message.id;
+    match queue.backend.push(message, max_depth).await {
+        Ok(Pushed::Queued(_)) => {
+            queue.counters.enqueued();
+            queue.wake.notify_one();
+            accepted(id, ticket.policy())
+        }
+        Ok(Pushed::Full) => {
+            engine.http().refund_queued(ticket);
+            queue.counters.full();
+            let retry = policy.map_or(1, |p| retry_secs(p.policy.quota()));
+            refused(StatusCode::TOO_MANY_REQUESTS, "Queue full", retry)
+        }
+        Err(e) => {
+            engine.http().refund_queued(ticket);
+            tracing::warn!(policy = ticket.policy(), error = %e, "queue: cannot store a request");
+            refused(StatusCode::SERVICE_UNAVAILABLE, "Queue unavailable", 1)
+        }
+    }
 }
 
 /// `202 Accepted`: where the stored request's status is.
