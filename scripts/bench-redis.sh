@@ -8,7 +8,8 @@
 #   minimal  redis-benchmark -P 16 -c 50 sending the least Lua that makes the same decision
 #            with Redis TIME (crates/redis/examples/bench_redis/minimal/<algorithm>.lua)
 # and the ratios store/minimal (the target: >= 0.8), own/minimal and store/own, per round and
-# as the median over the rounds. Then one hot key decided by 3 instances, without and with
+# as the median over the rounds; and Redis's own time per script call in each of the three
+# (INFO commandstats usec_per_call of EVALSHA: far less noisy than throughput on a busy machine). Then one hot key decided by 3 instances, without and with
 # leases (decisions/s, admitted, over-admitted).
 #
 #   scripts/bench-redis.sh [seconds per run, default 5] [rounds, default 3] [concurrency, 50]
@@ -37,6 +38,10 @@ BENCH="${CARGO_TARGET_DIR:-target}/profiling/examples/bench_redis"
 URL="redis://127.0.0.1:$PORT"
 MINIMAL=crates/redis/examples/bench_redis/minimal
 
+# Redis's time per EVALSHA since the last reset, µs.
+usec() { redis-cli -p "$PORT" INFO commandstats | sed -nE 's/^cmdstat_evalsha:.*usec_per_call=([0-9.]+).*/\1/p'; }
+reset() { redis-cli -p "$PORT" CONFIG RESETSTAT >/dev/null; }
+
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 RESULTS=$(mktemp)
 for round in $(seq "$ROUNDS"); do
@@ -45,13 +50,19 @@ for round in $(seq "$ROUNDS"); do
     read -r -a OWN <<<"$("$BENCH" --url "$URL" --algorithm "$alg" --print-command)"
     MIN_SHA=$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat "$MINIMAL/$alg.lua")")
     read -r -a MIN_ARGS <<<"$("$BENCH" --url "$URL" --algorithm "$alg" --print-minimal-args)"
+    reset
     STORE_OUT=$("$BENCH" --url "$URL" --algorithm "$alg" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN")
     STORE=$(sed -E 's/.*= ([0-9]+) decisions\/s.*/\1/' <<<"$STORE_OUT")
+    STORE_US=$(usec)
     # Enough requests for about as long a run as the store's at twice its rate.
     N=$(( STORE * SECONDS_RUN * 2 ))
+    reset
     OWN_RPS=$(redis-benchmark -p "$PORT" -c 50 -P 16 -n "$N" -r 10000 --csv "${OWN[@]}" | tail -n 1 | cut -d, -f2 | tr -d '"')
+    OWN_US=$(usec)
+    reset
     MIN_RPS=$(redis-benchmark -p "$PORT" -c 50 -P 16 -n "$N" -r 10000 --csv EVALSHA "$MIN_SHA" 1 'tg:{__rand_int__}:minimal' "${MIN_ARGS[@]}" | tail -n 1 | cut -d, -f2 | tr -d '"')
-    echo "$round $alg $STORE $OWN_RPS $MIN_RPS" | tee -a "$RESULTS"
+    MIN_US=$(usec)
+    echo "$round $alg $STORE $OWN_RPS $MIN_RPS $STORE_US $OWN_US $MIN_US" | tee -a "$RESULTS"
     redis-cli -p "$PORT" FLUSHALL >/dev/null
   done
 done
@@ -67,6 +78,14 @@ for a in algs:
     s, o, m = med([x[0] for x in rs]), med([x[1] for x in rs]), med([x[2] for x in rs])
     print(f"{a:24} {s:9.0f} {o:9.0f} {m:9.0f} {med([x[0] / x[2] for x in rs]):9.2f} "
           f"{med([x[1] / x[2] for x in rs]):8.2f} {med([x[0] / x[1] for x in rs]):9.2f}   {per}")
+print()
+print(f"{'usec_per_call':24} {'store':>9} {'own':>9} {'minimal':>9} {'own/min':>9}   own/min per round")
+for a in algs:
+    us = [(float(r[5]), float(r[6]), float(r[7])) for r in rows if r[1] == a]
+    med = lambda xs: statistics.median(xs)
+    per = " ".join(f"{o / m:.2f}" for s, o, m in us)
+    print(f"{a:24} {med([x[0] for x in us]):9.2f} {med([x[1] for x in us]):9.2f} "
+          f"{med([x[2] for x in us]):9.2f} {med([x[1] / x[2] for x in us]):9.2f}   {per}")
 PY
 rm -f "$RESULTS"
 

@@ -7,8 +7,11 @@
 //! ends here no later than it does in Redis), or the caller's `now` with `clock = local`.
 //! One task renews a lease while the others of the same key wait for it, so an instance holds
 //! at most one lease per (policy, key).
+//!
+//! Per policy, counters say what the leases did ([`LeaseStats`], in `lease/stats.rs`).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
@@ -16,18 +19,26 @@ use tollgate::{Policy, Verdict};
 
 use crate::deny_cache::CacheKey;
 
+mod stats;
+pub(crate) use stats::LeaseCounters;
+pub use stats::LeaseStats;
+
 const SHARDS: usize = 16;
 
 /// The leases of this instance, bounded like the deny cache.
 pub(crate) struct Leases {
     shards: Vec<Mutex<HashMap<CacheKey, Arc<Slot>>>>,
     per_shard: usize,
+    /// Per policy name, kept for the life of the store (a reload keeps a policy's counts).
+    counters: Mutex<HashMap<&'static str, Arc<LeaseCounters>>>,
 }
 
 /// One (policy, key)'s lease.
 pub(crate) struct Slot {
     /// The policy, for returning units to Redis.
     policy: Policy,
+    /// Its policy's counters.
+    counters: Arc<LeaseCounters>,
     held: Mutex<Held>,
     /// Woken when a renewal ends (granted, denied or failed).
     pub(crate) renewed: Notify,
@@ -55,8 +66,9 @@ struct Held {
 /// A lease just taken from Redis.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Grant {
-    /// Units left after the request that took it.
+    /// Units left after the request that took it, and what that request spent.
     pub(crate) units: u32,
+    pub(crate) spent: u32,
     /// Lease clock when the request was sent, and until when the units may be spent.
     pub(crate) taken_at: u64,
     pub(crate) until: u64,
@@ -74,7 +86,8 @@ pub(crate) struct Leftover {
     pub(crate) guard: u64,
 }
 
-/// A leftover with what returning it to Redis needs: the (policy, key) it came from.
+/// A leftover with what returning it to Redis needs: the (policy, key) it came from. Counted
+/// as returned when it is taken out of its lease.
 #[derive(Clone, Debug)]
 pub(crate) struct Returned {
     pub(crate) key: CacheKey,
@@ -97,7 +110,28 @@ impl Leases {
         Leases {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             per_shard: size.div_ceil(SHARDS),
+            counters: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// `policy`'s counters, made on its first lease slot.
+    fn counters(&self, policy: &Policy) -> Arc<LeaseCounters> {
+        let mut map = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(map.entry(policy.name()).or_default())
+    }
+
+    /// Every policy's counters so far, by name.
+    pub(crate) fn stats(&self) -> Vec<LeaseStats> {
+        let map = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut list: Vec<LeaseStats> = map.iter().map(|(name, c)| c.read(name)).collect();
+        list.sort_by(|a, b| a.policy.cmp(&b.policy));
+        list
+    }
+
+    /// Requests admitted from leases, every policy.
+    pub(crate) fn spends(&self) -> u64 {
+        let map = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+        map.values().map(|c| c.spends.load(Relaxed)).sum()
     }
 
     fn shard(&self, key: &CacheKey) -> MutexGuard<'_, HashMap<CacheKey, Arc<Slot>>> {
@@ -135,6 +169,9 @@ impl Leases {
                     return true;
                 }
                 if held.units > 0 {
+                    slot.counters
+                        .returned
+                        .fetch_add(u64::from(held.units), Relaxed);
                     evicted.push(Returned {
                         key: *key,
                         policy: slot.policy.clone(),
@@ -150,7 +187,7 @@ impl Leases {
                 return None;
             }
         }
-        let slot = Arc::new(Slot::new(policy.clone()));
+        let slot = Arc::new(Slot::new(policy.clone(), self.counters(policy)));
         shard.insert(key, slot.clone());
         Some(slot)
     }
@@ -163,6 +200,9 @@ impl Leases {
             for (key, slot) in shard.iter() {
                 let mut held = slot.lock();
                 if held.units > 0 {
+                    slot.counters
+                        .returned
+                        .fetch_add(u64::from(held.units), Relaxed);
                     out.push(Returned {
                         key: *key,
                         policy: slot.policy.clone(),
@@ -180,9 +220,10 @@ impl Leases {
 }
 
 impl Slot {
-    pub(crate) fn new(policy: Policy) -> Self {
+    pub(crate) fn new(policy: Policy, counters: Arc<LeaseCounters>) -> Self {
         Slot {
             policy,
+            counters,
             held: Mutex::new(Held::default()),
             renewed: Notify::new(),
         }
@@ -197,6 +238,10 @@ impl Slot {
         let mut held = self.lock();
         if now < held.until && now >= held.taken_at && held.units >= cost {
             held.units -= cost;
+            // Two relaxed adds to one line, the policy's counters: with the slot's lock, the
+            // only shared writes of a spend.
+            self.counters.spent.fetch_add(u64::from(cost), Relaxed);
+            self.counters.spends.fetch_add(1, Relaxed);
             return Take::Spent(held.verdict(now));
         }
         if held.renewing {
@@ -207,12 +252,20 @@ impl Slot {
             units: held.units,
             guard: held.guard,
         });
+        self.counters
+            .returned
+            .fetch_add(u64::from(held.units), Relaxed);
         held.units = 0;
         Take::Renew(leftover)
     }
 
     /// Installs a lease just granted, ending the renewal.
     pub(crate) fn install(&self, grant: &Grant) {
+        let c = &self.counters;
+        c.grants.fetch_add(1, Relaxed);
+        c.taken
+            .fetch_add(u64::from(grant.units) + u64::from(grant.spent), Relaxed);
+        c.spent.fetch_add(u64::from(grant.spent), Relaxed);
         {
             let mut held = self.lock();
             *held = Held {
@@ -300,6 +353,7 @@ mod tests {
     fn grant(units: u32, taken_at: u64, until: u64) -> Grant {
         Grant {
             units,
+            spent: 1,
             taken_at,
             until,
             after_grant: Verdict {
@@ -316,7 +370,7 @@ mod tests {
 
     #[test]
     fn spends_until_empty_or_expired_then_one_task_renews() {
-        let slot = Slot::new(policy());
+        let slot = Slot::new(policy(), Arc::default());
         assert!(matches!(slot.take(0, 1), Take::Renew(None)));
         assert!(
             matches!(slot.take(0, 1), Take::Wait),
@@ -337,7 +391,7 @@ mod tests {
 
     #[test]
     fn a_dropped_renewal_frees_the_waiters() {
-        let slot = Slot::new(policy());
+        let slot = Slot::new(policy(), Arc::default());
         assert!(matches!(slot.take(0, 1), Take::Renew(None)));
         drop(Renewal::new(&slot));
         assert!(matches!(slot.take(0, 1), Take::Renew(None)));
@@ -366,5 +420,38 @@ mod tests {
             leases.slot((1, 32), &policy(), 0, &mut evicted).is_some(),
             "idle slots make room"
         );
+    }
+
+    #[test]
+    fn counters_account_for_every_unit_taken() {
+        let leases = Leases::new(16);
+        let mut evicted = Vec::new();
+        let slot = leases.slot((1, 0), &policy(), 0, &mut evicted);
+        let slot = slot.unwrap_or_else(|| panic!("room for one slot"));
+        assert!(matches!(slot.take(0, 1), Take::Renew(None)));
+        // Took 4 units for a request of 1: 3 held.
+        slot.install(&grant(3, 100, 200));
+        assert!(matches!(slot.take(150, 1), Take::Spent(_)));
+        // A cost of 5 does not fit: the 2 left go back, another lease of 4 comes.
+        assert!(matches!(slot.take(150, 5), Take::Renew(Some(_))));
+        slot.install(&grant(3, 100, 200));
+        let stats = |leases: &Leases| leases.stats().pop().unwrap_or_default();
+        let s = stats(&leases);
+        assert_eq!(
+            (
+                s.grants,
+                s.units_taken,
+                s.units_spent,
+                s.units_returned,
+                s.units_held()
+            ),
+            (2, 8, 3, 2, 3)
+        );
+        assert_eq!(leases.spends(), 1, "one request spent without Redis");
+        assert_eq!(leases.drain().len(), 1);
+        let s = stats(&leases);
+        assert_eq!(s.policy, "lease-test");
+        assert_eq!((s.units_returned, s.units_held()), (5, 0));
+        assert_eq!(s.units_taken, s.units_spent + s.units_returned);
     }
 }

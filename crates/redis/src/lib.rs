@@ -50,5 +50,6 @@ pub use config::{
     ClockSource, ConfigError, DEFAULT_KEY_PREFIX, DEFAULT_KEY_SECRET, DEFAULT_TIMEOUT, OnError,
     RedisConfig,
 };
+pub use lease::LeaseStats;
 pub use script::MAX_DEPTH;
 pub use store::{BuildError, RedisStore, RedisStoreStats};

@@ -167,8 +167,10 @@ pub(crate) fn validate(check: &Check<'_>) -> Result<(), StoreError> {
 }
 
 /// Appends the one-check script's `ARGV` for `check`: admit its cost or, when `want` exceeds
-/// it, take up to `want` units (a lease) logged `at` µs later (sliding window log). A plain
-/// check sends three or four values: every one Redis parses costs.
+/// it, take up to `want` units (a lease) logged `at` µs later (sliding window log). Every value
+/// Redis parses costs (an argument, a Lua string, a `tonumber`): a plain check of cost 1 sends
+/// two, as the least script for the decision would, and the leaky bucket gets its step (cost x
+/// interval) ready-made.
 pub(crate) fn one_check_args(
     cmd: &mut Cmd,
     check: &Check<'_>,
@@ -186,14 +188,19 @@ pub(crate) fn one_check_args(
         ),
         Quota::LeakyBucket(a) => {
             let [interval, depth, max_delay] = leaky_params(check, a)?;
-            cmd.arg(interval).arg(depth).arg(cost);
+            // A step past the depth is denied whatever its size: capped, it stays exact.
+            let step = interval.saturating_mul(i64::from(cost)).min(NO_MAX_DELAY);
+            cmd.arg(step).arg(depth);
             if max_delay < NO_MAX_DELAY {
                 cmd.arg(max_delay);
             }
             return Ok(());
         }
     };
-    cmd.arg(int(p1)).arg(int(p2)).arg(cost);
+    cmd.arg(int(p1)).arg(int(p2));
+    if cost != 1 || want > cost {
+        cmd.arg(cost);
+    }
     if want > cost {
         cmd.arg(want);
         if matches!(check.policy.quota(), Quota::SlidingWindowLog(_)) {

@@ -17,7 +17,7 @@ use tollgate::{Check, Decision, Decisions, MemoryStore, Store, StoreError, Times
 use crate::config::{ClockSource, ConfigError, OnError, RedisConfig};
 use crate::deny_cache::{CacheKey, DenyCache};
 use crate::keys::{KeyDigest, hex, key_name, slot};
-use crate::lease::Leases;
+use crate::lease::{LeaseStats, Leases};
 use crate::script::{ScriptKind, Scripts};
 
 mod calls;
@@ -118,7 +118,6 @@ struct Counters {
     script_calls: AtomicU64,
     fallbacks: AtomicU64,
     deny_cache_hits: AtomicU64,
-    leased: AtomicU64,
     errors: AtomicU64,
 }
 
@@ -281,9 +280,15 @@ impl RedisStore {
             script_calls: s.script_calls.load(Ordering::Relaxed),
             fallbacks: s.fallbacks.load(Ordering::Relaxed),
             deny_cache_hits: s.deny_cache_hits.load(Ordering::Relaxed),
-            leased: s.leased.load(Ordering::Relaxed),
+            leased: self.inner.leases.spends(),
             errors: s.errors.load(Ordering::Relaxed),
         }
+    }
+
+    /// What each policy's hot-key leases did on this instance (policies with a lease, from
+    /// their first leased request), by policy name: for metrics.
+    pub fn lease_stats(&self) -> Vec<LeaseStats> {
+        self.inner.leases.stats()
     }
 
     /// The Redis key that holds `check`'s state (for operators and tests; the client key

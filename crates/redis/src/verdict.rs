@@ -137,9 +137,37 @@ fn small_sat(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
+/// The array a one-check script's one-integer reply stands for (fixed window, token bucket and
+/// leaky bucket, plain checks): the integer is `r` when the script admitted, `-1 - r` when it
+/// denied; for a fixed window `r` packs `window_end - now` and the count as
+/// `left x (limit + 1) + count`.
+fn unpack(check: &Check<'_>, packed: i64) -> Result<Vec<i64>, StoreError> {
+    let admitted = packed >= 0;
+    let r = if admitted { packed } else { -1 - packed };
+    let granted = if admitted { i64::from(check.cost) } else { 0 };
+    Ok(match check.policy.quota() {
+        Quota::FixedWindow(a) => {
+            let radix = i64::from(a.limit()) + 1;
+            vec![granted, r / radix, r % radix]
+        }
+        Quota::TokenBucket(_) => vec![granted, r],
+        // The leaky bucket's array says admitted (1) or not.
+        Quota::LeakyBucket(_) => vec![i64::from(admitted), r],
+        other => {
+            return Err(protocol(&format!(
+                "the {} script replied one integer, {packed}",
+                other.kind()
+            )));
+        }
+    })
+}
+
 /// The verdict of a one-check script's reply (see the scripts' headers for the layouts).
 pub(crate) fn one_check(check: &Check<'_>, reply: Value) -> Result<Grant, StoreError> {
-    let ints = integers(reply)?;
+    let ints = match reply {
+        Value::Int(packed) => unpack(check, packed)?,
+        other => integers(other)?,
+    };
     let quota = check.policy.quota();
     let granted = small(at(&ints, 0)?)?;
     let mut window_left = 0;

@@ -53,9 +53,11 @@ pub(crate) async fn handle(
         "/metrics" => {
             let mut res = text(
                 StatusCode::OK,
-                shared
-                    .metrics
-                    .render(engine.store().keys_tracked(), engine.store().redis_stats()),
+                shared.metrics.render(
+                    engine.store().keys_tracked(),
+                    engine.store().redis_stats(),
+                    &engine.store().lease_stats(),
+                ),
             );
             res.headers_mut().insert(
                 CONTENT_TYPE,

@@ -213,11 +213,13 @@ impl Metrics {
         )
     }
 
-    /// The Prometheus text exposition; `keys_tracked` is read from the store by the caller.
+    /// The Prometheus text exposition; `keys_tracked`, the Redis store's counters and its
+    /// leases' are read from the store by the caller.
     pub fn render(
         &self,
         keys_tracked: Option<usize>,
         redis: Option<tollgate_redis::RedisStoreStats>,
+        leases: &[tollgate_redis::LeaseStats],
     ) -> String {
         let mut out = String::with_capacity(4096);
         out.push_str("# HELP tollgate_decisions_total Decisions by policy and outcome.\n");
@@ -310,6 +312,7 @@ impl Metrics {
             out,
             "tollgate_config_reloads_total{{result=\"failed\"}} {failed}"
         );
+        render_leases(&mut out, leases);
         self.render_queues(&mut out);
         if let Some(keys) = keys_tracked {
             out.push_str("# HELP tollgate_keys_tracked Keys the memory store holds state for.\n");
@@ -317,6 +320,56 @@ impl Metrics {
             let _ = writeln!(out, "tollgate_keys_tracked {keys}");
         }
         out
+    }
+}
+
+/// Per policy with a lease (once it took one): what its hot-key leases took from Redis, spent
+/// here, gave back, and hold now (`docs/redis.md`).
+fn render_leases(out: &mut String, leases: &[tollgate_redis::LeaseStats]) {
+    if leases.is_empty() {
+        return;
+    }
+    type Field = fn(&tollgate_redis::LeaseStats) -> u64;
+    let families: [(&str, &str, &str, Field); 5] = [
+        (
+            "tollgate_lease_grants_total",
+            "counter",
+            "Hot-key leases taken from Redis, by policy.",
+            |s| s.grants,
+        ),
+        (
+            "tollgate_lease_units_taken_total",
+            "counter",
+            "Units hot-key leases took from Redis, by policy.",
+            |s| s.units_taken,
+        ),
+        (
+            "tollgate_lease_units_spent_total",
+            "counter",
+            "Lease units admitted requests spent without calling Redis (and the cost of each \
+             request that took a lease), by policy.",
+            |s| s.units_spent,
+        ),
+        (
+            "tollgate_lease_units_returned_total",
+            "counter",
+            "Unspent lease units handed back to Redis (renewal, eviction, shutdown), by policy.",
+            |s| s.units_returned,
+        ),
+        (
+            "tollgate_lease_units_held",
+            "gauge",
+            "Lease units this instance holds now: taken - spent - returned, by policy.",
+            |s| s.units_held(),
+        ),
+    ];
+    for (name, kind, help, field) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for s in leases {
+            let policy = escape_label(&s.policy);
+            let _ = writeln!(out, "{name}{{policy=\"{policy}\"}} {}", field(s));
+        }
     }
 }
 
@@ -355,7 +408,7 @@ mod tests {
             assert!(t.join().is_ok());
         }
         let n = (SHARDS + 3) as u64;
-        let text = m.render(None, None);
+        let text = m.render(None, None, &[]);
         for line in [
             format!("tollgate_decision_duration_seconds_bucket{{le=\"0.00005\"}} {n}"),
             format!("tollgate_decision_duration_seconds_bucket{{le=\"0.0001\"}} {n}"),
@@ -390,5 +443,30 @@ mod tests {
             sum_line.is_some_and(|s| (s - expected).abs() < 1e-6),
             "{sum_line:?}"
         );
+    }
+
+    #[test]
+    fn lease_counters_render_per_policy_with_what_is_held() {
+        let m = Metrics::default();
+        let hot = tollgate_redis::LeaseStats {
+            policy: "hot \"key\"".to_owned(),
+            grants: 3,
+            units_taken: 300,
+            units_spent: 250,
+            units_returned: 20,
+        };
+        let text = m.render(None, None, &[hot]);
+        for line in [
+            "# TYPE tollgate_lease_grants_total counter",
+            "tollgate_lease_grants_total{policy=\"hot \\\"key\\\"\"} 3",
+            "tollgate_lease_units_taken_total{policy=\"hot \\\"key\\\"\"} 300",
+            "tollgate_lease_units_spent_total{policy=\"hot \\\"key\\\"\"} 250",
+            "tollgate_lease_units_returned_total{policy=\"hot \\\"key\\\"\"} 20",
+            "# TYPE tollgate_lease_units_held gauge",
+            "tollgate_lease_units_held{policy=\"hot \\\"key\\\"\"} 30",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        assert!(!m.render(None, None, &[]).contains("tollgate_lease"));
     }
 }

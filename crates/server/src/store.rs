@@ -3,7 +3,7 @@
 
 use tollgate::store::Check;
 use tollgate::{Decision, Decisions, MemoryStore, Store, StoreError, Timestamp};
-use tollgate_redis::{RedisStore, RedisStoreStats};
+use tollgate_redis::{LeaseStats, RedisStore, RedisStoreStats};
 
 use crate::config::{StoreConfig, StoreKind};
 
@@ -109,6 +109,14 @@ impl AnyStore {
         match self {
             AnyStore::Memory(_) => None,
             AnyStore::Redis(r) => Some(r.stats()),
+        }
+    }
+
+    /// What each policy's hot-key leases did (Redis; none for memory).
+    pub fn lease_stats(&self) -> Vec<LeaseStats> {
+        match self {
+            AnyStore::Memory(_) => Vec::new(),
+            AnyStore::Redis(r) => r.lease_stats(),
         }
     }
 

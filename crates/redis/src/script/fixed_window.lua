@@ -4,11 +4,14 @@
 -- decides what to write, atomically.
 --
 -- KEYS[1] "<window_end> <count>"
--- ARGV    window_us, limit, cost, [want: a lease, > cost]
--- Reply   granted (0 when denied; cost..want when admitted), window_end - now, count (before);
---         and now when it takes a lease (want > cost)
-local w, limit, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local want = tonumber(ARGV[4]) or cost
+-- ARGV    window_us, limit, [cost: 1 when absent], [want: a lease, > cost]
+-- Reply   a plain check: one integer, (window_end - now) x (limit + 1) + count (before), or
+--         -1 minus that when denied (an integer reply costs Redis far less than an array);
+--         when it does not fit in 2^53, or for a lease: granted (0 when denied; cost..want
+--         when admitted), window_end - now, count (before), and now for a lease
+local w, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local cost = tonumber(ARGV[3]) or 1
+local want = tonumber(ARGV[4])
 -- Exact: floor(a / b) of doubles is exact for integers a < 2^53.
 local e = now - now % w + w
 local c = 0
@@ -21,11 +24,14 @@ if v then
 end
 local g = 0
 if c + cost <= limit then
-  g = limit - c
-  if want < g then g = want end
+  g = want or cost
+  if c + g > limit then g = limit - c end
   if g > 0 then
     redis.call('SET', KEYS[1], string.format('%d %d', e, c + g), 'PX', math.ceil((e - now) / 1000))
   end
 end
-if want > cost then return {g, e - now, c, now} end
-return {g, e - now, c}
+if want then return {g, e - now, c, now} end
+local packed = (e - now) * (limit + 1) + c
+if packed >= 9007199254740992 then return {g, e - now, c} end
+if c + cost <= limit then return packed end
+return -1 - packed

@@ -3,10 +3,11 @@
 -- reply with the pure algorithm (crates/core/src/algorithm/sliding_window.rs).
 --
 -- KEYS[1] "<window_end> <current> <previous>"
--- ARGV    window_us, limit, cost, [want: a lease, > cost]
+-- ARGV    window_us, limit, [cost: 1 when absent], [want: a lease, > cost]
 -- Reply   granted (0 when denied), window_end - now, current, previous (before); and now when
 --         it takes a lease (want > cost)
-local w, limit, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local w, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local cost = tonumber(ARGV[3]) or 1
 local want = tonumber(ARGV[4]) or cost
 local e = now - now % w + w
 local cur, prev = 0, 0

@@ -9,13 +9,15 @@
 -- the top, so an index is never reused while its member lives.
 --
 -- KEYS[1] the sorted set
--- ARGV    window_us, limit, cost, [want: a lease, > cost; at: the score offset of its units:
---         a lease logs them at now + its ttl, the latest they can be spent]
+-- ARGV    window_us, limit, [cost: 1 when absent], [want: a lease, > cost; at: the score
+--         offset of its units: a lease logs them at now + its ttl, the latest they can be
+--         spent]
 -- Reply   granted (0 when denied), total, newest - now (-now for none); then when denied with
 --         cost <= limit: the score of the oldest unit whose expiry makes room, less now; when
 --         it takes a lease (want > cost): now
 local k = KEYS[1]
-local w, limit, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local w, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local cost = tonumber(ARGV[3]) or 1
 local want, at = tonumber(ARGV[4]) or cost, tonumber(ARGV[5]) or 0
 -- A unit admitted at t counts while now < t + window.
 redis.call('ZREMRANGEBYSCORE', k, '-inf', string.format('%d', now - w))

@@ -3,10 +3,13 @@
 -- reply with the pure algorithm (crates/core/src/algorithm/token_bucket.rs).
 --
 -- KEYS[1] "<tat>": when the bucket is full again
--- ARGV    interval_us, horizon_us (capacity x interval), cost, [want: a lease, > cost]
--- Reply   granted (0 when denied), the wait until the bucket's tat (0 when it is past)
-local iv, horizon, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local want = tonumber(ARGV[4]) or cost
+-- ARGV    interval_us, horizon_us (capacity x interval), [cost: 1 when absent],
+--         [want: a lease, > cost]
+-- Reply   a plain check: one integer, the wait until the bucket's tat (0 when it is past), or
+--         -1 minus it when denied; a lease: granted (0 when denied), that wait
+local iv, horizon = tonumber(ARGV[1]), tonumber(ARGV[2])
+local cost = tonumber(ARGV[3]) or 1
+local want = tonumber(ARGV[4])
 local tat = tonumber(redis.call('GET', KEYS[1]) or 0)
 if tat < now then tat = now end
 local wait = tat - now
@@ -14,11 +17,13 @@ local wait = tat - now
 local room = math.floor((now + horizon - tat) / iv)
 local g = 0
 if cost <= room then
-  g = room
-  if want < g then g = want end
+  g = want or cost
+  if room < g then g = room end
   if g > 0 then
     tat = tat + g * iv
     redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.ceil((tat - now) / 1000))
   end
 end
-return {g, wait}
+if want then return {g, wait} end
+if cost <= room then return wait end
+return -1 - wait

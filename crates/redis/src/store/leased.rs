@@ -47,10 +47,7 @@ impl RedisStore {
             // Registered before looking, so a renewal that ends in between still wakes it.
             let renewed = slot.renewed.notified();
             let leftover = match slot.take(clock, check.cost) {
-                Take::Spent(v) => {
-                    self.inner.stats.leased.fetch_add(1, Ordering::Relaxed);
-                    return Ok(v.into_decision(name));
-                }
+                Take::Spent(v) => return Ok(v.into_decision(name)),
                 Take::Wait => {
                     renewed.await;
                     continue;
@@ -118,6 +115,7 @@ impl RedisStore {
         }
         renewal.install(&Grant {
             units: granted.granted - check.cost,
+            spent: check.cost,
             taken_at: sent,
             until: lease::until(sent, span, self.inner.config.clock == ClockSource::Redis),
             after_grant,
