@@ -222,44 +222,8 @@ impl Metrics {
         leases: &[tollgate_redis::LeaseStats],
     ) -> String {
         let mut out = String::with_capacity(4096);
-        out.push_str("# HELP tollgate_decisions_total Decisions by policy and outcome.\n");
-        out.push_str("# TYPE tollgate_decisions_total counter\n");
-        if let Ok(map) = self.decisions.read() {
-            let mut names: Vec<&String> = map.keys().collect();
-            names.sort();
-            for name in names {
-                if let Some(c) = map.get(name) {
-                    for (i, outcome) in OUTCOMES.iter().enumerate() {
-                        let _ = writeln!(
-                            out,
-                            "tollgate_decisions_total{{policy=\"{}\",outcome=\"{outcome}\"}} {}",
-                            escape_label(name),
-                            c.get(i)
-                        );
-                    }
-                }
-            }
-        }
-        out.push_str(
-            "# HELP tollgate_decision_duration_seconds Time to decide a request, store included.\n",
-        );
-        out.push_str("# TYPE tollgate_decision_duration_seconds histogram\n");
-        let mut count = 0;
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            count += self.latency.0.get(i);
-            let _ = writeln!(
-                out,
-                "tollgate_decision_duration_seconds_bucket{{le=\"{bound}\"}} {count}"
-            );
-        }
-        count += self.latency.0.get(BUCKETS.len());
-        let _ = writeln!(
-            out,
-            "tollgate_decision_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
-        );
-        let sum = self.latency.0.get(SUM) as f64 / 1e9;
-        let _ = writeln!(out, "tollgate_decision_duration_seconds_sum {sum}");
-        let _ = writeln!(out, "tollgate_decision_duration_seconds_count {count}");
+        self.render_decisions(&mut out);
+        self.render_latency(&mut out);
         counter(
             &mut out,
             "tollgate_store_errors_total",
@@ -320,6 +284,52 @@ impl Metrics {
             let _ = writeln!(out, "tollgate_keys_tracked {keys}");
         }
         out
+    }
+
+    /// `tollgate_decisions_total`, by policy (sorted) and outcome.
+    fn render_decisions(&self, out: &mut String) {
+        out.push_str("# HELP tollgate_decisions_total Decisions by policy and outcome.\n");
+        out.push_str("# TYPE tollgate_decisions_total counter\n");
+        if let Ok(map) = self.decisions.read() {
+            let mut names: Vec<&String> = map.keys().collect();
+            names.sort();
+            for name in names {
+                if let Some(c) = map.get(name) {
+                    for (i, outcome) in OUTCOMES.iter().enumerate() {
+                        let _ = writeln!(
+                            out,
+                            "tollgate_decisions_total{{policy=\"{}\",outcome=\"{outcome}\"}} {}",
+                            escape_label(name),
+                            c.get(i)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// `tollgate_decision_duration_seconds`, the histogram of decision times.
+    fn render_latency(&self, out: &mut String) {
+        out.push_str(
+            "# HELP tollgate_decision_duration_seconds Time to decide a request, store included.\n",
+        );
+        out.push_str("# TYPE tollgate_decision_duration_seconds histogram\n");
+        let mut count = 0;
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            count += self.latency.0.get(i);
+            let _ = writeln!(
+                out,
+                "tollgate_decision_duration_seconds_bucket{{le=\"{bound}\"}} {count}"
+            );
+        }
+        count += self.latency.0.get(BUCKETS.len());
+        let _ = writeln!(
+            out,
+            "tollgate_decision_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
+        );
+        let sum = self.latency.0.get(SUM) as f64 / 1e9;
+        let _ = writeln!(out, "tollgate_decision_duration_seconds_sum {sum}");
+        let _ = writeln!(out, "tollgate_decision_duration_seconds_count {count}");
     }
 }
 

@@ -10,6 +10,7 @@ use crate::config::ClockSource;
 use crate::deny_cache::CacheKey;
 use crate::keys::{hex, key_name};
 use crate::lease::{self, Grant, Renewal, Returned, Take};
+use crate::verdict;
 
 impl RedisStore {
     /// Decides a single leased check (cost > 0): from the lease, or by renewing it.
@@ -102,8 +103,15 @@ impl RedisStore {
                 .insert(cache, check.cost, sent, granted.verdict);
             return Ok(granted.verdict.into_decision(name));
         }
-        // The lease lasts until its units stop counting (the window's end) or `ttl` has passed
-        // (a log's units are logged at that instant).
+        renewal.install(&self.lease_of(check, &granted, ttl, sent));
+        Ok(granted.verdict.into_decision(name))
+    }
+
+    /// The lease a granted renewal installs: its units past the check's own cost, until they
+    /// stop counting (the window's end) or `ttl` has passed (a log's units are logged at that
+    /// instant). `sent`: when the renewal left, on the lease clock.
+    fn lease_of(&self, check: &Check<'_>, granted: &verdict::Grant, ttl: u64, sent: u64) -> Grant {
+        let log = matches!(check.policy.quota(), Quota::SlidingWindowLog(_));
         let span = match check.policy.quota() {
             Quota::FixedWindow(_) | Quota::SlidingWindowCounter(_) => granted.window_left.min(ttl),
             _ => ttl,
@@ -113,7 +121,7 @@ impl RedisStore {
             // Logged `ttl` later, the units count that much longer.
             after_grant.reset_micros += ttl;
         }
-        renewal.install(&Grant {
+        Grant {
             units: granted.granted - check.cost,
             spent: check.cost,
             taken_at: sent,
@@ -126,8 +134,7 @@ impl RedisStore {
                 Quota::SlidingWindowLog(_) => granted.now + ttl,
                 _ => 0,
             },
-        });
-        Ok(granted.verdict.into_decision(name))
+        }
     }
 
     /// Sends leftover lease units back to Redis in the background (best effort: units that
