@@ -137,10 +137,11 @@ fn small_sat(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
-/// The array a one-check script's one-integer reply stands for (fixed window, token bucket and
-/// leaky bucket, plain checks): the integer is `r` when the script admitted, `-1 - r` when it
-/// denied; for a fixed window `r` packs `window_end - now` and the count as
-/// `left x (limit + 1) + count`.
+/// The array a one-check script's one-integer reply stands for (plain checks of every algorithm
+/// but the sliding log): the integer is `r` when the script admitted, `-1 - r` when it denied;
+/// for a fixed window `r` packs `window_end - now` and the count as `left x (limit + 1) +
+/// count`, for a sliding window counter `(left x (limit + 1) + current) x (limit + 1) +
+/// previous`.
 fn unpack(check: &Check<'_>, packed: i64) -> Result<Vec<i64>, StoreError> {
     let admitted = packed >= 0;
     let r = if admitted { packed } else { -1 - packed };
@@ -149,6 +150,11 @@ fn unpack(check: &Check<'_>, packed: i64) -> Result<Vec<i64>, StoreError> {
         Quota::FixedWindow(a) => {
             let radix = i64::from(a.limit()) + 1;
             vec![granted, r / radix, r % radix]
+        }
+        Quota::SlidingWindowCounter(a) => {
+            let radix = i64::from(a.limit()) + 1;
+            let (rest, previous) = (r / radix, r % radix);
+            vec![granted, rest / radix, rest % radix, previous]
         }
         Quota::TokenBucket(_) => vec![granted, r],
         // The leaky bucket's array says admitted (1) or not.

@@ -7,7 +7,7 @@
 -- ARGV    window_us, limit, [cost: 1 when absent], [want: a lease, > cost]
 -- Reply   a plain check: one integer, (window_end - now) x (limit + 1) + count (before), or
 --         -1 minus that when denied (an integer reply costs Redis far less than an array);
---         when it does not fit in 2^53, or for a lease: granted (0 when denied; cost..want
+--         when it does not fit in 2^53, when the count is past the limit, or for a lease: granted (0 when denied; cost..want
 --         when admitted), window_end - now, count (before), and now for a lease
 local w, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local cost = tonumber(ARGV[3]) or 1
@@ -32,6 +32,6 @@ if c + cost <= limit then
 end
 if want then return {g, e - now, c, now} end
 local packed = (e - now) * (limit + 1) + c
-if packed >= 9007199254740992 then return {g, e - now, c} end
+if packed >= 9007199254740992 or c > limit then return {g, e - now, c} end
 if c + cost <= limit then return packed end
 return -1 - packed
