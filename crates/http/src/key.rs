@@ -279,6 +279,8 @@ impl KeyContext<'_> {
         Ok(false)
     }
 
+    /// Writes the key `selector` reads into `out`: `Ok(false)` when the request has none, an
+    /// error when it has the field twice (the upstream might read the other one).
     fn select(
         &self,
         selector: &KeySelector,
@@ -287,96 +289,131 @@ impl KeyContext<'_> {
     ) -> Result<bool, DuplicateField> {
         out.clear();
         match selector {
-            KeySelector::Header(name) => {
-                let mut values = self.info.headers.get_all(name).iter();
-                let Some(value) = values.next() else {
-                    return Ok(false);
-                };
-                if values.next().is_some() {
-                    return Err(DuplicateField::Header(name.clone()));
-                }
-                let value = trim(value.as_bytes());
-                if value.is_empty() {
-                    return Ok(false);
-                }
-                out.extend_from_slice(b"header:");
-                out.extend_from_slice(name.as_str().as_bytes());
-                out.push(b':');
-                hasher.append(value, out);
-                Ok(true)
-            }
-            KeySelector::Query(name) => {
-                let Some(query) = self.info.query else {
-                    return Ok(false);
-                };
-                let mut values = query_params(query, name);
-                let Some(value) = values.next() else {
-                    return Ok(false);
-                };
-                if values.next().is_some() {
-                    return Err(DuplicateField::Query(name.clone()));
-                }
-                if value.is_empty() {
-                    return Ok(false);
-                }
-                out.extend_from_slice(b"query:");
-                out.extend_from_slice(name.as_bytes());
-                out.push(b':');
-                hasher.append(&value, out);
-                Ok(true)
-            }
-            KeySelector::User => {
-                let Some(UserId(id)) = self.info.extensions.and_then(|e| e.get::<UserId>()) else {
-                    return Ok(false);
-                };
-                if id.is_empty() {
-                    return Ok(false);
-                }
-                if id.len() > MAX_RAW_KEY {
-                    // A distinct prefix: a raw id can never equal a hashed one.
-                    out.extend_from_slice(b"user#:");
-                    hasher.append_long(id.as_bytes(), out);
-                } else {
-                    out.extend_from_slice(b"user:");
-                    out.extend_from_slice(id.as_bytes());
-                }
-                Ok(true)
-            }
-            KeySelector::Jwt(claim) => {
-                let Some(verifier) = self.jwt else {
-                    return Ok(false);
-                };
-                if self
-                    .info
-                    .headers
-                    .get_all(AUTHORIZATION)
-                    .iter()
-                    .nth(1)
-                    .is_some()
-                {
-                    return Err(DuplicateField::Header(AUTHORIZATION));
-                }
-                let claims = self
-                    .claims
-                    .get_or_init(|| verifier.verify_request(self.info.headers));
-                let Some(value) = claims.as_ref().and_then(|c| claim_bytes(c, claim)) else {
-                    return Ok(false);
-                };
-                out.extend_from_slice(b"jwt:");
-                out.extend_from_slice(claim.as_bytes());
-                out.push(b':');
-                hasher.append(&value, out);
-                Ok(true)
-            }
-            KeySelector::Ip => {
-                let ip = *self.client_ip.get_or_init(|| (self.resolve_ip)(self.info));
-                let Some(ip) = ip else {
-                    return Ok(false);
-                };
-                write_ip(ip, self.ipv6_prefix, out);
-                Ok(true)
-            }
+            KeySelector::Header(name) => self.select_header(name, hasher, out),
+            KeySelector::Query(name) => self.select_query(name, hasher, out),
+            KeySelector::User => Ok(self.select_user(hasher, out)),
+            KeySelector::Jwt(claim) => self.select_jwt(claim, hasher, out),
+            KeySelector::Ip => Ok(self.select_ip(out)),
         }
+    }
+
+    /// `header:<name>:<credential digest>`.
+    #[inline]
+    fn select_header(
+        &self,
+        name: &HeaderName,
+        hasher: &CredentialHasher,
+        out: &mut KeyBuf,
+    ) -> Result<bool, DuplicateField> {
+        let mut values = self.info.headers.get_all(name).iter();
+        let Some(value) = values.next() else {
+            return Ok(false);
+        };
+        if values.next().is_some() {
+            return Err(DuplicateField::Header(name.clone()));
+        }
+        let value = trim(value.as_bytes());
+        if value.is_empty() {
+            return Ok(false);
+        }
+        out.extend_from_slice(b"header:");
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.push(b':');
+        hasher.append(value, out);
+        Ok(true)
+    }
+
+    /// `query:<name>:<credential digest>`.
+    #[inline]
+    fn select_query(
+        &self,
+        name: &str,
+        hasher: &CredentialHasher,
+        out: &mut KeyBuf,
+    ) -> Result<bool, DuplicateField> {
+        let Some(query) = self.info.query else {
+            return Ok(false);
+        };
+        let mut values = query_params(query, name);
+        let Some(value) = values.next() else {
+            return Ok(false);
+        };
+        if values.next().is_some() {
+            return Err(DuplicateField::Query(name.to_owned()));
+        }
+        if value.is_empty() {
+            return Ok(false);
+        }
+        out.extend_from_slice(b"query:");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b':');
+        hasher.append(&value, out);
+        Ok(true)
+    }
+
+    /// `user:<id>` from the [`UserId`] extension (`user#:<digest>` past [`MAX_RAW_KEY`]).
+    #[inline]
+    fn select_user(&self, hasher: &CredentialHasher, out: &mut KeyBuf) -> bool {
+        let Some(UserId(id)) = self.info.extensions.and_then(|e| e.get::<UserId>()) else {
+            return false;
+        };
+        if id.is_empty() {
+            return false;
+        }
+        if id.len() > MAX_RAW_KEY {
+            // A distinct prefix: a raw id can never equal a hashed one.
+            out.extend_from_slice(b"user#:");
+            hasher.append_long(id.as_bytes(), out);
+        } else {
+            out.extend_from_slice(b"user:");
+            out.extend_from_slice(id.as_bytes());
+        }
+        true
+    }
+
+    /// `jwt:<claim>:<digest>` of a verified token's claim.
+    #[inline]
+    fn select_jwt(
+        &self,
+        claim: &str,
+        hasher: &CredentialHasher,
+        out: &mut KeyBuf,
+    ) -> Result<bool, DuplicateField> {
+        let Some(verifier) = self.jwt else {
+            return Ok(false);
+        };
+        if self
+            .info
+            .headers
+            .get_all(AUTHORIZATION)
+            .iter()
+            .nth(1)
+            .is_some()
+        {
+            return Err(DuplicateField::Header(AUTHORIZATION));
+        }
+        let claims = self
+            .claims
+            .get_or_init(|| verifier.verify_request(self.info.headers));
+        let Some(value) = claims.as_ref().and_then(|c| claim_bytes(c, claim)) else {
+            return Ok(false);
+        };
+        out.extend_from_slice(b"jwt:");
+        out.extend_from_slice(claim.as_bytes());
+        out.push(b':');
+        hasher.append(&value, out);
+        Ok(true)
+    }
+
+    /// `ip:<client address>` (its network for IPv6).
+    #[inline]
+    fn select_ip(&self, out: &mut KeyBuf) -> bool {
+        let ip = *self.client_ip.get_or_init(|| (self.resolve_ip)(self.info));
+        let Some(ip) = ip else {
+            return false;
+        };
+        write_ip(ip, self.ipv6_prefix, out);
+        true
     }
 }
 
