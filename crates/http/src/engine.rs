@@ -301,35 +301,8 @@ impl<S: Store, C: Clock> Engine<S, C> {
     }
 
     async fn decide_ref(&self, prepared: &Prepared) -> Outcome<S, C> {
-        let policies = &self.inner.policies;
         if let Some(refusal) = &prepared.refusal {
-            let (status, body) = match refusal {
-                Refusal::MissingKey(index) => {
-                    let name = policies.get(*index).map_or("", |p| p.http.policy.name());
-                    tracing::debug!(
-                        policy = name,
-                        "request without a key for a policy that requires one"
-                    );
-                    (StatusCode::UNAUTHORIZED, problem::key_required(name))
-                }
-                Refusal::DuplicateField(field) => {
-                    tracing::debug!(%field, "request refused: a key field sent more than once");
-                    (
-                        StatusCode::BAD_REQUEST,
-                        problem::duplicate_field(&field.to_string()),
-                    )
-                }
-                Refusal::PathTooDeep => {
-                    tracing::debug!("request refused: path too deep to normalise");
-                    (StatusCode::URI_TOO_LONG, problem::path_too_deep())
-                }
-            };
-            let answer = Answer::new(status, HeaderList::new(), body);
-            return self.outcome(
-                Decisions::new(),
-                HeaderList::new(),
-                Verdict::Respond(answer),
-            );
+            return self.refused(refusal);
         }
         if prepared.entries.is_empty() {
             return self.outcome(Decisions::new(), HeaderList::new(), Verdict::Pass);
@@ -356,35 +329,9 @@ impl<S: Store, C: Clock> Engine<S, C> {
             if !enforced_denial {
                 // Only shadow policies deny: the request goes on, so the enforcing policies
                 // must count it, in their own all-or-nothing call.
-                let enforced: SmallVec<[Check<'_>; 4]> = entries
-                    .iter()
-                    .filter(|e| !self.is_shadow(e))
-                    .map(|e| self.check(e))
-                    .collect();
-                if enforced.is_empty() {
-                    let headers = self.render(&decisions, entries);
-                    return self.outcome(decisions, headers, Verdict::Pass);
-                }
-                let again = match self.check_all(&enforced).await {
-                    Ok(d) => d,
-                    Err(e) => return self.failed(e, entries),
-                };
-                consumed = again.allowed();
-                let mut again = again.into_iter();
-                decisions = decisions
-                    .into_iter()
-                    .zip(entries.iter())
-                    .map(|(d, e)| {
-                        if self.is_shadow(e) {
-                            Some(d)
-                        } else {
-                            again.next()
-                        }
-                    })
-                    .collect::<Option<Decisions>>()
-                    .unwrap_or_default();
-                if decisions.len() != entries.len() {
-                    return self.failed(miscounted(), entries);
+                match self.count_enforced(decisions, entries).await {
+                    Ok((counted, admitted)) => (decisions, consumed) = (counted, admitted),
+                    Err(outcome) => return outcome,
                 }
             }
         }
@@ -392,7 +339,90 @@ impl<S: Store, C: Clock> Engine<S, C> {
         if !consumed {
             return self.deny(decisions, headers, entries);
         }
-        // Admitted. Hold for the longest slot a `delay` policy asks for.
+        self.admitted(decisions, headers, entries)
+    }
+
+    /// The answer to a request refused before any count: 401 without a required key, 400 for
+    /// a key field sent twice, 414 for a path too deep to normalise.
+    fn refused(&self, refusal: &Refusal) -> Outcome<S, C> {
+        let policies = &self.inner.policies;
+        let (status, body) = match refusal {
+            Refusal::MissingKey(index) => {
+                let name = policies.get(*index).map_or("", |p| p.http.policy.name());
+                tracing::debug!(
+                    policy = name,
+                    "request without a key for a policy that requires one"
+                );
+                (StatusCode::UNAUTHORIZED, problem::key_required(name))
+            }
+            Refusal::DuplicateField(field) => {
+                tracing::debug!(%field, "request refused: a key field sent more than once");
+                (
+                    StatusCode::BAD_REQUEST,
+                    problem::duplicate_field(&field.to_string()),
+                )
+            }
+            Refusal::PathTooDeep => {
+                tracing::debug!("request refused: path too deep to normalise");
+                (StatusCode::URI_TOO_LONG, problem::path_too_deep())
+            }
+        };
+        let answer = Answer::new(status, HeaderList::new(), body);
+        self.outcome(
+            Decisions::new(),
+            HeaderList::new(),
+            Verdict::Respond(answer),
+        )
+    }
+
+    /// When only shadow policies denied: the enforcing policies count the request in their own
+    /// all-or-nothing call. Their decisions replace the first ones (shadow ones stay), with
+    /// whether they admitted; `Err` is the outcome to answer at once.
+    async fn count_enforced(
+        &self,
+        decisions: Decisions,
+        entries: &[Entry],
+    ) -> Result<(Decisions, bool), Outcome<S, C>> {
+        let enforced: SmallVec<[Check<'_>; 4]> = entries
+            .iter()
+            .filter(|e| !self.is_shadow(e))
+            .map(|e| self.check(e))
+            .collect();
+        if enforced.is_empty() {
+            let headers = self.render(&decisions, entries);
+            return Err(self.outcome(decisions, headers, Verdict::Pass));
+        }
+        let again = match self.check_all(&enforced).await {
+            Ok(d) => d,
+            Err(e) => return Err(self.failed(e, entries)),
+        };
+        let admitted = again.allowed();
+        let mut again = again.into_iter();
+        let decisions = decisions
+            .into_iter()
+            .zip(entries.iter())
+            .map(|(d, e)| {
+                if self.is_shadow(e) {
+                    Some(d)
+                } else {
+                    again.next()
+                }
+            })
+            .collect::<Option<Decisions>>()
+            .unwrap_or_default();
+        if decisions.len() != entries.len() {
+            return Err(self.failed(miscounted(), entries));
+        }
+        Ok((decisions, admitted))
+    }
+
+    /// An admitted request: held for the longest slot a `delay` policy asks for, or passed.
+    fn admitted(
+        &self,
+        decisions: Decisions,
+        headers: HeaderList,
+        entries: &[Entry],
+    ) -> Outcome<S, C> {
         let delay = decisions
             .as_slice()
             .iter()
