@@ -179,3 +179,36 @@ fn sliding_logs_stay_within_their_byte_budget() -> Result<(), Box<dyn std::error
     assert!(!d.allowed(), "the abuser's log was evicted");
     Ok(())
 }
+
+/// States decided at a later instant than the one an eviction runs at (a clock stepped back,
+/// callers with their own clocks) are ranked like any other, for every algorithm: the eviction
+/// once overflowed on a token bucket whose bucket was further ahead than a full one.
+#[test]
+fn eviction_at_an_earlier_instant_than_the_states() -> Result<(), Box<dyn std::error::Error>> {
+    let rate: Rate = "1/s".parse()?;
+    let quotas = [
+        Quota::token_bucket(3, rate)?,
+        Quota::leaky_bucket(rate, 3)?,
+        Quota::fixed_window(3, Duration::from_secs(1))?,
+        Quota::sliding_window_counter(3, Duration::from_secs(1))?,
+        Quota::sliding_window_log(3, Duration::from_secs(1))?,
+    ];
+    for quota in quotas {
+        let store = MemoryStore::builder().max_keys(64).build();
+        let policy = Policy::new("ahead", quota)?;
+        let later = NOW.saturating_add(Duration::from_secs(3_600));
+        for i in 0u32..64 {
+            // Each key is left deep in its quota an hour from NOW.
+            for _ in 0..3 {
+                store.apply_now(later, &[Check::new(&policy, &i.to_le_bytes(), 1)]);
+            }
+        }
+        // New keys at NOW make room by ranking the keys decided an hour later.
+        for i in 64u32..256 {
+            let d = store.apply_now(NOW, &[Check::new(&policy, &i.to_le_bytes(), 1)]);
+            assert!(d.allowed(), "{policy}: a new key is admitted");
+        }
+        assert!(store.len() <= 64, "{policy}: {} keys", store.len());
+    }
+    Ok(())
+}

@@ -378,3 +378,43 @@ proptest! {
         }
     }
 }
+
+/// Steps `alg` at instants in any order (a clock stepped back; a state last decided by a caller
+/// whose clock ran ahead; a store's sweep or eviction that reads every key's state at its own
+/// instant): every answer keeps `remaining` within the limit, and nothing panics.
+fn run_unordered<A: Algorithm>(alg: &A, start: u64, steps: &[(u64, u32)]) {
+    let mut state = A::State::default();
+    for &(offset, cost) in steps {
+        let now = Timestamp::from_micros(start + offset);
+        let peek = alg.evaluate(&mut state.clone(), now, 0);
+        assert!(peek.remaining <= peek.limit, "peek at +{offset}: {peek:?}");
+        let verdict = alg.check(&mut state, now, cost);
+        assert!(
+            verdict.remaining <= verdict.limit,
+            "at +{offset}: {verdict:?}"
+        );
+        let _ = alg.expires_at(&state);
+    }
+}
+
+fn unordered(span: u64, max_cost: u32) -> impl Strategy<Value = Vec<(u64, u32)>> {
+    prop::collection::vec((0..span, 0..=max_cost + 1), 1..80)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn a_clock_that_goes_back_never_breaks_an_algorithm(
+        limit in 1u32..12, count in 1u32..20, ms in 1u64..2_000, start in start(),
+        steps in unordered(6_000_000, 12),
+    ) {
+        let window = Duration::from_millis(ms);
+        let rate = Rate::new(count, window).unwrap();
+        run_unordered(&FixedWindow::new(limit, window).unwrap(), start, &steps);
+        run_unordered(&SlidingWindowLog::new(limit, window).unwrap(), start, &steps);
+        run_unordered(&SlidingWindowCounter::new(limit, window).unwrap(), start, &steps);
+        run_unordered(&TokenBucket::new(limit, rate).unwrap(), start, &steps);
+        run_unordered(&LeakyBucket::new(rate, limit).unwrap(), start, &steps);
+    }
+}

@@ -82,8 +82,10 @@ impl Algorithm for TokenBucket {
         let tat = state.tat.max(now);
         let horizon = u64::from(self.capacity) * self.interval;
         // Whole tokens in the bucket before this request (a division: computed only when the
-        // answer reports them, not on the admitted path).
-        let tokens = || self.per_interval.div(now + horizon - tat);
+        // answer reports them, not on the admitted path). None when the state is further ahead
+        // than a full bucket: it was written at a later instant than `now` (a clock stepped
+        // back, or a sweep reading every key at its own instant).
+        let tokens = || self.per_interval.div((now + horizon).saturating_sub(tat));
         if cost > self.capacity {
             return never(self.capacity, tokens(), tat - now);
         }
