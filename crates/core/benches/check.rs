@@ -347,6 +347,7 @@ fn criterion_hot_key() {
 /// Runs one contender of one scenario on one thread, for a profiler: `TOLLGATE_BENCH_PROFILE=
 /// "100k,String,admit,token_bucket"`, then `valgrind --tool=callgrind --collect-atstart=no
 /// --toggle-collect='*profiled_loop*'` gives instructions per decision (divide by the count).
+/// `TOLLGATE_BENCH_THREADS=2` runs it on two threads at once (for `perf`, on contention).
 fn profile(spec: &str) {
     let parts: Vec<&str> = spec.split(',').collect();
     let [keys, shape, mode, name] = parts[..] else {
@@ -356,19 +357,23 @@ fn profile(spec: &str) {
     let ops = env("TOLLGATE_BENCH_OPS", 1_000_000);
     for (contender, op) in contenders(key_count, mode == "admit", shape == "String", Some(name)) {
         if contender == name {
-            let (start, cpu_start) = (Instant::now(), thread_cpu());
-            profiled_loop(op.as_ref(), ops);
-            let ns = start.elapsed().as_nanos() as f64 / ops as f64;
-            let cpu = thread_cpu().saturating_sub(cpu_start).as_nanos() as f64 / ops as f64;
-            println!("{ops} decisions of {spec}: {ns:.1} ns each ({cpu:.1} ns on the CPU)");
+            let threads = env("TOLLGATE_BENCH_THREADS", 1) as usize;
+            let timing = timed(threads, 1, &|t, _| profiled_loop(t, op.as_ref(), ops));
+            let all = (ops * threads as u64) as f64;
+            let ns = timing.wall.as_nanos() as f64 / all;
+            let cpu = timing.cpu.as_nanos() as f64 / all;
+            println!(
+                "{ops} decisions of {spec} on each of {threads} threads: {ns:.1} ns each \
+                 ({cpu:.1} ns on the CPU)"
+            );
         }
     }
 }
 
 #[inline(never)]
-fn profiled_loop(op: &(dyn Fn(usize, u64) + Sync), ops: u64) {
+fn profiled_loop(thread: usize, op: &(dyn Fn(usize, u64) + Sync), ops: u64) {
     for i in 0..ops {
-        op(0, i);
+        op(thread, i);
     }
 }
 

@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::algorithm::{
-    Algorithm, FixedWindow, LeakyBucket, SlidingWindowCounter, SlidingWindowLog, TokenBucket,
+    Algorithm, FixedWindow, LeakyBucket, SlidingWindowCounter, SlidingWindowLog,
+    SlidingWindowLogState, TokenBucket,
 };
-use tollgate::{Rate, Timestamp, Verdict};
+use tollgate::{Check, MemoryStore, Policy, Quota, Rate, Timestamp, Verdict};
 
 /// A naive model of one algorithm for one key.
 trait Reference {
@@ -416,5 +417,34 @@ proptest! {
         run_unordered(&SlidingWindowCounter::new(limit, window).unwrap(), start, &steps);
         run_unordered(&TokenBucket::new(limit, rate).unwrap(), start, &steps);
         run_unordered(&LeakyBucket::new(rate, limit).unwrap(), start, &steps);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Instants out of order (two threads whose clock reads crossed on the way to a key's lock,
+    /// a clock stepped back): a log stays in time order, a late request logged at the newest
+    /// entry's time, and the memory store's compact logs decide exactly as the algorithm's own
+    /// state does.
+    #[test]
+    fn a_log_stays_in_order_whatever_the_order_of_its_instants(
+        limit in 1u32..12, ms in 1u64..2_000, start in start(),
+        steps in unordered(6_000_000, 12),
+    ) {
+        let alg = SlidingWindowLog::new(limit, Duration::from_millis(ms)).unwrap();
+        let policy = Policy::new("log", Quota::SlidingWindowLog(alg.clone())).unwrap();
+        let store = MemoryStore::new();
+        let mut state = SlidingWindowLogState::default();
+        for &(offset, cost) in &steps {
+            let now = Timestamp::from_micros(start + offset);
+            let want = alg.check(&mut state, now, cost).into_decision(policy.shared_name());
+            let times: Vec<u64> = state.entries.iter().map(|&(t, _)| t).collect();
+            prop_assert!(times.windows(2).all(|w| w[0] < w[1]), "out of order: {:?}", times);
+            let sum: u64 = state.entries.iter().map(|&(_, c)| u64::from(c)).sum();
+            prop_assert_eq!(state.total, sum);
+            let got = store.apply_now(now, &[Check::new(&policy, b"k", cost)]);
+            prop_assert_eq!(got.as_slice(), &[want][..], "at +{}", offset);
+        }
     }
 }

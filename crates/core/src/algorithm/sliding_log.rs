@@ -126,8 +126,13 @@ impl SlidingWindowLog {
         }
         let now = now.as_micros();
         self.prune(log, now);
-        // Same microsecond: one entry, so a burst costs one slot of memory.
-        log.push(now, cost);
+        // Same microsecond: one entry, so a burst costs one slot of memory. An instant before
+        // the newest entry (two threads whose clock reads crossed on the way to the key's lock,
+        // or a clock stepped back) is logged at the newest entry's time: the log stays in
+        // order, which pruning from the front relies on, and the request leaves the window
+        // that much later, never sooner.
+        let at = log.newest_time().map_or(now, |newest| newest.max(now));
+        log.push(at, cost);
     }
 
     /// [`Algorithm::refund`] on any log storage.
