@@ -191,8 +191,13 @@ pub(super) fn validate(
     let (policies, policies_ok) = validate_policies(raw.policy, has_proxy, errs);
     let (jwt, jwt_ok) = jwt::validate_section(raw.jwt, &policies, errs);
     let grpc_listen = server.grpc_listen.as_ref();
-    let (envoy, envoy_ok) =
-        envoy::validate_section(raw.envoy, grpc_listen, envoy_dir_given, store.as_ref(), errs);
+    let (envoy, envoy_ok) = envoy::validate_section(
+        raw.envoy,
+        grpc_listen,
+        envoy_dir_given,
+        store.as_ref(),
+        errs,
+    );
     let forward_auth = super::forward_auth::validate(raw.forward_auth, errs);
     let log = super::log::validate(raw.log, errs);
     if !(listeners.ok && policies_ok && jwt_ok && envoy_ok) {
