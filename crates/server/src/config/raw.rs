@@ -190,10 +190,9 @@ pub(super) fn validate(
     let headers = validate_headers(raw.headers, errs);
     let (policies, policies_ok) = validate_policies(raw.policy, has_proxy, errs);
     let (jwt, jwt_ok) = jwt::validate_section(raw.jwt, &policies, errs);
-    let grpc_listen = server.grpc_listen.as_ref();
     let (envoy, envoy_ok) = envoy::validate_section(
         raw.envoy,
-        grpc_listen,
+        server.grpc_listen.as_ref(),
         envoy_dir_given,
         store.as_ref(),
         errs,
