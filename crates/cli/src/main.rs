@@ -127,7 +127,7 @@ fn validate(file: &std::path::Path) -> ExitCode {
 fn serve_config(path: Option<&Path>, envoy: Option<&Path>) -> Result<Config, ConfigError> {
     match (path, envoy) {
         (Some(p), None) => Config::load(p),
-        (Some(p), Some(dir)) => Config::load(p)?.with_envoy_dir(dir),
+        (Some(p), Some(dir)) => Config::load_with_envoy_dir(p, dir),
         (None, Some(dir)) => Config::envoy_only(dir),
         (None, None) => Ok(Config::builtin()),
     }

@@ -22,8 +22,8 @@ pub(crate) struct ReplayArgs {
     /// Access logs, plain or gzip; several are merged by time.
     #[arg(required = true, value_name = "LOG")]
     logs: Vec<PathBuf>,
-    /// combined (nginx/Apache, optionally with "$http_x_api_key" $msec), json (one object a
-    /// line) or auto (per file, from its first line).
+    /// combined (nginx/Apache, optionally with "$http_x_api_key" $msec $request_time), json
+    /// (one object a line) or auto (per file, from its first line).
     #[arg(long, default_value = "auto")]
     format: Format,
     /// Write report.html, summary.json and the plots (PNG and SVG) into this folder.

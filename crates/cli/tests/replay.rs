@@ -1,5 +1,6 @@
-//! `tollgate replay` as a user runs it: the table on stdout, the report folder, no progress bar
-//! when piped, and clear errors (exit 1) for a bad configuration, a missing log or a bad sweep.
+//! `tollgate replay` as a user runs it: the table on stdout, the report folder, a limit and a
+//! window sweep's figures and plot, no progress bar when piped and one on a terminal, and clear
+//! errors (exit 1) for a bad configuration, a missing log or a bad sweep.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
@@ -113,5 +114,146 @@ fn replay_refuses_bad_input_clearly() {
         assert!(!out.status.success(), "{args:?} succeeded");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two requests a second for ten seconds from one client, against 3 per window: a window of
+/// 1 s denies none, 5 s denies 7 of each 10, 1 m denies 17 of 20.
+#[test]
+fn a_window_sweep_gives_each_window_its_figures_and_plot() {
+    let dir = temp_dir("window");
+    std::fs::write(dir.join("t.toml"), CONFIG).unwrap();
+    let log: String = (0..20)
+        .map(|i| {
+            format!(
+                "198.51.100.7 - - [01/Mar/2024:10:00:{:02} +0000] \"GET /a HTTP/1.1\" 200 1 \"-\" \"t\"\n",
+                i / 2
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("access.log"), log).unwrap();
+    let out = run(
+        &dir,
+        &[
+            "--config",
+            "t.toml",
+            "access.log",
+            "--out",
+            "report",
+            "--sweep",
+            "window=1s,5s,1m",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The table: one row per candidate, its quota, denied count and share.
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("sweep of api:"))
+        .skip(2)
+        .take_while(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let want = [
+        [
+            "window=1s",
+            "fixed_window",
+            "limit=3",
+            "window=1s",
+            "0",
+            "0.0%",
+        ],
+        [
+            "window=5s",
+            "fixed_window",
+            "limit=3",
+            "window=5s",
+            "14",
+            "70.0%",
+        ],
+        [
+            "window=1m",
+            "fixed_window",
+            "limit=3",
+            "window=1m",
+            "17",
+            "85.0%",
+        ],
+    ];
+    assert_eq!(rows.len(), want.len(), "{stdout}");
+    for (row, want) in rows.iter().zip(want) {
+        assert_eq!(&row[..6], want, "{stdout}");
+    }
+    // summary.json: the same figures per candidate, with its window.
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report/summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["sweep"]["policy"], "api");
+    let candidates = summary["sweep"]["candidates"].as_array().unwrap();
+    let got: Vec<(&str, f64, u32, u64, f64)> = candidates
+        .iter()
+        .map(|c| {
+            let p = &c["result"]["policies"][0];
+            assert_eq!(p["name"], "api");
+            (
+                c["label"].as_str().unwrap(),
+                c["window_secs"].as_f64().unwrap(),
+                u32::try_from(c["limit"].as_u64().unwrap()).unwrap(),
+                p["denied"].as_u64().unwrap(),
+                p["denied_share"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("window=1s", 1.0, 3, 0, 0.0),
+            ("window=5s", 5.0, 3, 14, 0.7),
+            ("window=1m", 60.0, 3, 17, 0.85),
+        ]
+    );
+    // The configuration as given (3 a minute) is replayed too.
+    assert_eq!(summary["result"]["denied"], 17);
+    // The sweep plot, drawn against the window.
+    let svg = std::fs::read_to_string(dir.join("report/sweep.svg")).unwrap();
+    assert!(svg.contains("candidate window (seconds)"), "{svg}");
+    let png = std::fs::read(dir.join("report/sweep.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 1_000);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// On a terminal (a pseudo-terminal from `script`, util-linux) the progress bar is drawn on
+/// stderr and cleared before the table, and the report is still written.
+#[cfg(target_os = "linux")]
+#[test]
+fn on_a_terminal_a_progress_bar_is_drawn_then_cleared() {
+    let dir = temp_dir("tty");
+    std::fs::write(dir.join("t.toml"), CONFIG).unwrap();
+    std::fs::write(dir.join("access.log"), LOG).unwrap();
+    let replay = format!("'{BIN}' replay --config t.toml access.log --out report");
+    let out = Command::new("script")
+        .args(["--quiet", "--return", "--command", &replay, "/dev/null"])
+        .current_dir(&dir)
+        // A terminal that draws: the bar stays hidden where TERM is unset or dumb.
+        .env("TERM", "xterm")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run script (util-linux's bsdutils): {e}"));
+    let terminal = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{terminal}");
+    // The bar full, with the log's size and the lines read as its message.
+    let size = LOG.len();
+    let full = format!("{} {size} B/{size} B 6 lines", "█".repeat(40));
+    assert!(terminal.contains(&full), "{terminal:?}");
+    // Erased (ESC [2K) right before the table, so the table is not written over it.
+    assert!(
+        terminal.contains("\x1b[2K6 lines, 2024-03-01T10:00:01Z"),
+        "{terminal:?}"
+    );
+    assert!(terminal.contains("2 answered 429"), "{terminal:?}");
+    assert!(dir.join("report/report.html").is_file());
     let _ = std::fs::remove_dir_all(&dir);
 }

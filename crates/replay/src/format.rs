@@ -1,9 +1,10 @@
 //! Access-log formats: what a line of a log says about the request it records.
 //!
 //! - **combined**: nginx's and Apache's `combined` format (Apache's `common` too, which stops
-//!   after the size), optionally followed by two fields Tollgate's documented `log_format`
-//!   adds: `"$http_x_api_key"` and `$msec` (the request's time in milliseconds, used instead of
-//!   the whole-second `$time_local` when present).
+//!   after the size), optionally followed by the fields Tollgate's documented `log_format`
+//!   adds: `"$http_x_api_key"`, `$msec` (when nginx wrote the line, to the millisecond, used
+//!   instead of the whole-second `$time_local`) and `$request_time` (how long the request
+//!   took: the request is replayed at its arrival, the line's time less this).
 //! - **json**: one JSON object per line, with field names given by [`JsonFields`].
 //! - **auto**: decided per file from its first non-blank line (`{` means JSON).
 

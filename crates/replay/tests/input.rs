@@ -203,3 +203,44 @@ fn api_keys_are_shown_hashed_and_routes_and_costs_apply() {
     assert_eq!(p.top_keys[0].peak, 40);
     assert_eq!(s.first_time.as_deref(), Some("2024-03-01T00:00:00.25Z"));
 }
+
+/// nginx writes `$msec` when the request ends; `$request_time` after it says how long the
+/// request took, so the replay decides it when it arrived, as the server did. Two requests of
+/// one key against 1 a second: by their ends both fall in second 11 (the second denied); by
+/// their arrivals (10.7 and 11.2) each has a second of its own.
+#[test]
+fn request_time_moves_each_request_back_to_its_arrival() {
+    let dir = tempdir();
+    let lines = [
+        format!(
+            "{} \"k1\" {}.200 0.500",
+            line("192.0.2.1", 11, "GET", "/v1/slow"),
+            START + 11
+        ),
+        format!(
+            "{} \"k1\" {}.300 0.100",
+            line("192.0.2.1", 11, "GET", "/v1/fast"),
+            START + 11
+        ),
+    ];
+    let log = write_log(dir.path(), "timed.log", &lines);
+    let text = "[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1s\"\nkey = [\"header:x-api-key\"]\n";
+    let s = replay(config(text), vec![log.clone()]);
+    assert_eq!(s.bad_lines.count, 0, "{:?}", s.bad_lines.first);
+    assert_eq!(s.first_time.as_deref(), Some("2024-03-01T00:00:10.7Z"));
+    assert_eq!(s.last_time.as_deref(), Some("2024-03-01T00:00:11.2Z"));
+    assert_eq!((s.result.requests, s.result.denied), (2, 0));
+
+    // The same lines without $request_time: decided at their ends, the second one denied.
+    let ends: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            l.rsplit_once(' ')
+                .map_or(l.as_str(), |(head, _)| head)
+                .to_owned()
+        })
+        .collect();
+    let log = write_log(dir.path(), "ends.log", &ends);
+    let s = replay(config(text), vec![log]);
+    assert_eq!((s.result.requests, s.result.denied), (2, 1));
+}

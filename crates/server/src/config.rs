@@ -381,17 +381,27 @@ pub struct Config {
 impl Config {
     /// Reads and validates the file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::read(path, false)
+    }
+
+    /// Reads and validates the file at `path`; `envoy_dir_given` when `--envoy-config` supplies
+    /// the Envoy descriptors (then `[server] grpc_listen` needs no `[envoy]` table).
+    fn read(path: &Path, envoy_dir_given: bool) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
         })?;
-        let mut config = Config::parse(&path.display().to_string(), &text)?;
+        let mut config = Config::parse_as(&path.display().to_string(), &text, envoy_dir_given)?;
         config.source = Some(path.to_path_buf());
         Ok(config)
     }
 
     /// Validates `text`; `file` names it in diagnostics.
     pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
+        Config::parse_as(file, text, false)
+    }
+
+    fn parse_as(file: &str, text: &str, envoy_dir_given: bool) -> Result<Config, ConfigError> {
         let mut errs = Errors::new(file, text);
         let Some(doc) = schema::check(text, &mut errs) else {
             return Err(ConfigError::Invalid(errs.finish()));
@@ -407,7 +417,7 @@ impl Config {
                     return Err(ConfigError::Invalid(errs.finish()));
                 }
             };
-        let config = raw::validate(raw, &mut errs);
+        let config = raw::validate(raw, envoy_dir_given, &mut errs);
         let diagnostics = errs.finish();
         match config {
             Some(c) if diagnostics.0.is_empty() => Ok(c),

@@ -1,15 +1,22 @@
 //! nginx/Apache `combined` (and `common`) lines:
 //!
 //! ```text
-//! $remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent" ["$http_x_api_key" [$msec]]
+//! $remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent" ["$http_x_api_key"] [$msec] [$request_time]
 //! ```
+//!
+//! nginx writes `$time_local` and `$msec` when the request ends (`$msec` to the millisecond);
+//! `$request_time` is how long the request took, so a line that has it is replayed at the
+//! request's arrival, when the server decided it: its time less `$request_time`.
 //!
 //! Quoted fields are read as nginx and Apache escape them (`\xHH`, `\"`, `\\`), so an API key
 //! with odd bytes becomes the same bytes the server received, and hashes to the same key.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use memchr::{memchr, memchr2};
+
+use tollgate::Timestamp;
 
 use super::time::{TimeCache, from_epoch_number};
 use super::{LineError, LoggedRequest, method, present, split_target};
@@ -38,15 +45,12 @@ impl Parser {
         let _referer = quoted(&mut rest)?;
         let _agent = quoted(&mut rest)?;
         let api_key = quoted(&mut rest)?;
-        if let Some(msec) = token(&mut rest) {
-            time = std::str::from_utf8(msec)
-                .ok()
-                .and_then(|s| s.parse::<f64>().ok())
-                .and_then(from_epoch_number)
-                .ok_or_else(|| LineError::new("the field after the API key is not $msec"))?;
+        let (msec, took) = trailing_times(&mut rest)?;
+        if let Some(msec) = msec {
+            time = msec;
         }
-        if !rest.trim_ascii().is_empty() {
-            return Err(LineError::new("unexpected fields after $msec"));
+        if let Some(took) = took {
+            time = time.saturating_sub(took);
         }
         let (method, target) = request_line(request)?;
         let (target, host) = split_target(target)?;
@@ -59,6 +63,51 @@ impl Parser {
             api_key: api_key.filter(|k| present(k).is_some()),
             user: None,
         })
+    }
+}
+
+/// Seconds below this are a duration (`$request_time`), from it a time (`$msec`): 10^8 s is
+/// three years as the one and March 1973 as the other, and no log holds either.
+const TIME_FROM: f64 = 1e8;
+
+/// `[$msec] [$request_time]` at the end of the line: when nginx wrote it, and how long the
+/// request took. Either may stand alone; a lone number is told apart by its size.
+fn trailing_times(rest: &mut &[u8]) -> Result<(Option<Timestamp>, Option<Duration>), LineError> {
+    let number = |t: &[u8]| {
+        std::str::from_utf8(t)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|n| n.is_finite() && *n >= 0.0)
+    };
+    let not_msec = || LineError::new("the field after the API key is not $msec or $request_time");
+    let msec = |n: f64| from_epoch_number(n).ok_or_else(not_msec);
+    let took = |n: f64| {
+        Duration::try_from_secs_f64(n)
+            .map_err(|_| LineError::new("the field after $msec is not $request_time"))
+    };
+    let first = token(rest);
+    let second = token(rest);
+    if !rest.trim_ascii().is_empty() {
+        return Err(LineError::new(
+            "unexpected fields after $msec $request_time",
+        ));
+    }
+    let Some(first) = first else {
+        return Ok((None, None));
+    };
+    let first = number(first).ok_or_else(not_msec)?;
+    match second {
+        None if first >= TIME_FROM => Ok((Some(msec(first)?), None)),
+        None => Ok((None, Some(took(first)?))),
+        Some(_) if first < TIME_FROM => Err(LineError::new(
+            "the field after the API key is not $msec (seconds since the epoch)",
+        )),
+        Some(second) => {
+            let second = number(second)
+                .filter(|n| *n < TIME_FROM)
+                .ok_or_else(|| LineError::new("the field after $msec is not $request_time"))?;
+            Ok((Some(msec(first)?), Some(took(second)?)))
+        }
     }
 }
 
@@ -100,7 +149,8 @@ fn quoted<'a>(rest: &mut &'a [u8]) -> Result<Option<Cow<'a, [u8]>>, LineError> {
     let trimmed = rest.trim_ascii_start();
     let Some(body) = trimmed.strip_prefix(b"\"") else {
         if trimmed.is_empty() || trimmed.first().is_some_and(u8::is_ascii_digit) {
-            // The end of the line, or a number ($msec) where the optional fields stop.
+            // The end of the line, or a number ($msec, $request_time) where the optional
+            // quoted fields stop.
             return Ok(None);
         }
         return Err(LineError::new("expected a \"quoted\" field"));
@@ -167,7 +217,6 @@ fn unescape(raw: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate::Timestamp;
 
     const LINE: &[u8] = br#"203.0.113.9 - alice [10/Oct/2000:13:55:36 -0700] "GET /v1/items?page=2 HTTP/1.1" 200 2326 "http://example.com/" "curl/8.0""#;
 
@@ -198,6 +247,33 @@ mod tests {
     }
 
     #[test]
+    fn request_time_after_msec_gives_the_arrival() -> Result<(), LineError> {
+        let mut p = Parser::default();
+        let mut line = LINE.to_vec();
+        line.extend_from_slice(br#" "k1" 971211336.250 0.125"#);
+        let r = p.parse(&line)?;
+        assert_eq!(r.api_key.as_deref(), Some(&b"k1"[..]));
+        assert_eq!(r.time, Timestamp::from_micros(971_211_336_125_000));
+        // Alone after the user agent (nginx's combined plus $request_time): taken from the
+        // whole-second $time_local.
+        let mut line = LINE.to_vec();
+        line.extend_from_slice(b" 1.500");
+        let r = p.parse(&line)?;
+        assert_eq!(
+            (r.api_key, r.time),
+            (None, Timestamp::from_micros(971_211_334_500_000))
+        );
+        // After the key, without $msec.
+        let mut line = LINE.to_vec();
+        line.extend_from_slice(br#" "-" 0.004"#);
+        assert_eq!(
+            p.parse(&line)?.time,
+            Timestamp::from_micros(971_211_335_996_000)
+        );
+        Ok(())
+    }
+
+    #[test]
     fn the_common_format_stops_after_the_size() -> Result<(), LineError> {
         let mut p = Parser::default();
         let line = br#"::1 - - [10/Oct/2000:13:55:36 +0000] "POST http://api.example.com/v1/x HTTP/1.0" 201 -"#;
@@ -221,7 +297,10 @@ mod tests {
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"-\" 400 0", "METHOD"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1", "not closed"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" soon", "$msec"),
-            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 1 2", "unexpected"),
+            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 971211336.250 0.1 2", "unexpected"),
+            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 1 2", "$msec"),
+            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 971211336.250 971211336.250", "$request_time"),
+            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 971211336.250 -0.5", "$request_time"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"G(T / HTTP/1.1\" 200 1", "token"),
         ] {
             let err = p.parse(line).err().map(|e| e.to_string()).unwrap_or_default();

@@ -25,6 +25,13 @@ impl Config {
         config.with_envoy_dir(dir)
     }
 
+    /// `tollgate serve --config FILE --envoy-config DIR`: the file, with Envoy's rate limit
+    /// service answering from the envoyproxy/ratelimit YAML files under `dir`; the file may set
+    /// `[server] grpc_listen` (where to serve it) without an `[envoy]` table.
+    pub fn load_with_envoy_dir(path: &Path, dir: &Path) -> Result<Config, ConfigError> {
+        Config::read(path, true)?.with_envoy_dir(dir)
+    }
+
     /// Answers Envoy's rate limit service from the envoyproxy/ratelimit YAML files under `dir`
     /// (subfolders included) in place of `[envoy] config_dir`, on `[server] grpc_listen` or
     /// [`DEFAULT_GRPC_LISTEN`].
@@ -52,14 +59,11 @@ impl Config {
     /// The configuration read again from where this one came from: its file, its
     /// `--envoy-config` folder, or both.
     pub fn reread(&self) -> Result<Config, ConfigError> {
-        let base = match (&self.source, &self.envoy_dir) {
-            (Some(file), _) => Config::load(file)?,
-            (None, Some(dir)) => return Config::envoy_only(dir),
-            (None, None) => Config::builtin(),
-        };
-        match &self.envoy_dir {
-            Some(dir) => base.with_envoy_dir(dir),
-            None => Ok(base),
+        match (&self.source, &self.envoy_dir) {
+            (Some(file), Some(dir)) => Config::load_with_envoy_dir(file, dir),
+            (Some(file), None) => Config::load(file),
+            (None, Some(dir)) => Config::envoy_only(dir),
+            (None, None) => Ok(Config::builtin()),
         }
     }
 

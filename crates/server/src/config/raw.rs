@@ -168,8 +168,12 @@ pub(super) struct RawJwt {
 }
 
 /// The whole file: every table validated, every problem reported, and a [`Config`] only when
-/// there was none.
-pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> {
+/// there was none. `envoy_dir_given`: `--envoy-config` supplies the Envoy descriptors.
+pub(super) fn validate(
+    raw: RawConfig,
+    envoy_dir_given: bool,
+    errs: &mut Errors<'_>,
+) -> Option<Config> {
     let server = raw.server.unwrap_or_default();
     let listeners = listeners::validate(
         &server,
@@ -186,8 +190,13 @@ pub(super) fn validate(raw: RawConfig, errs: &mut Errors<'_>) -> Option<Config> 
     let headers = validate_headers(raw.headers, errs);
     let (policies, policies_ok) = validate_policies(raw.policy, has_proxy, errs);
     let (jwt, jwt_ok) = jwt::validate_section(raw.jwt, &policies, errs);
-    let (envoy, envoy_ok) =
-        envoy::validate_section(raw.envoy, server.grpc_listen.as_ref(), store.as_ref(), errs);
+    let (envoy, envoy_ok) = envoy::validate_section(
+        raw.envoy,
+        server.grpc_listen.as_ref(),
+        envoy_dir_given,
+        store.as_ref(),
+        errs,
+    );
     let forward_auth = super::forward_auth::validate(raw.forward_auth, errs);
     let log = super::log::validate(raw.log, errs);
     if !(listeners.ok && policies_ok && jwt_ok && envoy_ok) {

@@ -5,15 +5,17 @@ use super::{Errors, RawEnvoy, S};
 use crate::config::{Envoy, OnError, StoreConfig};
 
 /// `[envoy]` (`Some(None)` when absent, `None` when refused), and whether it agrees with
-/// `[server] grpc_listen`: each needs the other.
+/// `[server] grpc_listen`: each needs the other, unless `--envoy-config` supplies the
+/// descriptors (`envoy_dir_given`).
 pub(super) fn validate_section(
     raw: Option<S<RawEnvoy>>,
     grpc_listen: Option<&S<String>>,
+    envoy_dir_given: bool,
     store: Option<&StoreConfig>,
     errs: &mut Errors<'_>,
 ) -> (Option<Option<Envoy>>, bool) {
     let Some(e) = raw else {
-        if let Some(g) = grpc_listen {
+        if let Some(g) = grpc_listen.filter(|_| !envoy_dir_given) {
             errs.at(g.span().start, "[server] grpc_listen serves Envoy's rate limit service, which needs its descriptors: add [envoy] config_dir = \"ratelimit\" (a folder of envoyproxy/ratelimit YAML files)".to_owned());
             return (Some(None), false);
         }
