@@ -120,7 +120,7 @@ async fn an_upstream_that_stalls_past_the_timeout_gets_the_request_again() {
     // The first delivery gets no answer and its connection stays open: only the timeout ends it.
     up.stall("/hooks/slow", 1);
     let extra = "queue_backoff = \"10ms\"\n";
-    let s = start_text(&queue_config_timeout(up.addr, "300ms", "20/s", extra, "")).await;
+    let s = start_text(&queue_config_timeout(up.addr, "300ms", "2/s", extra, "")).await;
     let proxy = s.proxy.unwrap();
     let answers = burst(proxy, &[("/hooks/ok", "t", "0"), ("/hooks/slow", "t", "1")]).await;
     assert_eq!(answers[0].status, 200, "{:?}", answers[0]);

@@ -22,8 +22,9 @@ pub async fn delivering_lasts_while_the_upstream_holds_the_request(store: &str) 
     let gate = up.hold("/hooks/held");
     up.answer("/hooks/held", 201);
     // A minute's timeout: however slow the machine, the held delivery is not given up while the
-    // test looks at it.
-    let config = queue_config_timeout(up.addr, "1m", "20/s", "", store);
+    // test looks at it. Two a second: the second request of the burst is over the rate even
+    // when the first one's round trip is slow.
+    let config = queue_config_timeout(up.addr, "1m", "2/s", "", store);
     let s = start_text(&config).await;
     let (proxy, admin) = (s.proxy.unwrap(), s.admin);
     let answers = burst(
