@@ -2,7 +2,8 @@
 //! webhooks sent pipelined, and an upstream that counts arrivals. 1,000 webhooks through two
 //! instances are each delivered once and never faster than the policy's rate; an instance
 //! killed mid-drain loses nothing (the survivor takes over its messages); a 10-second upstream
-//! outage only delays deliveries; a poison message ends in the dead letters.
+//! outage only delays deliveries (the oldest message's age gauge grows meanwhile, and falls to 0
+//! after); a poison message ends in the dead letters, counted by their gauge until re-driven.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod queue_support;
@@ -17,6 +18,24 @@ use queue_support::*;
 /// by side on two cores) a thread can be late by this much, which bunches the arrivals it then
 /// reads. Slack enough for that, and still far too little for a drain at twice the rate.
 const JITTER: Duration = Duration::from_millis(400);
+
+/// The queue's gauges, which the drainer reads from Redis every second.
+const DEPTH: &str = "tollgate_queue_depth{policy=\"hooks\"}";
+const OLDEST: &str = "tollgate_queue_oldest_age_seconds{policy=\"hooks\"}";
+const DEAD: &str = "tollgate_queue_dead_letters{policy=\"hooks\"}";
+
+#[test]
+fn a_missing_metric_series_is_none_not_zero() {
+    let text = "# TYPE tollgate_queue_depth gauge\n\
+                tollgate_queue_depth{policy=\"hooks-2\"} 0\n\
+                tollgate_queue_depth{policy=\"hooks\"} 3\n";
+    assert_eq!(series_value(text, DEPTH), Some(3.0));
+    assert_eq!(
+        series_value(text, "tollgate_queue_depth{policy=\"hook\"}"),
+        None
+    );
+    assert_eq!(series_value(text, OLDEST), None);
+}
 
 /// Every queued id, from what the senders got back (each a 200 passed live or a 202).
 fn queued_ids(sent: &[Sent]) -> Vec<String> {
@@ -72,9 +91,8 @@ fn a_thousand_webhooks_through_two_instances_arrive_once_each_at_or_under_the_ra
         arrived_numbers(&up).len() == 1000
     });
     // Settled: the queue is empty (every delivery acknowledged) before duplicates are counted.
-    let depth = "tollgate_queue_depth{policy=\"hooks\"}";
     eventually("the queue is empty", Duration::from_secs(30), || {
-        a.metric(depth) == 0.0 && b.metric(depth) == 0.0
+        a.metric(DEPTH) == 0.0 && b.metric(DEPTH) == 0.0
     });
     let arrivals = up.arrivals();
     assert_eq!(arrivals.len(), 1000, "each webhook once");
@@ -125,9 +143,8 @@ fn an_instance_killed_mid_drain_loses_nothing_and_the_survivor_finishes() {
     eventually("every webhook arrived", Duration::from_secs(60), || {
         arrived_numbers(&up).len() == 300
     });
-    let depth = "tollgate_queue_depth{policy=\"hooks\"}";
     eventually("the queue is empty", Duration::from_secs(30), || {
-        b.metric(depth) == 0.0
+        b.metric(DEPTH) == 0.0
     });
     let by_key = arrivals_by_key(&up);
     let mut twice = 0;
@@ -176,6 +193,15 @@ fn everything_is_delivered_after_a_ten_second_upstream_outage() {
         assert_eq!(inst.metric(dead), 0.0);
         std::thread::sleep(Duration::from_millis(500));
     }
+    // The oldest message was queued before the outage began and is still there: it is at
+    // least as old as the outage (a lower bound a slow machine only makes truer).
+    let waited = down_since.elapsed();
+    let oldest = inst.metric(OLDEST);
+    assert!(
+        oldest >= waited.as_secs_f64() - 0.5,
+        "{OLDEST} {oldest} after {waited:?} of outage"
+    );
+    assert!(inst.metric(DEPTH) >= ids.len() as f64);
     up.listen();
     eventually(
         "every queued webhook arrived",
@@ -196,6 +222,9 @@ fn everything_is_delivered_after_a_ten_second_upstream_outage() {
     );
     assert!(most_attempts > 1);
     assert_eq!(inst.metric(dead), 0.0);
+    eventually("the gauges say empty", Duration::from_secs(10), || {
+        inst.metric(DEPTH) == 0.0 && inst.metric(OLDEST) == 0.0
+    });
 }
 
 #[test]
@@ -231,8 +260,26 @@ fn a_poison_message_ends_in_the_dead_letters() {
     for id in ids.iter().filter(|id| **id != poison) {
         assert_eq!(by_key.get(id), Some(&1), "{id}");
     }
-    assert_eq!(
-        inst.metric("tollgate_queue_dead_letters_total{policy=\"hooks\"}"),
-        1.0
+    let died = "tollgate_queue_dead_letters_total{policy=\"hooks\"}";
+    assert_eq!(inst.metric(died), 1.0);
+    eventually(
+        "the gauge counts the dead letter",
+        Duration::from_secs(10),
+        || inst.metric(DEAD) == 1.0,
     );
+
+    // Re-driven once the upstream takes it: delivered, and the gauge falls; the count of
+    // messages that died stays.
+    up.cure();
+    let path = format!("/v1/queues/hooks/dead/{poison}/redrive");
+    let (code, body) = request(inst.admin, "POST", &path, &[], "");
+    assert_eq!(code, 200, "{body}");
+    eventually("the poison is delivered", Duration::from_secs(30), || {
+        status_of(inst.proxy, &poison)["state"] == "delivered"
+    });
+    assert_eq!(arrivals_by_key(&up).get(&poison), Some(&4));
+    eventually("the gauge falls", Duration::from_secs(10), || {
+        inst.metric(DEAD) == 0.0
+    });
+    assert_eq!(inst.metric(died), 1.0);
 }

@@ -1,7 +1,8 @@
 //! The dashboard in a real browser: headless Chromium opens `/` on the admin listener of a
-//! server under load. The chart moves, the limited key appears in the top list, an override
-//! added through the form changes the next decision, the page fetches nothing from anywhere
-//! else, logs no console error or warning, and fits a phone's screen.
+//! server under load. The chart moves, the shadow policy's chart shows its shadow decisions,
+//! the limited key appears in the top list, an override added, edited and removed through the
+//! form changes the next decision each time, the page fetches nothing from anywhere else, logs
+//! no console error or warning, and fits a phone's screen.
 //!
 //! `TOLLGATE_DASHBOARD_SCREENSHOT=docs/dashboard.png` also saves a screenshot there.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -77,6 +78,165 @@ fn problem(event: &Value, origin: &str) -> bool {
 
 const CARD: &str = "document.querySelector('.card[data-policy=\"api\"] canvas')";
 
+/// How long the page may take to show something.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Pixels of the shadow line's colour (#bf8700) that `policy`'s chart draws clearly above its
+/// baseline, where a line at 0 lies.
+fn shadow_pixels(page: &mut devtools::Session, policy: &str) -> u64 {
+    let count = format!(
+        "(() => {{
+           const c = document.querySelector('.card[data-policy=\"{policy}\"] canvas');
+           const ratio = window.devicePixelRatio || 1;
+           const above = Math.floor(((c.clientHeight || 140) - 16 - 3) * ratio);
+           const d = c.getContext('2d').getImageData(0, 0, c.width, above).data;
+           let n = 0;
+           for (let i = 0; i < d.length; i += 4) {{
+             if (Math.abs(d[i] - 191) < 24 && Math.abs(d[i + 1] - 135) < 24 && d[i + 2] < 48
+                 && d[i + 3] > 200) n++;
+           }}
+           return n;
+         }})()"
+    );
+    page.eval(&count).as_u64().unwrap()
+}
+
+/// The shadow series is the shadow policy's: `trial` (10 a minute per IP, `action = "shadow"`)
+/// would deny the loud client, so its samples, its rates and its drawing show shadow decisions
+/// and never a denial, while the rejecting policy's shadow stays at 0.
+fn the_shadow_chart_shows_the_shadow_policy(page: &mut devtools::Session) {
+    let series = |name: &str| format!("(window.tollgateDashboard.series.get('{name}') || [])");
+    page.eval_until(
+        &format!("{}.some(p => p.shadow > 0)", series("trial")),
+        PATIENCE,
+    );
+    assert_eq!(
+        page.eval(&format!("{}.every(p => p.denied === 0)", series("trial"))),
+        json!(true)
+    );
+    assert_eq!(
+        page.eval(&format!(
+            "{0}.length > 0 && {0}.every(p => p.shadow === 0)",
+            series("api")
+        )),
+        json!(true)
+    );
+    let trial = "document.querySelector('.card[data-policy=\"trial\"]')";
+    assert!(
+        page.eval(&format!("{trial}.querySelector('h3').textContent"))
+            .as_str()
+            .unwrap()
+            .starts_with("trial (shadow"),
+    );
+    page.eval_until(
+        &format!("!/ 0\\.0\\/s shadow$/.test({trial}.querySelector('.rates').textContent)"),
+        PATIENCE,
+    );
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while shadow_pixels(page, "trial") == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no shadow line above the baseline of trial's chart"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        shadow_pixels(page, "api"),
+        0,
+        "a shadow line on api's chart"
+    );
+}
+
+/// The loud client's row in the overrides table (undefined when there is none).
+fn override_row() -> String {
+    format!(
+        "[...document.querySelectorAll('#overrides tbody tr')].find(r => r.cells[1].textContent === 'ip:{LOUD}')"
+    )
+}
+
+/// Clicks the button labelled `label` in the loud client's override row.
+fn click_in_override_row(page: &mut devtools::Session, label: &str) {
+    page.eval(&format!(
+        "[...{}.querySelectorAll('button')].find(b => b.textContent === '{label}').click(), true",
+        override_row()
+    ));
+}
+
+/// The `RateLimit-Policy` of the loud client's next decision.
+fn next_policy(rt: &tokio::runtime::Runtime, server: &Running) -> String {
+    let next = rt.block_on(post_json(&server.url("/v1/check"), &check(LOUD, None)));
+    next.header("ratelimit-policy")
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Edits the loud client's override through its row's `edit` button and the form, then
+/// removes it with its `remove` button: each time, the next decision for the key follows.
+fn edit_then_remove_the_override(
+    page: &mut devtools::Session,
+    rt: &tokio::runtime::Runtime,
+    server: &Running,
+) {
+    let row = override_row();
+    let overrides = || {
+        rt.block_on(get(&server.admin_url("/v1/overrides"), &[]))
+            .json()
+    };
+    // The form takes the override's fields; a new limit, window and reason replace them.
+    click_in_override_row(page, "edit");
+    assert_eq!(
+        page.eval("document.getElementById('o-limit').value"),
+        json!("100000")
+    );
+    page.eval(
+        "document.getElementById('o-result').textContent = '';
+         document.getElementById('o-limit').value = '77777';
+         document.getElementById('o-window').value = '2m';
+         document.getElementById('o-reason').value = 'browser test: the migration slows down';
+         document.getElementById('o-save').click(); true",
+    );
+    page.eval_until(
+        "document.getElementById('o-result').textContent.startsWith('saved')",
+        PATIENCE,
+    );
+    let policy = next_policy(rt, server);
+    assert!(policy.contains("\"api\";q=77777;w=120"), "{policy}");
+    // Replaced, not added.
+    let listed = overrides();
+    assert_eq!(
+        listed["overrides"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    assert_eq!(
+        listed["overrides"][0]["reason"],
+        "browser test: the migration slows down"
+    );
+    page.eval_until(
+        &format!("Boolean({row}) && {row}.cells[2].textContent.includes('limit=77777')"),
+        PATIENCE,
+    );
+
+    // Removed, with the reason the form holds: the policy's own quota again.
+    page.eval("document.getElementById('o-reason').value = 'browser test: migration done'; true");
+    click_in_override_row(page, "remove");
+    page.eval_until(
+        &format!(
+            "document.getElementById('o-result').textContent === 'removed the override of ip:{LOUD}'"
+        ),
+        PATIENCE,
+    );
+    let policy = next_policy(rt, server);
+    assert!(policy.contains("\"api\";q=30;w=60"), "{policy}");
+    let listed = overrides();
+    assert_eq!(
+        listed["overrides"].as_array().map(Vec::len),
+        Some(0),
+        "{listed}"
+    );
+    page.eval_until(&format!("!{row}"), PATIENCE);
+}
+
 #[test]
 fn the_dashboard_shows_live_decisions_and_changes_an_override_through_its_form() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -97,7 +257,7 @@ fn the_dashboard_shows_live_decisions_and_changes_an_override_through_its_form()
     let origin = server.admin_url("/");
     page.call("Page.navigate", json!({"url": origin}));
     page.wait_for("Page.loadEventFired");
-    let patience = Duration::from_secs(30);
+    let patience = PATIENCE;
 
     // The chart moves: new samples arrive and the drawing changes with them.
     page.eval_until(&format!("Number({CARD}?.dataset.samples) >= 2"), patience);
@@ -121,6 +281,7 @@ fn the_dashboard_shows_live_decisions_and_changes_an_override_through_its_form()
         !rates.as_str().unwrap().starts_with("0.0/s admitted"),
         "{rates}"
     );
+    the_shadow_chart_shows_the_shadow_policy(&mut page);
 
     // The loud client is in the top list; its row's button starts an override of it.
     let row = format!(
@@ -178,6 +339,8 @@ fn the_dashboard_shows_live_decisions_and_changes_an_override_through_its_form()
             .unwrap();
         std::fs::write(&path, png).unwrap();
     }
+
+    edit_then_remove_the_override(&mut page, &rt, &server);
 
     // On a phone's screen: nothing wider than the screen, the charts included.
     page.call(

@@ -1,57 +1,28 @@
 //! Overrides over a real Redis: set on one instance, every instance applies them (the poll of
-//! their version), the override's quota is the one the Redis scripts apply, shared by the
-//! instances, and an engine over Redis decides an overridden key exactly as one over the memory
-//! store does. Needs `redis-server` (`scripts/test.sh` installs it).
+//! their version) by its next poll, within one second of tokio's paused clock, the override's
+//! quota is the one the Redis scripts apply, shared by the instances, and an engine over Redis
+//! decides an overridden key exactly as one over the memory store does. Needs `redis-server`
+//! (`scripts/test.sh` installs it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "../../redis/tests/common/mod.rs"]
+mod redis_harness;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use hyper::{HeaderMap, Method, StatusCode};
+use redis_harness::RedisServer;
 use serde_json::json;
 use tollgate::{Clock, ManualClock, MemoryStore, Timestamp};
 use tollgate_http::{QuotaFields, RequestInfo};
 use tollgate_redis::{ClockSource, OnError, RedisConfig, RedisStore};
 
-struct Redis {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A `redis-server` of this test's own, on a free loopback port.
-fn redis() -> Redis {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("redis-server: {e}; install it with `apt-get install redis-server` (scripts/test.sh does)"));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Redis { child, port }
-}
-
 #[tokio::test]
 async fn overrides_set_on_one_instance_apply_on_every_instance() {
-    let redis = redis();
+    let redis = RedisServer::start();
     let text = format!(
         "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout = \"200ms\"\n\n[[policy]]\nname = \"api\"\nlimit = 10\nwindow = \"1m\"\nkey = [\"ip\"]\n",
         redis.port
@@ -139,6 +110,109 @@ async fn overrides_set_on_one_instance_apply_on_every_instance() {
     b.stop().await;
 }
 
+/// Holds tokio's paused clock still until dropped. A paused current-thread runtime jumps its
+/// clock to the next timer whenever it is idle, which with real sockets (Redis, HTTP) is most
+/// of the time; while a blocking task is in flight it does not, so the clock then moves only
+/// when the test advances it.
+struct ClockHeld {
+    _release: std::sync::mpsc::Sender<()>,
+}
+
+fn hold_the_clock() -> ClockHeld {
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    tokio::task::spawn_blocking(move || {
+        let _ = held.recv();
+    });
+    ClockHeld { _release: release }
+}
+
+/// Tries `cond` until it holds, within 10 s of real time, letting the runtime do the sockets'
+/// work between tries (a blocking pause: the paused clock stays where it is).
+async fn until<F: std::future::Future<Output = bool>>(what: &str, mut cond: impl FnMut() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond().await {
+        assert!(Instant::now() < deadline, "not within 10 s: {what}");
+        let _ = tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(5))).await;
+    }
+}
+
+const CHECKED: &str = r#"{"path":"/v1/x","ip":"203.0.113.5"}"#;
+
+/// The limit an instance decides the checked key under.
+async fn limit_on(s: &Running) -> String {
+    let r = post_json(&s.url("/v1/check"), CHECKED).await;
+    r.header("x-ratelimit-limit").unwrap_or_default().to_owned()
+}
+
+/// The bound of "every instance applies a change within 1 second" as a structure, not a
+/// stopwatch: on tokio's paused clock, which moves only when the test says, a change made on one
+/// instance is not applied on the other while the clock stands still (only its poll applies
+/// it), and is applied once the clock has moved one second, however slow the machine. Both
+/// ways: set on a, removed on b.
+#[tokio::test(start_paused = true)]
+async fn a_change_is_applied_by_the_next_poll_within_one_second_of_the_clock() {
+    let redis = RedisServer::start();
+    let clock = hold_the_clock();
+    // A sliding window log: its script reads no plain key, so the `GET`s Redis counts are the
+    // instances' version polls and their reloads of the overrides. A timeout longer than any
+    // step of the clock, so that no step times a Redis call out.
+    let text = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"1m\"\n\n[[policy]]\nname = \"api\"\nalgorithm = \"sliding_window_log\"\nlimit = 10\nwindow = \"1m\"\nkey = [\"ip\"]\n",
+        redis.url()
+    );
+    let a = start_text(&text).await;
+    let b = start_text(&text).await;
+    let gets = || redis.command_calls("get");
+    // Each polls once as it starts (the version is 0, as theirs: nothing to reload), then not
+    // again until the clock moves.
+    until("the first polls", || async { gets() >= 2 }).await;
+    let over = "/v1/overrides/api/ip:203.0.113.5";
+    let put = json!({"limit": 3, "reason": "paused clock"}).to_string();
+    let r = send("PUT", &a.admin_url(over), &[], put).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(limit_on(&a).await, "3");
+    for _ in 0..5 {
+        assert_eq!(
+            limit_on(&b).await,
+            "10",
+            "applied with the clock standing still"
+        );
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    until("b applies the override", || async {
+        limit_on(&b).await == "3"
+    })
+    .await;
+    // That second's polls are done: the 2 first polls, a's reload after its change, then one
+    // poll each and b's reload.
+    until("the polls of that second", || async { gets() >= 6 }).await;
+
+    let r = send(
+        "DELETE",
+        &b.admin_url(&format!("{over}?reason=over")),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert_eq!(limit_on(&b).await, "10");
+    for _ in 0..5 {
+        assert_eq!(
+            limit_on(&a).await,
+            "3",
+            "removed with the clock standing still"
+        );
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    until("a applies the removal", || async {
+        limit_on(&a).await == "10"
+    })
+    .await;
+    drop(clock);
+    a.stop().await;
+    b.stop().await;
+}
+
 fn limit_header<S: tollgate::Store, C: tollgate::Clock>(
     o: &tollgate_http::Outcome<S, C>,
 ) -> Option<hyper::header::HeaderValue> {
@@ -194,7 +268,7 @@ fn cases() -> Vec<(&'static str, QuotaFields)> {
 
 #[tokio::test]
 async fn an_overridden_key_is_decided_in_redis_as_in_memory() {
-    let redis = redis();
+    let redis = RedisServer::start();
     for (n, (quota, fields)) in cases().into_iter().enumerate() {
         let text = with_ports(&format!(
             "[[policy]]\nname = \"p{n}\"\n{quota}\nkey = [\"ip\"]\n"
@@ -331,7 +405,7 @@ impl Monitor {
 
 #[tokio::test]
 async fn overridden_keys_cost_no_extra_redis_round_trip() {
-    let redis = redis();
+    let redis = RedisServer::start();
     let text = format!(
         "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout = \"2s\"\n\n[[policy]]\nname = \"api\"\nlimit = 100000\nwindow = \"1m\"\nkey = [\"ip\"]\n",
         redis.port

@@ -1,7 +1,9 @@
 //! The `queue` action on the memory store, through the real proxy to a recording upstream:
-//! over-rate requests answered 202 and delivered once with their idempotency key; 413, and 429
-//! with `Retry-After` for a full queue; a 4xx final, a 5xx tried again until the dead letters,
-//! then re-driven from the admin API; the other policies charged when a request is queued.
+//! over-rate requests answered 202 and delivered once with their idempotency key, unchanged;
+//! `delivering` while the upstream holds one; 413, and 429 with `Retry-After` for a full queue;
+//! a 4xx final, a 5xx or a timeout tried again, a poison message in the dead letters until
+//! re-driven from the admin API, with the gauges; the other policies charged when a request is
+//! queued.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -39,7 +41,7 @@ async fn over_rate_requests_are_accepted_then_delivered_once_with_their_idempote
         assert_eq!(got.len(), 1, "{id} delivered {} times", got.len());
         let a = &got[0];
         assert_eq!(a.method, "POST");
-        assert_eq!(a.path, "/hooks/a");
+        assert_eq!(a.target, "/hooks/a?x=1");
         assert_eq!(a.body, bodies[*n]);
         assert_eq!(a.header("content-type"), Some("application/json"));
         assert_eq!(a.header("host"), Some("hooks.test"));
@@ -99,6 +101,53 @@ async fn the_client_idempotency_key_and_expect_are_replaced_and_chunked_bodies_s
         assert_eq!(a.header(gone), None, "{gone}: {:?}", a.headers);
     }
     assert_eq!(up.arrivals().len(), 2);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_queued_request_reaches_the_upstream_unchanged() {
+    cases::a_queued_request_reaches_the_upstream_unchanged("").await;
+}
+
+#[tokio::test]
+async fn delivering_lasts_while_the_upstream_holds_the_request() {
+    cases::delivering_lasts_while_the_upstream_holds_the_request("").await;
+}
+
+#[tokio::test]
+async fn an_upstream_that_stalls_past_the_timeout_gets_the_request_again() {
+    let up = Recorder::start().await;
+    // The first delivery gets no answer and its connection stays open: only the timeout ends it.
+    up.stall("/hooks/slow", 1);
+    let extra = "queue_backoff = \"10ms\"\n";
+    let s = start_text(&queue_config_timeout(up.addr, "300ms", "2/s", extra, "")).await;
+    let proxy = s.proxy.unwrap();
+    let answers = burst(proxy, &[("/hooks/ok", "t", "0"), ("/hooks/slow", "t", "1")]).await;
+    assert_eq!(answers[0].status, 200, "{:?}", answers[0]);
+    let id = raw_accepted_id(&answers[1]);
+    let status = wait_state(proxy, &id, "delivered").await;
+    assert_eq!(
+        (status["status"].as_u64(), status["attempts"].as_u64()),
+        (Some(200), Some(2)),
+        "{status}"
+    );
+    // The stalled attempt and the one after it, with the same key and the same request.
+    let got = up.with_key(&id);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(
+        (got[0].body.as_ref(), got[1].body.as_ref()),
+        (&b"1"[..], &b"1"[..])
+    );
+    for (series, value) in [
+        ("tollgate_queue_retries_total{policy=\"hooks\"}", 1.0),
+        (
+            "tollgate_queue_deliveries_total{policy=\"hooks\",result=\"delivered\"}",
+            1.0,
+        ),
+        ("tollgate_queue_dead_letters_total{policy=\"hooks\"}", 0.0),
+    ] {
+        assert_eq!(metric(s.admin, series).await, value, "{series}");
+    }
     s.stop().await;
 }
 
@@ -202,6 +251,8 @@ async fn a_4xx_is_final_and_a_poison_message_ends_in_the_dead_letters_until_redr
     let queues = get(&s.admin_url("/v1/queues"), &[]).await.json();
     assert_eq!(queues["queues"][0]["policy"], "hooks");
     assert_eq!(queues["queues"][0]["durable"], false);
+    // The gauge counts the dead letter (the store is read every second).
+    metric_until(s.admin, cases::DEAD, |v| v == 1.0).await;
 
     let metrics = get(&s.admin_url("/metrics"), &[]).await;
     let text = String::from_utf8_lossy(&metrics.body).into_owned();
@@ -239,6 +290,16 @@ async fn a_4xx_is_final_and_a_poison_message_ends_in_the_dead_letters_until_redr
     assert_eq!(up.with_key(&poison).len(), 4);
     let dead = get(&s.admin_url("/v1/queues/hooks/dead"), &[]).await.json();
     assert_eq!(dead["dead_letters"].as_array().map(Vec::len), Some(0));
+    // The gauge falls with it; the counter of messages that died stays.
+    metric_until(s.admin, cases::DEAD, |v| v == 0.0).await;
+    assert_eq!(
+        metric(
+            s.admin,
+            "tollgate_queue_dead_letters_total{policy=\"hooks\"}"
+        )
+        .await,
+        1.0
+    );
     s.stop().await;
 }
 

@@ -1,7 +1,8 @@
 //! The `queue` action on Redis Streams, with real `redis-server` processes (the Redis crate's
 //! harness): requests queued by one server are delivered once after it stops and another
 //! starts on the same Redis, and a poison message ends in the dead letters, listed and
-//! re-driven from any instance.
+//! re-driven from any instance. The store-independent bodies of `queue_common::cases` too: a
+//! queued request arrives unchanged, and is `delivering` while the upstream holds it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -19,6 +20,18 @@ fn redis_store(redis: &RedisServer) -> String {
         "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"1s\"\n",
         redis.url()
     )
+}
+
+#[tokio::test]
+async fn a_queued_request_reaches_the_upstream_unchanged() {
+    let redis = RedisServer::start();
+    cases::a_queued_request_reaches_the_upstream_unchanged(&redis_store(&redis)).await;
+}
+
+#[tokio::test]
+async fn delivering_lasts_while_the_upstream_holds_the_request() {
+    let redis = RedisServer::start();
+    cases::delivering_lasts_while_the_upstream_holds_the_request(&redis_store(&redis)).await;
 }
 
 #[tokio::test]

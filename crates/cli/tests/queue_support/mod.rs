@@ -7,6 +7,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -119,13 +120,21 @@ impl Instance {
         let _ = self.child.wait();
     }
 
-    /// The value of metric series `series` (the whole name with labels).
+    /// The value of metric series `series` (the whole name with labels); panics naming it when
+    /// `/metrics` has no such series, so that a wait for a value cannot pass on a missing one.
     pub fn metric(&self, series: &str) -> f64 {
-        let (_, body) = request(self.admin, "GET", "/metrics", &[], "");
-        body.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0)
+        let (status, body) = request(self.admin, "GET", "/metrics", &[], "");
+        assert_eq!(status, 200, "/metrics: {body}");
+        series_value(&body, series)
+            .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{body}"))
     }
+}
+
+/// The value of `series` (the whole name with labels) in a `/metrics` text; `None` when the text
+/// has no such series.
+pub fn series_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// A queue policy `hooks` (leaky bucket at `rate`, a burst of `queue + 1`) over Redis, in
@@ -310,12 +319,13 @@ pub struct Arrival {
 }
 
 /// An upstream on `port` that records every request (when, which webhook, its idempotency key)
-/// and answers 200, or 500 to a body that contains "poison". Listening starts at
-/// [`Upstream::listen`], so a test can keep it down for a while.
+/// and answers 200, or 500 to a body that contains "poison" until [`Upstream::cure`]. Listening
+/// starts at [`Upstream::listen`], so a test can keep it down for a while.
 #[derive(Clone)]
 pub struct Upstream {
     pub port: u16,
     arrivals: Arc<Mutex<Vec<Arrival>>>,
+    cured: Arc<AtomicBool>,
 }
 
 impl Upstream {
@@ -323,6 +333,7 @@ impl Upstream {
         Upstream {
             port: free_port(),
             arrivals: Arc::default(),
+            cured: Arc::default(),
         }
     }
 
@@ -330,13 +341,20 @@ impl Upstream {
     pub fn listen(&self) {
         let listener = TcpListener::bind(("127.0.0.1", self.port)).unwrap();
         let arrivals = Arc::clone(&self.arrivals);
+        let cured = Arc::clone(&self.cured);
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
                 let arrivals = Arc::clone(&arrivals);
-                std::thread::spawn(move || serve(conn, &arrivals));
+                let cured = Arc::clone(&cured);
+                std::thread::spawn(move || serve(conn, &arrivals, &cured));
             }
         });
+    }
+
+    /// Answers 200 to poison too, from now on.
+    pub fn cure(&self) {
+        self.cured.store(true, Ordering::Relaxed);
     }
 
     pub fn arrivals(&self) -> Vec<Arrival> {
@@ -344,7 +362,7 @@ impl Upstream {
     }
 }
 
-fn serve(mut conn: TcpStream, arrivals: &Mutex<Vec<Arrival>>) {
+fn serve(mut conn: TcpStream, arrivals: &Mutex<Vec<Arrival>>, cured: &AtomicBool) {
     let mut buf: Vec<u8> = Vec::new();
     loop {
         let mut headers = [httparse::EMPTY_HEADER; 64];
@@ -370,7 +388,7 @@ fn serve(mut conn: TcpStream, arrivals: &Mutex<Vec<Arrival>>) {
                 };
                 arrivals.lock().unwrap().push(arrival);
                 buf.drain(..len + length);
-                let status = if body.contains("poison") {
+                let status = if body.contains("poison") && !cured.load(Ordering::Relaxed) {
                     "500 Internal Server Error"
                 } else {
                     "200 OK"

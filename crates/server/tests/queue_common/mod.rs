@@ -1,6 +1,9 @@
 //! Helpers of the `queue` action's tests: a recording upstream whose answers the test sets per
-//! path, a status poller, and the queue policy's configuration.
+//! path (a status, a stall that never answers, a gate the test opens), a status poller, a
+//! metrics reader, and the queue policy's configuration.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod cases;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -14,6 +17,7 @@ use hyper::body::Incoming;
 use hyper::{HeaderMap, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use crate::common::raw::{Client, Resp};
 use crate::common::{Reply, get};
@@ -23,6 +27,8 @@ use crate::common::{Reply, get};
 pub struct Arrival {
     pub method: String,
     pub path: String,
+    /// The request target as it arrived: the path and the query.
+    pub target: String,
     pub headers: HeaderMap,
     pub body: Bytes,
     pub at: Instant,
@@ -37,13 +43,26 @@ impl Arrival {
     }
 }
 
-/// An upstream that records every request and answers the status set for its path (200 by
-/// default).
+/// A gate the upstream holds requests at until the test opens it.
+pub struct Gate(watch::Sender<bool>);
+
+impl Gate {
+    /// Lets every request held at this gate, and every later one, be answered.
+    pub fn release(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+/// An upstream that records every request as it arrives, then answers the status set for its
+/// path (200 by default): after holding it at the path's gate, if there is one, or never, for
+/// as many requests as the path has stalls left.
 #[derive(Clone)]
 pub struct Recorder {
     pub addr: SocketAddr,
     arrivals: Arc<Mutex<Vec<Arrival>>>,
     answers: Arc<Mutex<HashMap<String, u16>>>,
+    stalls: Arc<Mutex<HashMap<String, u32>>>,
+    gates: Arc<Mutex<HashMap<String, watch::Receiver<bool>>>>,
 }
 
 impl Recorder {
@@ -53,6 +72,8 @@ impl Recorder {
             addr: listener.local_addr().unwrap(),
             arrivals: Arc::default(),
             answers: Arc::default(),
+            stalls: Arc::default(),
+            gates: Arc::default(),
         };
         let r = rec.clone();
         tokio::spawn(async move {
@@ -83,6 +104,33 @@ impl Recorder {
             .map(|b| b.to_bytes())
             .unwrap_or_default();
         let path = parts.uri.path().to_owned();
+        let target = parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| path.clone(), ToString::to_string);
+        let stall = match self.stalls.lock().unwrap().get_mut(&path) {
+            Some(left) if *left > 0 => {
+                *left -= 1;
+                true
+            }
+            _ => false,
+        };
+        let gate = self.gates.lock().unwrap().get(&path).cloned();
+        self.arrivals.lock().unwrap().push(Arrival {
+            method: parts.method.to_string(),
+            path: path.clone(),
+            target,
+            headers: parts.headers,
+            body,
+            at: Instant::now(),
+        });
+        if stall {
+            // No answer and no close: only the proxy's timeout ends this exchange.
+            std::future::pending::<()>().await;
+        }
+        if let Some(mut gate) = gate {
+            let _ = gate.wait_for(|open| *open).await;
+        }
         let status = self
             .answers
             .lock()
@@ -90,13 +138,6 @@ impl Recorder {
             .get(&path)
             .copied()
             .unwrap_or(200);
-        self.arrivals.lock().unwrap().push(Arrival {
-            method: parts.method.to_string(),
-            path,
-            headers: parts.headers,
-            body,
-            at: Instant::now(),
-        });
         let mut res = Response::new(Full::new(Bytes::from_static(b"recorded")));
         *res.status_mut() = StatusCode::from_u16(status).unwrap();
         res
@@ -105,6 +146,18 @@ impl Recorder {
     /// Answers `status` to requests for `path` from now on.
     pub fn answer(&self, path: &str, status: u16) {
         self.answers.lock().unwrap().insert(path.to_owned(), status);
+    }
+
+    /// Never answers the next `n` requests for `path` (they are recorded, then left hanging).
+    pub fn stall(&self, path: &str, n: u32) {
+        self.stalls.lock().unwrap().insert(path.to_owned(), n);
+    }
+
+    /// Holds the requests for `path` from now on until the gate is released.
+    pub fn hold(&self, path: &str) -> Gate {
+        let (open, held) = watch::channel(false);
+        self.gates.lock().unwrap().insert(path.to_owned(), held);
+        Gate(open)
     }
 
     pub fn arrivals(&self) -> Vec<Arrival> {
@@ -123,8 +176,19 @@ impl Recorder {
 /// A proxy to `upstream` with one `queue` policy, `hooks`, on `/hooks/**`, keyed by
 /// `x-tenant`, plus `extra` fields for it and `tail` after it.
 pub fn queue_config(upstream: SocketAddr, rate: &str, extra: &str, tail: &str) -> String {
+    queue_config_timeout(upstream, "2s", rate, extra, tail)
+}
+
+/// [`queue_config`] with `timeout` as the proxy's (and so each delivery's) timeout.
+pub fn queue_config_timeout(
+    upstream: SocketAddr,
+    timeout: &str,
+    rate: &str,
+    extra: &str,
+    tail: &str,
+) -> String {
     format!(
-        "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\ntimeout = \"2s\"\n\n\
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\ntimeout = \"{timeout}\"\n\n\
          [[policy]]\nname = \"hooks\"\nalgorithm = \"leaky_bucket\"\nrate = \"{rate}\"\n\
          action = \"queue\"\nkey = [\"header:x-tenant\"]\nmatch = {{ path = \"/hooks/**\" }}\n{extra}\n{tail}"
     )
@@ -167,6 +231,33 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cond() {
         assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The value of `series` (the whole name with its labels) in a `/metrics` text; `None` when the
+/// text has no such series, so a wait for a value cannot pass on a series that is missing.
+pub fn series_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The value of `series` on the admin listener `admin`; panics naming it when it is missing.
+pub async fn metric(admin: SocketAddr, series: &str) -> f64 {
+    let r = get(&format!("http://{admin}/metrics"), &[]).await;
+    let text = String::from_utf8_lossy(&r.body);
+    series_value(&text, series).unwrap_or_else(|| panic!("no series {series} in\n{text}"))
+}
+
+/// Polls `series` on `admin` every 50 ms until its value passes `ok` (within 20 s); the value.
+pub async fn metric_until(admin: SocketAddr, series: &str, ok: impl Fn(f64) -> bool) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let value = metric(admin, series).await;
+        if ok(value) {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{series} stayed at {value}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
