@@ -16,7 +16,7 @@ use tollgate::{Check, Decision, Decisions, MemoryStore, Store, StoreError, Times
 
 use crate::config::{ClockSource, ConfigError, OnError, RedisConfig};
 use crate::deny_cache::{CacheKey, DenyCache};
-use crate::keys::{KeyDigest, hex, key_name, slot};
+use crate::keys::{KeyDigest, hex, key_and_slot, key_name};
 use crate::lease::{LeaseStats, Leases};
 use crate::script::{ScriptKind, Scripts};
 
@@ -263,12 +263,15 @@ impl RedisStore {
         let mut conn = self.inner.connection.get().await?;
         for kind in ScriptKind::ALL {
             let source = &self.inner.scripts.get(kind).source;
-            let reply: Result<Value, RedisError> = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(source)
-                .query_async(&mut conn)
-                .await;
-            reply.map_err(classify)?;
+            self.bounded(async {
+                let reply: Result<Value, RedisError> = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(source)
+                    .query_async(&mut conn)
+                    .await;
+                reply.map(|_| ()).map_err(classify)
+            })
+            .await?;
         }
         Ok(())
     }
@@ -315,27 +318,37 @@ impl RedisStore {
     }
 
     fn prepare(&self, checks: &[Check<'_>]) -> Result<Vec<Prepared>, StoreError> {
+        let (prefix, cluster) = (&self.inner.config.key_prefix, self.inner.config.cluster);
+        if let [check] = checks {
+            crate::script::validate(check)?;
+            let mac = self.inner.hasher.digest(check.key);
+            let fingerprint = check.policy.fingerprint();
+            let (key, slot) = key_and_slot(prefix, &mac, fingerprint, cluster);
+            return Ok(vec![Prepared {
+                key,
+                slot,
+                cache: (fingerprint, u128::from_be_bytes(mac)),
+            }]);
+        }
         // Policies of one request usually share the key: hash each distinct key once.
-        let mut seen: Vec<(&[u8], u128, String, u16)> = Vec::with_capacity(1);
+        let mut seen: Vec<(&[u8], [u8; 16])> = Vec::with_capacity(1);
         let mut out = Vec::with_capacity(checks.len());
         for check in checks {
             crate::script::validate(check)?;
-            let index = match seen.iter().position(|(k, ..)| *k == check.key) {
-                Some(i) => i,
+            let mac = match seen.iter().find(|(k, _)| *k == check.key) {
+                Some(&(_, mac)) => mac,
                 None => {
                     let mac = self.inner.hasher.digest(check.key);
-                    let tag = hex(&mac);
-                    let slot = slot(&tag);
-                    seen.push((check.key, u128::from_be_bytes(mac), tag, slot));
-                    seen.len() - 1
+                    seen.push((check.key, mac));
+                    mac
                 }
             };
-            let (_, id, tag, slot) = &seen[index];
             let fingerprint = check.policy.fingerprint();
+            let (key, slot) = key_and_slot(prefix, &mac, fingerprint, cluster);
             out.push(Prepared {
-                key: key_name(&self.inner.config.key_prefix, tag, fingerprint),
-                slot: *slot,
-                cache: (fingerprint, *id),
+                key,
+                slot,
+                cache: (fingerprint, u128::from_be_bytes(mac)),
             });
         }
         Ok(out)

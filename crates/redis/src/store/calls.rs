@@ -24,13 +24,17 @@ impl RedisStore {
         args: impl Fn(&mut Cmd) -> Result<(), StoreError>,
     ) -> Result<Cmd, StoreError> {
         let script = self.inner.scripts.get(kind);
-        let mut cmd = redis::cmd(name);
-        cmd.arg(if name == "EVAL" {
-            &script.source
-        } else {
-            &script.sha
-        })
-        .arg(keys.len());
+        // Sized for the script's arguments (a handful per check, numbers of up to 20 digits)
+        // and the keys, so building the call does not grow its buffers step by step.
+        let key_bytes: usize = keys.iter().map(|k| k.len()).sum();
+        let mut cmd = Cmd::with_capacity(keys.len() * 6 + 4, key_bytes + keys.len() * 100 + 64);
+        cmd.arg(name)
+            .arg(if name == "EVAL" {
+                &script.source
+            } else {
+                &script.sha
+            })
+            .arg(keys.len());
         for key in keys {
             cmd.arg(*key);
         }

@@ -40,15 +40,18 @@ impl RedisStore {
     /// Sets override `field` to `value` for every instance; the new version.
     pub async fn put_override(&self, field: &str, value: &str) -> Result<u64, StoreError> {
         let [hash, version] = self.override_keys();
-        let mut conn = self.inner.connection.get().await?;
-        let reply: Result<u64, RedisError> = Script::new(PUT)
-            .key(hash)
-            .key(version)
-            .arg(field)
-            .arg(value)
-            .invoke_async(&mut conn)
-            .await;
-        reply.map_err(classify)
+        self.bounded(async {
+            let mut conn = self.inner.connection.get().await?;
+            let reply: Result<u64, RedisError> = Script::new(PUT)
+                .key(hash)
+                .key(version)
+                .arg(field)
+                .arg(value)
+                .invoke_async(&mut conn)
+                .await;
+            reply.map_err(classify)
+        })
+        .await
     }
 
     /// Removes override `field` for every instance (with `only_if`, only while its value is
@@ -60,36 +63,46 @@ impl RedisStore {
         only_if: Option<&str>,
     ) -> Result<Option<u64>, StoreError> {
         let [hash, version] = self.override_keys();
-        let mut conn = self.inner.connection.get().await?;
-        let script = Script::new(DELETE);
-        let mut call = script.key(hash);
-        call.key(version).arg(field);
-        if let Some(value) = only_if {
-            call.arg(value);
-        }
-        let reply: Result<u64, RedisError> = call.invoke_async(&mut conn).await;
-        reply.map(|v| (v > 0).then_some(v)).map_err(classify)
+        self.bounded(async {
+            let mut conn = self.inner.connection.get().await?;
+            let script = Script::new(DELETE);
+            let mut call = script.key(hash);
+            call.key(version).arg(field);
+            if let Some(value) = only_if {
+                call.arg(value);
+            }
+            let reply: Result<u64, RedisError> = call.invoke_async(&mut conn).await;
+            reply.map(|v| (v > 0).then_some(v)).map_err(classify)
+        })
+        .await
     }
 
     /// The overrides' version: it changes with every change (0 before the first).
     pub async fn overrides_version(&self) -> Result<u64, StoreError> {
         let [_, version] = self.override_keys();
-        let mut conn = self.inner.connection.get().await?;
-        let reply: Result<Option<u64>, RedisError> =
-            redis::cmd("GET").arg(version).query_async(&mut conn).await;
-        reply.map(Option::unwrap_or_default).map_err(classify)
+        self.bounded(async {
+            let mut conn = self.inner.connection.get().await?;
+            let reply: Result<Option<u64>, RedisError> =
+                redis::cmd("GET").arg(version).query_async(&mut conn).await;
+            reply.map(Option::unwrap_or_default).map_err(classify)
+        })
+        .await
     }
 
     /// Every override (field, value) with the version they are at, read atomically.
     pub async fn load_overrides(&self) -> Result<(u64, Vec<(String, String)>), StoreError> {
         let [hash, version] = self.override_keys();
-        let mut conn = self.inner.connection.get().await?;
-        let reply: Result<Value, RedisError> = Script::new(LOAD)
-            .key(hash)
-            .key(version)
-            .invoke_async(&mut conn)
-            .await;
-        let reply = reply.map_err(classify)?;
+        let reply = self
+            .bounded(async {
+                let mut conn = self.inner.connection.get().await?;
+                let reply: Result<Value, RedisError> = Script::new(LOAD)
+                    .key(hash)
+                    .key(version)
+                    .invoke_async(&mut conn)
+                    .await;
+                reply.map_err(classify)
+            })
+            .await?;
         let unexpected = || StoreError::Protocol {
             reason: "the overrides script answered an unexpected shape".to_owned(),
         };
