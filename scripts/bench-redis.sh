@@ -9,7 +9,9 @@
 #            with Redis TIME (crates/redis/examples/bench_redis/minimal/<algorithm>.lua)
 # and the ratios store/minimal (the target: >= 0.8), own/minimal and store/own, per round and
 # as the median over the rounds; and Redis's own time per script call in each of the three
-# (INFO commandstats usec_per_call of EVALSHA: far less noisy than throughput on a busy machine). Then one hot key decided by 3 instances, without and with
+# (INFO commandstats usec_per_call of EVALSHA: far less noisy than throughput on a busy machine),
+# and the store's client CPU time per decision (the bench process, every thread). Then one hot
+# key decided by 3 instances, without and with
 # leases (decisions/s, admitted, over-admitted).
 #
 #   scripts/bench-redis.sh [seconds per run, default 5] [rounds, default 3] [concurrency, 50]
@@ -53,6 +55,7 @@ for round in $(seq "$ROUNDS"); do
     reset
     STORE_OUT=$("$BENCH" --url "$URL" --algorithm "$alg" --concurrency "$CONCURRENCY" --seconds "$SECONDS_RUN")
     STORE=$(sed -E 's/.*= ([0-9]+) decisions\/s.*/\1/' <<<"$STORE_OUT")
+    STORE_CPU=$(sed -E 's/.*client CPU ([0-9.]+) us.*/\1/' <<<"$STORE_OUT")
     STORE_US=$(usec)
     # Enough requests for about as long a run as the store's at twice its rate.
     N=$(( STORE * SECONDS_RUN * 2 ))
@@ -62,7 +65,7 @@ for round in $(seq "$ROUNDS"); do
     reset
     MIN_RPS=$(redis-benchmark -p "$PORT" -c 50 -P 16 -n "$N" -r 10000 --csv EVALSHA "$MIN_SHA" 1 'tg:{__rand_int__}:minimal' "${MIN_ARGS[@]}" | tail -n 1 | cut -d, -f2 | tr -d '"')
     MIN_US=$(usec)
-    echo "$round $alg $STORE $OWN_RPS $MIN_RPS $STORE_US $OWN_US $MIN_US" | tee -a "$RESULTS"
+    echo "$round $alg $STORE $OWN_RPS $MIN_RPS $STORE_US $OWN_US $MIN_US $STORE_CPU" | tee -a "$RESULTS"
     redis-cli -p "$PORT" FLUSHALL >/dev/null
   done
 done
@@ -78,6 +81,11 @@ for a in algs:
     s, o, m = med([x[0] for x in rs]), med([x[1] for x in rs]), med([x[2] for x in rs])
     print(f"{a:24} {s:9.0f} {o:9.0f} {m:9.0f} {med([x[0] / x[2] for x in rs]):9.2f} "
           f"{med([x[1] / x[2] for x in rs]):8.2f} {med([x[0] / x[1] for x in rs]):9.2f}   {per}")
+print()
+print(f"{'client CPU us/decision':24} {'median':>9}   per round")
+for a in algs:
+    cpu = [float(r[8]) for r in rows if r[1] == a]
+    print(f"{a:24} {statistics.median(cpu):9.2f}   " + " ".join(f"{c:.2f}" for c in cpu))
 print()
 print(f"{'usec_per_call':24} {'store':>9} {'own':>9} {'minimal':>9} {'own/min':>9}   own/min per round")
 for a in algs:
