@@ -21,6 +21,7 @@ use crate::lease::{LeaseStats, Leases};
 use crate::script::{ScriptKind, Scripts};
 
 mod calls;
+mod coalesce;
 mod connection;
 mod failure;
 mod leased;
@@ -134,6 +135,10 @@ pub struct RedisStoreStats {
     pub leased: u64,
     /// Failed calls to Redis (unreachable, timeout, protocol).
     pub errors: u64,
+    /// Batches in which a standalone store handed its script calls to the connection, which
+    /// writes each batch at once (0 for a Cluster): `script_calls / batches` calls share a
+    /// write on average.
+    pub batches: u64,
 }
 
 /// One check ready for a script: its Redis key, slot and deny-cache key.
@@ -285,6 +290,7 @@ impl RedisStore {
             deny_cache_hits: s.deny_cache_hits.load(Ordering::Relaxed),
             leased: self.inner.leases.spends(),
             errors: s.errors.load(Ordering::Relaxed),
+            batches: self.inner.connection.batches(),
         }
     }
 

@@ -57,13 +57,13 @@ impl RedisStore {
         let calls = &self.inner.stats.script_calls;
         calls.fetch_add(1, Ordering::Relaxed);
         let cmd = self.command("EVALSHA", kind, keys, now, &args)?;
-        let reply: Result<Value, RedisError> = cmd.query_async(conn).await;
+        let reply: Result<Value, RedisError> = conn.query(cmd).await;
         match reply {
             Err(e) if is_noscript(&e) => {
                 // A restarted or new node has an empty script cache: EVAL loads it there.
                 calls.fetch_add(1, Ordering::Relaxed);
                 let cmd = self.command("EVAL", kind, keys, now, &args)?;
-                let reply: Result<Value, RedisError> = cmd.query_async(conn).await;
+                let reply: Result<Value, RedisError> = conn.query(cmd).await;
                 reply.map_err(classify)
             }
             other => other.map_err(classify),

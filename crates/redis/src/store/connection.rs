@@ -8,14 +8,16 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tollgate::StoreError;
 
+use super::coalesce::Coalescer;
 use crate::config::RedisConfig;
 
 pub(crate) enum Connection {
     /// Reconnects by itself; created lazily, so a Redis that is down at start is no error.
-    Single(ConnectionManager),
+    /// Script calls go through the coalescer, which writes concurrent ones together.
+    Single(ConnectionManager, Arc<Coalescer>),
     Cluster(Arc<ClusterState>),
 }
 
@@ -29,7 +31,7 @@ pub(crate) struct ClusterState {
 /// A handle for one call: cheap clones of the shared connection.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single(ConnectionManager),
+    Single(ConnectionManager, Arc<Coalescer>),
     Cluster(ClusterConnection),
 }
 
@@ -71,16 +73,25 @@ impl Connection {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
-        Ok(Connection::Single(ConnectionManager::new_lazy_with_config(
-            client,
-            manager_config,
-        )?))
+        let manager = ConnectionManager::new_lazy_with_config(client, manager_config)?;
+        let coalescer = Arc::new(Coalescer::new(manager.clone()));
+        Ok(Connection::Single(manager, coalescer))
+    }
+
+    /// Batches of script calls handed to a standalone connection together (0 for a Cluster).
+    pub(crate) fn batches(&self) -> u64 {
+        match self {
+            Connection::Single(_, coalescer) => coalescer.batches(),
+            Connection::Cluster(_) => 0,
+        }
     }
 
     /// A handle for one call, or `Unavailable` while the Cluster is not connected yet.
     pub(crate) async fn get(&self) -> Result<Conn, StoreError> {
         match self {
-            Connection::Single(manager) => Ok(Conn::Single(manager.clone())),
+            Connection::Single(manager, coalescer) => {
+                Ok(Conn::Single(manager.clone(), coalescer.clone()))
+            }
             Connection::Cluster(state) => {
                 if let Some(c) = state
                     .conn
@@ -159,10 +170,21 @@ pub(crate) fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
+impl Conn {
+    /// Sends `cmd`: with a standalone Redis, in one write with the calls other tasks make at
+    /// the same time (see `coalesce.rs`).
+    pub(crate) async fn query(&mut self, cmd: Cmd) -> Result<Value, RedisError> {
+        match self {
+            Conn::Single(_, coalescer) => coalescer.call(cmd).await,
+            Conn::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Single(c, _) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -174,14 +196,14 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Single(c, _) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Single(c) => c.get_db(),
+            Conn::Single(c, _) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
         }
     }
