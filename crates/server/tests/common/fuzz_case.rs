@@ -4,12 +4,14 @@
 //! client's [`Case`]: pipelined requests, byte flips, pieces.
 //!
 //! Every request carries the key the limiter counts it under, in `X-Forwarded-For` (the proxy
-//! trusts 127.0.0.1, so the element left of it is the client): an IPv6 /64 of its own per
-//! round, client and key slot, whose groups check each other ([`key_addr`]), so that a flipped
-//! byte can make a key unreadable or unknown, never another request's.
+//! trusts 127.0.0.0/8, where its clients connect from, so the element left of those is the
+//! client): an IPv6 /64 of its own per round, client and key slot, whose groups check each other
+//! ([`key_addr`]), so that a flipped byte can make a key unreadable or unknown, never another
+//! request's. A request without one is counted under its peer, an address of its round's own
+//! ([`peer_addr`]).
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proptest::prelude::*;
 
@@ -110,9 +112,18 @@ pub fn ip_key(ip: IpAddr) -> String {
     }
 }
 
-/// The key of a request without a readable forwarded address: the proxy's peer, this test.
-pub fn peer_key() -> String {
-    ip_key(IpAddr::from([127, 0, 0, 1]))
+/// The address the clients of `round` connect from: one of 127.0.0.0/8 of its own, so that the
+/// key of a request without a readable forwarded address (the peer's) is one no other round
+/// shares.
+pub fn peer_addr(round: u64) -> Ipv4Addr {
+    let [.., a, b, c] = round.to_be_bytes();
+    // 127.1.0.0 to 127.254.255.255: never 127.0.0.1, which the rest of the test uses.
+    Ipv4Addr::new(127, a % 254 + 1, b, c)
+}
+
+/// The key of a request without a readable forwarded address in `round`: its peer's.
+pub fn peer_key(round: u64) -> String {
+    ip_key(IpAddr::V4(peer_addr(round)))
 }
 
 pub fn spec() -> impl Strategy<Value = Spec> {
@@ -177,10 +188,55 @@ pub fn spec() -> impl Strategy<Value = Spec> {
         )
 }
 
-/// The bytes of `spec` as request `request` of `client` in `round`, id `c{round}x{client}r{request}`
-/// (a request its body hides has id `s` + that).
+/// Who sent a request: what an id [`request_id`] made says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestId {
+    pub round: u64,
+    pub client: usize,
+    pub request: usize,
+    /// The request the body of that one hides.
+    pub hidden: bool,
+}
+
+/// The id of request `request` of `client` in `round`: `c{round}x{client}r{request}k{check}`,
+/// the check a hash of the rest, so that a flipped byte can make an id unreadable, never
+/// another request's (the one its body hides has `s` in front).
+pub fn request_id(round: u64, client: usize, request: usize) -> String {
+    let bare = format!("c{round}x{client}r{request}");
+    format!("{bare}k{:04x}", id_check(&bare))
+}
+
+/// FNV-1a of `bare`, folded to 16 bits.
+fn id_check(bare: &str) -> u16 {
+    let h = bare.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    (h ^ (h >> 16)) as u16
+}
+
+/// What `id` says, if [`request_id`] made it.
+pub fn read_id(id: &str) -> Option<RequestId> {
+    let (hidden, id) = match id.strip_prefix('s') {
+        Some(rest) => (true, rest),
+        None => (false, id),
+    };
+    let (bare, check) = id.rsplit_once('k')?;
+    if check.len() != 4 || u16::from_str_radix(check, 16).ok()? != id_check(bare) {
+        return None;
+    }
+    let (round, rest) = bare.strip_prefix('c')?.split_once('x')?;
+    let (client, request) = rest.split_once('r')?;
+    Some(RequestId {
+        round: round.parse().ok()?,
+        client: client.parse().ok()?,
+        request: request.parse().ok()?,
+        hidden,
+    })
+}
+
+/// The bytes of `spec` as request `request` of `client` in `round` (its id: [`request_id`]).
 pub fn render(spec: &Spec, round: u64, client: usize, request: usize) -> (Vec<u8>, Intent) {
-    let id = format!("c{round}x{client}r{request}");
+    let id = request_id(round, client, request);
     let target = match spec.target {
         0 => format!("/api/{id}"),
         1 => format!("/pub/{id}"),
@@ -223,7 +279,7 @@ pub fn render(spec: &Spec, round: u64, client: usize, request: usize) -> (Vec<u8
         _ => {}
     }
     let key = if spec.forwarded == 4 {
-        peer_key()
+        peer_key(round)
     } else {
         ip_key(addr.into())
     };

@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use hyper::Method;
 use tollgate_http::{NormalizedPath, RouteMatch};
 
-use super::fuzz_case::{key_round, peer_key};
+use super::fuzz_case::key_round;
 
 /// One policy of the proxy under test, and how the test routes a request to it.
 pub struct Policy {
@@ -167,18 +167,19 @@ pub fn pairs(
 
 /// The client address the proxy must have keyed a request on, from the `X-Forwarded-For` the
 /// upstream read (the client's list, then the proxy's peer): right to left, past the trusted
-/// 127.0.0.1, to the first other address; an unreadable element stops the walk at the last
+/// 127.0.0.0/8, to the first other address; an unreadable element stops the walk at the last
 /// trusted hop.
 pub fn client_of(forwarded_for: &str) -> IpAddr {
-    let trusted = IpAddr::from([127, 0, 0, 1]);
+    let trusted = |ip: &IpAddr| matches!(ip, IpAddr::V4(v4) if v4.octets()[0] == 127);
+    let mut last_trusted = IpAddr::from([0, 0, 0, 0]);
     for element in forwarded_for.rsplit(',') {
         match element.trim().parse::<IpAddr>().map(|ip| ip.to_canonical()) {
-            Ok(ip) if ip == trusted => {}
+            Ok(ip) if trusted(&ip) => last_trusted = ip,
             Ok(ip) => return ip,
-            Err(_) => return trusted,
+            Err(_) => return last_trusted,
         }
     }
-    trusted
+    last_trusted
 }
 
 /// The round of a store key a request of the fuzz was meant to have.
@@ -226,10 +227,4 @@ async fn counted_on_one_connection(api: SocketAddr, pairs: Vec<Pair>) -> Vec<(Pa
         out.push((pair, n));
     }
     out
-}
-
-/// The peer's own key on every policy: what requests without a readable forwarded address
-/// share, across cases.
-pub fn peer_pairs() -> impl Iterator<Item = Pair> {
-    POLICIES.iter().map(|p| (p.name, peer_key()))
 }
