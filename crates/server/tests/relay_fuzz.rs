@@ -10,7 +10,9 @@
 //!   its method, target and host match, under the key its `X-Forwarded-For` gives, the limiter
 //!   counted (read back from `/v1/check` at cost 0) at least as many requests as the upstream
 //!   read; when no byte was flipped and no length lied, exactly as many, give or take a
-//!   request whose body broke after it was counted;
+//!   request whose body broke after it was counted. In a quarter of the cases (`audit`), the
+//!   counters of every request the clients sent are read too: nothing was counted on them but
+//!   what went up;
 //! - the upstream never reads a request that was only ever a body (a smuggled one), and every
 //!   request it reads is the one the client sent under that id: same method, target, host and
 //!   key (when the stream was not mutated);
@@ -213,12 +215,16 @@ fn cases() -> u32 {
 }
 
 /// Every request the upstream read was counted as exactly that request; with no byte flipped
-/// and no length lying, nothing else was counted on its keys.
+/// and no length lying, nothing else was counted on its keys. With `audit`, the counters of
+/// every request the clients sent are read too, the upstream's or not: nothing was counted on
+/// them but what went up. (Most requests of a case never do: refused, or after a refusal. Their
+/// counters are most of the reads, and a read costs about a quarter of a millisecond.)
 fn check_counts(
     rig: &'static Rig,
     seen: &[Seen],
     meant: &Meant,
     round: u64,
+    audit: bool,
 ) -> Result<(), TestCaseError> {
     let mut read: HashMap<Pair, u64> = HashMap::new();
     for s in seen {
@@ -239,7 +245,9 @@ fn check_counts(
         }
     }
     let mut all: Vec<Pair> = read.keys().cloned().collect();
-    all.extend(meant.pairs.iter().cloned());
+    if audit {
+        all.extend(meant.pairs.iter().cloned());
+    }
     all.sort();
     all.dedup();
     let now = counted_all(rig, all.into_iter());
@@ -271,7 +279,8 @@ proptest! {
 
     #[test]
     fn every_request_upstream_was_counted_as_itself_and_no_client_reads_anothers_answer(
-        clients in prop::collection::vec(fuzz_case::case(), 1..4)
+        clients in prop::collection::vec(fuzz_case::case(), 1..4),
+        audit in prop::bool::weighted(0.25),
     ) {
         let rig = rig();
         let round = ROUND.fetch_add(1, Ordering::SeqCst);
@@ -292,7 +301,7 @@ proptest! {
         }
         check_identity(&clients, &intents, &seen, round)?;
         check_answers(&answers, round)?;
-        check_counts(rig, &seen, &meant, round)?;
+        check_counts(rig, &seen, &meant, round, audit)?;
     }
 }
 
