@@ -126,6 +126,7 @@ pub fn peer_key(round: u64) -> String {
     ip_key(IpAddr::V4(peer_addr(round)))
 }
 
+/// Requests of every shape [`Spec`] describes.
 pub fn spec() -> impl Strategy<Value = Spec> {
     (
         (
@@ -386,6 +387,8 @@ impl Case {
     }
 }
 
+/// One to three requests, a quarter of the time with bytes flipped, and a quarter of the time
+/// written a few bytes at a time.
 pub fn case() -> impl Strategy<Value = Case> {
     (
         prop::collection::vec(spec(), 1..4),
