@@ -71,7 +71,7 @@ async fn pipelined_requests_are_answered_in_order_with_their_bodies() {
 }
 
 #[tokio::test]
-async fn http10_and_expect_continue_go_through_the_hyper_path() {
+async fn http10_and_expect_continue_go_through_the_relay() {
     let up = upstream().await;
     let s = start_text(&proxy_config(up, "")).await;
     let addr = s.proxy.unwrap();

@@ -4,13 +4,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+// Only this test uses them: included here rather than in `common/mod.rs`, which every test
+// binary compiles.
+#[path = "common/never_reads.rs"]
+mod never_reads;
 
 use std::net::SocketAddr;
 
 use common::raw::*;
 use common::{Running, start_text};
+use never_reads::*;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpSocket;
 
 /// The proxy in front of `up` with `policies` (TOML `[[policy]]` tables) and proxy options.
 async fn proxy_with(up: &Up, options: &str, policies: &str) -> (Running, SocketAddr) {
@@ -226,40 +230,72 @@ async fn deep_paths_are_normalised_whole_or_refused() {
 // ---------------------------------------------------------------------------------------------
 // 6. A client that never reads.
 
-/// Pipelines refused requests at the proxy without ever reading, from a socket with a small
-/// receive buffer, until the proxy gives up on it: the write then fails. `Err` if the proxy is
-/// still taking requests after `T`.
-async fn flood_without_reading(addr: SocketAddr, request: &'static [u8]) -> Result<(), String> {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let stream = socket.connect(addr).await.unwrap();
-    let (_read, mut write) = stream.into_split();
-    let batch = request.repeat(256);
-    tokio::time::timeout(T * 3, async {
-        loop {
-            if write.write_all(&batch).await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
-    .map_err(|_| "the proxy kept the connection of a client that never reads".to_owned())
-}
-
 #[tokio::test]
-async fn a_client_that_never_reads_its_answers_is_cut_off() {
+async fn a_client_that_never_reads_its_429s_is_cut_off() {
     let up = echo_upstream().await;
     let (s, addr) = proxy_with(&up, "", &policy("none", 1, "\"ip\"", "{}")).await;
-    // 429s, and 400s for a request line that is not HTTP.
+    // Pipelined 429s pile up until a write of one waits out `[proxy] timeout`.
     flood_without_reading(addr, b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
         .await
         .unwrap();
-    flood_without_reading(
-        addr,
-        b"GET / HTTP/1.1\r\nHost: t\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n",
+    s.stop().await;
+}
+
+/// A 400 or a 431 is the last answer on its connection (the bytes after a request the proxy
+/// could not read cannot be trusted to start another), so a pipeline of them is answered once:
+/// the refusal's own write can only wait when the answers before it have filled every buffer
+/// between the proxy and a client that never reads. This test fills them to the byte, then
+/// refuses: the refusal's write waits, and its deadline (`header_read_timeout`) ends the
+/// connection. Without that deadline, each of these connections stays open for good (checked by
+/// taking the deadline out of `Conn::refuse`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_a_400_or_a_431_is_cut_off_and_others_are_served() {
+    let (dropped_tx, dropped) = tokio::sync::watch::channel(0usize);
+    let up = fill_upstream(dropped_tx).await;
+    let config = tollgate_server::Config::parse(
+        "test.toml",
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"1s\"\nmax_header_bytes = 1024\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n\
+             [proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{}\"\ntimeout = \"1s\"\n",
+            up.addr
+        ),
     )
-    .await
     .unwrap();
+    let s = common::start(config).await;
+    let addr = s.proxy.unwrap();
+    let (room, head) = room_for_a_client_that_never_reads(addr, dropped).await;
+    let malformed = b"NOT HTTP\r\n\r\n".repeat(100);
+    let mut oversized = b"GET / HTTP/1.1\r\nHost: t\r\nX-Pad: ".to_vec();
+    oversized.resize(4096, b'a');
+    let mut stalled = Vec::new();
+    for (status, refused) in [(400, &malformed), (431, &oversized)] {
+        let answer = answer_size(addr, refused).await;
+        assert_eq!(&answer.0[..12], format!("HTTP/1.1 {status}").as_bytes());
+        // A response that leaves less room than the refusal needs: none, or half of it.
+        for spare in [0, answer.1 / 2] {
+            let c = never_reading_client(addr).await;
+            let (read, mut write) = c.into_split();
+            let fill = format!(
+                "GET /fill/{} HTTP/1.1\r\nHost: t\r\n\r\n",
+                fill_size(room - spare, head)
+            );
+            write.write_all(fill.as_bytes()).await.unwrap();
+            write.write_all(refused).await.unwrap();
+            stalled.push((status, spare, read, write));
+        }
+    }
+    // Meanwhile, others are served.
+    let mut other = Client::connect(addr).await;
+    assert_eq!(other.get("/fill/5").await.body(), "xxxxx");
+    for (status, spare, read, write) in stalled {
+        let closed = closed_by_the_proxy(write).await;
+        assert!(
+            closed.is_ok(),
+            "{status} with {spare} bytes to spare: {closed:?}"
+        );
+        drop(read);
+    }
     s.stop().await;
 }
 
@@ -319,10 +355,28 @@ async fn requests_without_host_and_connect_are_refused() {
         statuses(addr, b"CONNECT t:443 HTTP/1.1\r\nHost: t:443\r\n\r\n").await,
         [501]
     );
-    assert_eq!(
-        statuses(addr, b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n").await,
-        [400]
-    );
+    assert!(up.heads().is_empty(), "{:?}", up.heads());
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn two_hosts_are_refused_naming_the_field() {
+    let up = echo_upstream().await;
+    let (s, addr) = proxy_with(&up, "", &policy("all", 1000, "\"ip\"", "{}")).await;
+    for two in [
+        &b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"[..],
+        b"GET / HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n",
+        // Behind an absolute-form target too, whose authority would replace both.
+        b"GET http://a/ HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    ] {
+        let mut c = Client::connect(addr).await;
+        c.send(two).await;
+        let r = c.response().await;
+        assert_eq!(r.status, 400, "{r:?}");
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert!(r.body().contains("more than one Host header"), "{r:?}");
+        assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    }
     assert!(up.heads().is_empty(), "{:?}", up.heads());
     s.stop().await;
 }
