@@ -22,21 +22,15 @@ fn push_hex(s: &mut String, bytes: &[u8]) {
     }
 }
 
-/// The Redis key of one (policy, key): the hash tag makes every policy of one client key land
-/// in the same Cluster slot, so a multi-policy request stays one atomic script.
-pub(crate) fn key_name(prefix: &str, tag: &str, fingerprint: u64) -> String {
-    let mut s = String::with_capacity(prefix.len() + tag.len() + 21);
-    s.push_str(prefix);
-    s.push_str(":{");
-    s.push_str(tag);
-    s.push_str("}:");
-    push_hex(&mut s, &fingerprint.to_be_bytes());
-    s
+/// The Redis key of one (policy, key) for the client key's keyed hash `digest`: the hash tag
+/// makes every policy of one client key land in the same Cluster slot, so a multi-policy
+/// request stays one atomic script.
+pub(crate) fn key_name(prefix: &str, digest: &[u8], fingerprint: u64) -> String {
+    key_and_slot(prefix, digest, fingerprint, false).0
 }
 
-/// The Redis key of one (policy, key) for the keyed hash `digest`, and in a Cluster the slot
-/// of its hash tag (0 otherwise: one node holds every key): [`key_name`] and [`slot`] in one
-/// allocation, with no formatting machinery (on every Redis decision; `format!` and the
+/// [`key_name`], and in a Cluster the [`slot`] of its hash tag (0 otherwise: one node holds
+/// every key), in one allocation with no formatting machinery (on every Redis decision; `format!` and the
 /// bitwise CRC were about a tenth of the store's CPU).
 pub(crate) fn key_and_slot(
     prefix: &str,
@@ -132,7 +126,7 @@ mod tests {
 
     #[test]
     fn key_names_carry_tag_and_fingerprint() {
-        assert_eq!(key_name("tg", "ab", 0x1f), "tg:{ab}:000000000000001f");
+        assert_eq!(key_name("tg", &[0xab], 0x1f), "tg:{ab}:000000000000001f");
         let digest = [0xab, 0x01];
         assert_eq!(
             key_and_slot("tg", &digest, u64::MAX - 1, true),

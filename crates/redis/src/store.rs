@@ -16,7 +16,7 @@ use tollgate::{Check, Decision, Decisions, MemoryStore, Store, StoreError, Times
 
 use crate::config::{ClockSource, ConfigError, OnError, RedisConfig};
 use crate::deny_cache::{CacheKey, DenyCache};
-use crate::keys::{KeyDigest, hex, key_and_slot, key_name};
+use crate::keys::{KeyDigest, key_and_slot, key_name};
 use crate::lease::{LeaseStats, Leases};
 use crate::script::{ScriptKind, Scripts};
 
@@ -303,10 +303,9 @@ impl RedisStore {
     /// The Redis key that holds `check`'s state (for operators and tests; the client key
     /// appears only as its keyed hash).
     pub fn key_of(&self, check: &Check<'_>) -> String {
-        let tag = hex(&self.inner.hasher.digest(check.key));
         key_name(
             &self.inner.config.key_prefix,
-            &tag,
+            &self.inner.hasher.digest(check.key),
             check.policy.fingerprint(),
         )
     }

@@ -8,7 +8,7 @@ use tollgate::{Check, Decision, Quota, StoreError, Timestamp};
 use super::RedisStore;
 use crate::config::ClockSource;
 use crate::deny_cache::CacheKey;
-use crate::keys::{hex, key_name};
+use crate::keys::key_name;
 use crate::lease::{self, Grant, Renewal, Returned, Take};
 use crate::verdict;
 
@@ -71,7 +71,7 @@ impl RedisStore {
         }
         let key = key_name(
             &self.inner.config.key_prefix,
-            &hex(&mac),
+            &mac,
             check.policy.fingerprint(),
         );
         let log = matches!(check.policy.quota(), Quota::SlidingWindowLog(_));
@@ -160,7 +160,7 @@ impl RedisStore {
         for r in returns {
             let key = key_name(
                 &self.inner.config.key_prefix,
-                &hex(&r.key.1.to_be_bytes()),
+                &r.key.1.to_be_bytes(),
                 r.key.0,
             );
             let check = Check::new(&r.policy, b"", 0);
