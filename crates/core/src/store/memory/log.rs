@@ -4,8 +4,9 @@
 //! A record holds up to [`INLINE`] entries itself, as 32-bit offsets from a base time with 8-bit
 //! costs; a longer log, a merged cost over 255, or entries more than 71 minutes apart spill to a
 //! deque on the heap, and come back inline once the log is short again. The spilled record keeps
-//! the oldest entry's time, so deciding a request reads the deque's newest end only (and its
-//! oldest when one leaves the window).
+//! the oldest entry's time, the total and the newest entry itself, so deciding a request reads
+//! the heap only when the newest entry moves there (once per microsecond that saw a request) or
+//! when the oldest one leaves the window.
 //!
 //! Why: the map of deques before this cost four cache lines a decision (the map's control byte,
 //! its slot, the deque's front and back) and 217 bytes for a key with one entry; a short log is
@@ -34,6 +35,9 @@ pub(super) const LOG_KEY_BYTES: usize = std::mem::size_of::<Record>() * 5 / 4;
 /// What one spilled entry costs.
 const HEAP_ENTRY_BYTES: usize = std::mem::size_of::<(u64, u32)>();
 
+/// What a spilled log's deque costs besides its entries.
+const HEAP_DEQUE_BYTES: usize = std::mem::size_of::<VecDeque<(u64, u32)>>();
+
 /// One key's log.
 #[derive(Debug)]
 pub(super) enum CompactLog {
@@ -45,11 +49,24 @@ pub(super) enum CompactLog {
         offsets: [u32; INLINE],
         base: u64,
     },
-    /// The log on the heap; `oldest` is the time of its front entry.
+    /// A longer log: the entries before the newest in `older`, on the heap, oldest first; the
+    /// newest at `newest` costing `newest_cost` (0: the log is empty, and so is `older`);
+    /// `oldest` is the time of the front entry.
+    ///
+    /// Why the newest entry stays in the record: requests at one key's same microsecond merge
+    /// into it, so a busy key's decisions touch the record's cache line only. With the newest
+    /// entry in the deque, two threads on one hot key passed the deque's newest line back and
+    /// forth under the lock on every decision, besides the record's.
     Spilled {
         total: u32,
+        newest_cost: u32,
         oldest: u64,
-        entries: VecDeque<(u64, u32)>,
+        newest: u64,
+        #[expect(
+            clippy::box_collection,
+            reason = "the deque's 32 bytes in place would not leave the record one cache line"
+        )]
+        older: Box<VecDeque<(u64, u32)>>,
     },
 }
 
@@ -70,8 +87,8 @@ impl CompactLog {
     pub(super) fn bytes(&self) -> usize {
         match self {
             CompactLog::Inline { .. } => LOG_KEY_BYTES,
-            CompactLog::Spilled { entries, .. } => {
-                LOG_KEY_BYTES + entries.capacity() * HEAP_ENTRY_BYTES
+            CompactLog::Spilled { older, .. } => {
+                LOG_KEY_BYTES + HEAP_DEQUE_BYTES + older.capacity() * HEAP_ENTRY_BYTES
             }
         }
     }
@@ -105,15 +122,16 @@ impl CompactLog {
 
     /// Brings a short spilled log back inline, or gives back most of a deque that shrank.
     pub(super) fn tidy(&mut self) {
-        let CompactLog::Spilled { entries, .. } = self else {
+        let CompactLog::Spilled { older, .. } = self else {
             return;
         };
-        if entries.len() <= UNSPILL_AT {
+        // The newest entry is in the record: `older` holds one entry fewer than the log.
+        if older.len() < UNSPILL_AT {
             if let Some(inline) = self.inlined() {
                 *self = inline;
             }
-        } else if entries.capacity() > 2 * INLINE && entries.len() * 4 < entries.capacity() {
-            entries.shrink_to(entries.len() * 2);
+        } else if older.capacity() > 2 * INLINE && older.len() * 4 < older.capacity() {
+            older.shrink_to(older.len() * 2);
         }
     }
 
@@ -175,14 +193,17 @@ impl CompactLog {
         true
     }
 
-    /// Moves the entries to the heap.
+    /// Moves the entries but the newest to the heap.
     fn spill(&mut self) {
-        let mut entries = VecDeque::with_capacity(2 * INLINE);
-        entries.extend(self.entries());
+        let mut older = Box::new(VecDeque::with_capacity(2 * INLINE));
+        older.extend(self.entries());
+        let (newest, newest_cost) = older.pop_back().unwrap_or((0, 0));
         *self = CompactLog::Spilled {
             total: self.total32(),
-            oldest: entries.front().map_or(0, |&(t, _)| t),
-            entries,
+            newest_cost,
+            oldest: older.front().map_or(newest, |&(t, _)| t),
+            newest,
+            older,
         };
     }
 
@@ -206,8 +227,10 @@ impl LogEntries for CompactLog {
                 len, base, offsets, ..
             } => (*len > 0).then(|| *base + u64::from(offsets[0])),
             CompactLog::Spilled {
-                oldest, entries, ..
-            } => (!entries.is_empty()).then_some(*oldest),
+                oldest,
+                newest_cost,
+                ..
+            } => (*newest_cost > 0).then_some(*oldest),
         }
     }
 
@@ -220,7 +243,11 @@ impl LogEntries for CompactLog {
                 let last = usize::from(*len).checked_sub(1)?;
                 Some(*base + u64::from(offsets[last]))
             }
-            CompactLog::Spilled { entries, .. } => entries.back().map(|&(t, _)| t),
+            CompactLog::Spilled {
+                newest,
+                newest_cost,
+                ..
+            } => (*newest_cost > 0).then_some(*newest),
         }
     }
 
@@ -244,14 +271,17 @@ impl LogEntries for CompactLog {
             }
             CompactLog::Spilled {
                 total,
+                newest_cost,
                 oldest,
-                entries,
+                newest,
+                older,
             } => {
-                if let Some((_, cost)) = entries.pop_front() {
+                if let Some((_, cost)) = older.pop_front() {
                     *total -= cost;
-                }
-                if let Some(&(t, _)) = entries.front() {
-                    *oldest = t;
+                    *oldest = older.front().map_or(*newest, |&(t, _)| t);
+                } else {
+                    *total -= *newest_cost;
+                    *newest_cost = 0;
                 }
             }
         }
@@ -267,16 +297,19 @@ impl LogEntries for CompactLog {
         }
         if let CompactLog::Spilled {
             total,
+            newest_cost,
             oldest,
-            entries,
+            newest,
+            older,
         } = self
         {
-            match entries.back_mut() {
-                Some((newest, c)) if *newest == t => *c = c.saturating_add(cost),
-                _ => entries.push_back((t, cost)),
-            }
-            if entries.len() == 1 {
-                *oldest = t;
+            if *newest_cost == 0 {
+                (*oldest, *newest, *newest_cost) = (t, t, cost);
+            } else if *newest == t {
+                *newest_cost = newest_cost.saturating_add(cost);
+            } else {
+                older.push_back((*newest, *newest_cost));
+                (*newest, *newest_cost) = (t, cost);
             }
             *total = total.saturating_add(cost);
         }
@@ -299,17 +332,22 @@ impl LogEntries for CompactLog {
                     }
                 }
             }
-            CompactLog::Spilled { total, entries, .. } => {
-                while left > 0 {
-                    let Some((_, c)) = entries.back_mut() else {
-                        break;
-                    };
-                    let take = left.min(*c);
-                    *c -= take;
+            CompactLog::Spilled {
+                total,
+                newest_cost,
+                newest,
+                older,
+                ..
+            } => {
+                while left > 0 && *newest_cost > 0 {
+                    let take = left.min(*newest_cost);
+                    *newest_cost -= take;
                     *total -= take;
                     left -= take;
-                    if *c == 0 {
-                        entries.pop_back();
+                    if *newest_cost == 0 {
+                        if let Some((t, c)) = older.pop_back() {
+                            (*newest, *newest_cost) = (t, c);
+                        }
                     }
                 }
             }
@@ -341,7 +379,15 @@ impl Iterator for Entries<'_> {
                 ..
             } => (i < usize::from(*len))
                 .then(|| (*base + u64::from(offsets[i]), u32::from(costs[i]))),
-            CompactLog::Spilled { entries, .. } => entries.get(i).copied(),
+            CompactLog::Spilled {
+                newest_cost,
+                newest,
+                older,
+                ..
+            } => match older.get(i) {
+                Some(&entry) => Some(entry),
+                None => (i == older.len() && *newest_cost > 0).then_some((*newest, *newest_cost)),
+            },
         }?;
         self.next += 1;
         Some(entry)

@@ -205,3 +205,41 @@ fn inline_logs_stay_within_the_budget_and_keep_the_denied_key() {
     let d = store.apply_now(later, &[Check::new(&policy, b"abuser", 1)]);
     assert!(!d.allowed(), "the denied key's log was evicted");
 }
+
+/// A spilled log keeps its newest entry in the record: requests at that same microsecond merge
+/// there and leave the deque alone, and a later one moves it to the deque.
+#[test]
+fn a_spilled_log_merges_same_microsecond_requests_in_the_record() {
+    let alg =
+        SlidingWindowLog::new(1_000_000, Duration::from_secs(1)).unwrap_or_else(|e| panic!("{e}"));
+    let mut log = CompactLog::default();
+    let start = Timestamp::from_secs(1_800_000_000);
+    for i in 0..INLINE as u64 + 2 {
+        log.step(
+            &alg,
+            start.saturating_add(Duration::from_micros(i)),
+            1,
+            true,
+        );
+    }
+    let older_len = |log: &CompactLog| match log {
+        CompactLog::Spilled { older, .. } => older.len(),
+        CompactLog::Inline { .. } => panic!("a log of {} entries is inline", INLINE + 2),
+    };
+    assert_eq!(older_len(&log), INLINE + 1);
+    let last = start.saturating_add(Duration::from_micros(INLINE as u64 + 1));
+    for _ in 0..100 {
+        log.step(&alg, last, 1, true);
+    }
+    assert_eq!(
+        older_len(&log),
+        INLINE + 1,
+        "same-microsecond requests stay in the record"
+    );
+    assert_eq!(log.newest_time(), Some(last.as_micros()));
+    assert_eq!(log.total(), INLINE as u64 + 2 + 100);
+    log.step(&alg, last.saturating_add(Duration::from_micros(1)), 1, true);
+    assert_eq!(older_len(&log), INLINE + 2);
+    assert_eq!(log.entries().last(), Some((last.as_micros() + 1, 1)));
+    assert_eq!(log.entries().nth(INLINE + 1), Some((last.as_micros(), 101)));
+}
