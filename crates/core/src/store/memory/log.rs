@@ -62,12 +62,86 @@ pub(super) enum CompactLog {
         newest_cost: u32,
         oldest: u64,
         newest: u64,
-        #[expect(
-            clippy::box_collection,
-            reason = "the deque's 32 bytes in place would not leave the record one cache line"
-        )]
-        older: Box<VecDeque<(u64, u32)>>,
+        older: HeapEntries,
     },
+}
+
+/// A spilled log's older entries: a deque on the heap, with its length and capacity copied
+/// into the record, so a decision that merges into the newest entry (and the byte count after
+/// it) reads no heap line.
+#[derive(Debug)]
+pub(super) struct HeapEntries {
+    #[expect(
+        clippy::box_collection,
+        reason = "the deque's 32 bytes in place would not leave the record one cache line"
+    )]
+    deque: Box<VecDeque<(u64, u32)>>,
+    len: u32,
+    capacity: u32,
+}
+
+impl HeapEntries {
+    fn new(entries: impl IntoIterator<Item = (u64, u32)>) -> Self {
+        let mut deque = Box::new(VecDeque::with_capacity(2 * INLINE));
+        deque.extend(entries);
+        let mut heap = HeapEntries {
+            deque,
+            len: 0,
+            capacity: 0,
+        };
+        heap.sync();
+        heap
+    }
+
+    /// Copies the deque's length and capacity after a change.
+    fn sync(&mut self) {
+        self.len = u32::try_from(self.deque.len()).unwrap_or(u32::MAX);
+        self.capacity = u32::try_from(self.deque.capacity()).unwrap_or(u32::MAX);
+    }
+
+    fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    fn capacity(&self) -> usize {
+        self.capacity as usize
+    }
+
+    fn front(&self) -> Option<&(u64, u32)> {
+        self.deque.front()
+    }
+
+    fn get(&self, i: usize) -> Option<&(u64, u32)> {
+        self.deque.get(i)
+    }
+
+    fn push_back(&mut self, entry: (u64, u32)) {
+        self.deque.push_back(entry);
+        self.sync();
+    }
+
+    fn pop_front(&mut self) -> Option<(u64, u32)> {
+        if self.len == 0 {
+            return None;
+        }
+        let entry = self.deque.pop_front();
+        self.sync();
+        entry
+    }
+
+    fn pop_back(&mut self) -> Option<(u64, u32)> {
+        if self.len == 0 {
+            return None;
+        }
+        let entry = self.deque.pop_back();
+        self.sync();
+        entry
+    }
+
+    fn shrink_to(&mut self, capacity: usize) {
+        self.deque.shrink_to(capacity);
+        self.sync();
+    }
 }
 
 impl Default for CompactLog {
@@ -195,8 +269,7 @@ impl CompactLog {
 
     /// Moves the entries but the newest to the heap.
     fn spill(&mut self) {
-        let mut older = Box::new(VecDeque::with_capacity(2 * INLINE));
-        older.extend(self.entries());
+        let mut older = HeapEntries::new(self.entries());
         let (newest, newest_cost) = older.pop_back().unwrap_or((0, 0));
         *self = CompactLog::Spilled {
             total: self.total32(),
