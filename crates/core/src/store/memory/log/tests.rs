@@ -18,6 +18,7 @@ impl Xorshift {
 
 #[test]
 fn a_record_is_one_cache_line() {
+    assert_eq!(std::mem::size_of::<CompactLog>(), 48, "log");
     assert_eq!(std::mem::size_of::<Record>(), 64);
     assert_eq!(std::mem::align_of::<Record>(), 64);
 }
@@ -242,4 +243,29 @@ fn a_spilled_log_merges_same_microsecond_requests_in_the_record() {
     assert_eq!(older_len(&log), INLINE + 2);
     assert_eq!(log.entries().last(), Some((last.as_micros() + 1, 1)));
     assert_eq!(log.entries().nth(INLINE + 1), Some((last.as_micros(), 101)));
+}
+
+/// The ring of a spilled log against `VecDeque`, through growth, wrap-around and shrinking.
+#[test]
+fn the_heap_ring_behaves_as_a_deque() {
+    use std::collections::VecDeque;
+    let mut rng = Xorshift(7);
+    let mut ring = HeapEntries::new([(1, 1), (2, 2)]);
+    let mut deque: VecDeque<(u64, u32)> = [(1, 1), (2, 2)].into();
+    for step in 0..50_000u64 {
+        match rng.below(10) {
+            0..=4 => {
+                ring.push_back((step, step as u32));
+                deque.push_back((step, step as u32));
+            }
+            5..=7 => assert_eq!(ring.pop_front(), deque.pop_front(), "step {step}"),
+            8 => assert_eq!(ring.pop_back(), deque.pop_back(), "step {step}"),
+            _ => ring.resize(ring.len() * 2),
+        }
+        assert_eq!(ring.len(), deque.len());
+        assert!(ring.capacity() >= ring.len());
+        assert_eq!(ring.front(), deque.front().copied());
+        let i = rng.below(deque.len() as u64 + 2) as usize;
+        assert_eq!(ring.get(i), deque.get(i).copied(), "step {step} entry {i}");
+    }
 }
