@@ -115,20 +115,6 @@ impl HeapEntries {
         self.get(0)
     }
 
-    /// Reads the slots a step may touch (the oldest entry, which leaves first, and the free
-    /// slot the newest entry moves to), so that with many keys their cache misses overlap the
-    /// decision instead of stalling it: the write of a missing line otherwise held up the
-    /// unlock after it, about a third of an admitting decision at 100,000 keys.
-    #[inline]
-    fn warm(&self) {
-        if let Some(&front) = self.slots.get(self.head as usize) {
-            std::hint::black_box(front);
-        }
-        if self.len() < self.capacity() {
-            std::hint::black_box(self.slots[self.slot(self.len())]);
-        }
-    }
-
     fn push_back(&mut self, entry: (u64, u32)) {
         if self.len() == self.capacity() {
             self.resize((2 * self.capacity()).max(2 * INLINE));
@@ -203,9 +189,6 @@ impl CompactLog {
         commit: bool,
     ) -> (Verdict, isize) {
         let before = self.bytes();
-        if let CompactLog::Spilled { older, .. } = self {
-            older.warm();
-        }
         let verdict = alg.evaluate_log(self, now, cost);
         if commit && verdict.allowed && cost > 0 {
             alg.commit_log(self, now, cost);
