@@ -137,70 +137,90 @@ fn small_sat(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
-/// The array a one-check script's one-integer reply stands for (plain checks of every algorithm
-/// but the sliding log): the integer is `r` when the script admitted, `-1 - r` when it denied;
-/// for a fixed window `r` packs `window_end - now` and the count as `left x (limit + 1) +
-/// count`, for a sliding window counter `(left x (limit + 1) + current) x (limit + 1) +
-/// previous`.
-fn unpack(check: &Check<'_>, packed: i64) -> Result<Vec<i64>, StoreError> {
+/// The array a one-check script's one-integer reply stands for, written into `out`; how many
+/// integers it is. The integer is `r` when the script admitted, `-1 - r` when it denied. A
+/// fixed window packs `window_end - now` and the count as `left x (limit + 1) + count`. A
+/// sliding window counter that admitted a cost of 1 or more packs `left x (limit + 1) + used`,
+/// where `used` is the current count plus the previous one's weight: it stands for the state
+/// (`current = used`, `previous = 0`), which the algorithm admits with the same `remaining`
+/// and `reset` as the state the script read (the verdict test in this module checks it);
+/// otherwise `(left x (limit + 1) + current) x (limit + 1) + previous`. A sliding window log
+/// replies one integer only for an admitted cost of 1 or more: the units in the window, all
+/// the algorithm's verdict of an admission needs.
+fn unpack(check: &Check<'_>, packed: i64, out: &mut [i64; 4]) -> Result<usize, StoreError> {
     let admitted = packed >= 0;
     let r = if admitted { packed } else { -1 - packed };
     let granted = if admitted { i64::from(check.cost) } else { 0 };
-    Ok(match check.policy.quota() {
+    let ints: &[i64] = match check.policy.quota() {
         Quota::FixedWindow(a) => {
             let radix = i64::from(a.limit()) + 1;
-            vec![granted, r / radix, r % radix]
+            &[granted, r / radix, r % radix]
+        }
+        Quota::SlidingWindowCounter(a) if admitted && check.cost > 0 => {
+            let radix = i64::from(a.limit()) + 1;
+            &[granted, r / radix, r % radix, 0]
         }
         Quota::SlidingWindowCounter(a) => {
             let radix = i64::from(a.limit()) + 1;
             let (rest, previous) = (r / radix, r % radix);
-            vec![granted, rest / radix, rest % radix, previous]
+            &[granted, rest / radix, rest % radix, previous]
         }
-        Quota::TokenBucket(_) => vec![granted, r],
+        Quota::SlidingWindowLog(_) if admitted && check.cost > 0 => &[granted, r, 0],
+        Quota::TokenBucket(_) => &[granted, r],
         // The leaky bucket's array says admitted (1) or not.
-        Quota::LeakyBucket(_) => vec![i64::from(admitted), r],
+        Quota::LeakyBucket(_) => &[i64::from(admitted), r],
         other => {
             return Err(protocol(&format!(
                 "the {} script replied one integer, {packed}",
                 other.kind()
             )));
         }
-    })
+    };
+    out[..ints.len()].copy_from_slice(ints);
+    Ok(ints.len())
 }
 
 /// The verdict of a one-check script's reply (see the scripts' headers for the layouts).
 pub(crate) fn one_check(check: &Check<'_>, reply: Value) -> Result<Grant, StoreError> {
-    let ints = match reply {
-        Value::Int(packed) => unpack(check, packed)?,
-        other => integers(other)?,
+    let mut unpacked = [0; 4];
+    let array;
+    let ints: &[i64] = match reply {
+        Value::Int(packed) => {
+            let n = unpack(check, packed, &mut unpacked)?;
+            &unpacked[..n]
+        }
+        other => {
+            array = integers(other)?;
+            &array
+        }
     };
     let quota = check.policy.quota();
-    let granted = small(at(&ints, 0)?)?;
+    let granted = small(at(ints, 0)?)?;
     let mut window_left = 0;
     // The extra integer a lease's reply ends with: the script's clock.
     let mut lease_now = None;
     let (now, state) = match quota {
         Quota::FixedWindow(a) => {
-            window_left = unsigned(at(&ints, 1)?)?;
+            window_left = unsigned(at(ints, 1)?)?;
             let (now, window_end) = on_grid(a.window_micros(), window_left);
             lease_now = ints.get(3);
-            let count = small(at(&ints, 2)?)?;
+            let count = small(at(ints, 2)?)?;
             (now, State::Fixed(FixedWindowState { window_end, count }))
         }
         Quota::SlidingWindowCounter(a) => {
-            window_left = unsigned(at(&ints, 1)?)?;
+            window_left = unsigned(at(ints, 1)?)?;
             let (now, window_end) = on_grid(a.window_micros(), window_left);
             lease_now = ints.get(4);
             let state = SlidingWindowCounterState {
                 window_end,
-                current: small(at(&ints, 2)?)?,
-                previous: small(at(&ints, 3)?)?,
+                current: small(at(ints, 2)?)?,
+                previous: small(at(ints, 3)?)?,
             };
             (now, State::Counter(state))
         }
         Quota::SlidingWindowLog(_) => {
-            let total = unsigned(at(&ints, 1)?)?;
-            let newest = BASE.saturating_add_signed(at(&ints, 2)?);
+            let total = unsigned(at(ints, 1)?)?;
+            let newest = BASE.saturating_add_signed(at(ints, 2)?);
             // After a denial: the unit whose expiry makes room (and every older one).
             let mut oldest = Vec::new();
             match ints.get(3) {
@@ -214,11 +234,11 @@ pub(crate) fn one_check(check: &Check<'_>, reply: Value) -> Result<Grant, StoreE
             (BASE, State::Log(log_state(total, newest, &oldest)))
         }
         Quota::TokenBucket(_) => {
-            let tat = BASE + unsigned(at(&ints, 1)?)?;
+            let tat = BASE + unsigned(at(ints, 1)?)?;
             (BASE, State::Token(TokenBucketState { tat }))
         }
         Quota::LeakyBucket(_) => {
-            let next_free = BASE + unsigned(at(&ints, 1)?)?;
+            let next_free = BASE + unsigned(at(ints, 1)?)?;
             (BASE, State::Leaky(LeakyBucketState { next_free }))
         }
     };
@@ -368,6 +388,8 @@ pub(crate) fn protocol(reason: &str) -> StoreError {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -397,6 +419,93 @@ mod tests {
         assert!(grant.verdict.allowed);
         assert_eq!(grant.verdict.remaining, 2);
         assert_eq!(grant.verdict.reset_micros, 250_000);
+    }
+
+    fn policy(quota: Quota) -> tollgate::Policy {
+        tollgate::Policy::new("packed", quota).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn ints(values: &[i64]) -> Value {
+        Value::Array(values.iter().map(|&v| Value::Int(v)).collect())
+    }
+
+    /// 2^53: the scripts reply one integer only below it.
+    const EXACT: i64 = 1 << 53;
+
+    proptest::proptest! {
+        /// An admitted sliding window counter's one integer, (left x (limit + 1) + current +
+        /// weighted previous), decides exactly as the state the script read, replied whole.
+        #[test]
+        fn a_packed_counter_admission_decides_like_the_state(
+            window_bits in 0u32..40,
+            limit_bits in 0u32..32,
+            low_bits in proptest::prelude::any::<u64>(),
+            left in 0.0f64..2.0,
+            current in 0.0f64..=1.0,
+            previous in 0.0f64..=1.0,
+            cost in 0.0f64..=1.0,
+        ) {
+            // Sizes spread over every magnitude, most of them where the packing fits 2^53.
+            let window = (1u64 << window_bits) | (low_bits & ((1 << window_bits) - 1));
+            let limit = (1u32 << limit_bits) | (low_bits as u32 & ((1 << limit_bits) - 1));
+            let w = Duration::from_micros(window);
+            let Ok(quota) = Quota::sliding_window_counter(limit, w) else {
+                return Ok(());
+            };
+            let policy = policy(quota);
+            let l = u64::from(limit);
+            // As the script computes them; a left past the window is a clock stepped back.
+            let left = ((window as f64 * left) as u64).clamp(1, 2 * window);
+            let current = (l as f64 * current) as u64;
+            let previous = (l as f64 * previous) as u64;
+            let overlap = u128::from(left.min(window));
+            let weighted = (u128::from(previous) * overlap).div_ceil(u128::from(window)) as u64;
+            let room = l.saturating_sub(current + weighted);
+            let cost = (((room as f64) * cost) as u32).max(1);
+            proptest::prop_assume!(u64::from(cost) <= room);
+            let packed = i128::from(left) * (i128::from(limit) + 1) + i128::from(current + weighted);
+            proptest::prop_assume!(packed < i128::from(EXACT));
+            let check = Check::new(&policy, b"k", cost);
+            let whole = one_check(
+                &check,
+                ints(&[i64::from(cost), left as i64, current as i64, previous as i64]),
+            );
+            let packed = one_check(&check, Value::Int(packed as i64));
+            let (whole, packed) = (whole.map_err(|e| e.to_string()), packed.map_err(|e| e.to_string()));
+            proptest::prop_assert!(whole.is_ok(), "{whole:?}");
+            let (whole, packed) = (whole.map(|g| g.verdict), packed.map(|g| g.verdict));
+            proptest::prop_assert!(whole.as_ref().is_ok_and(|v| v.allowed));
+            proptest::prop_assert_eq!(whole, packed);
+        }
+
+        /// An admitted sliding window log's one integer (the units in the window) decides as
+        /// the log replied whole, wherever its newest unit is.
+        #[test]
+        fn a_packed_log_admission_decides_like_the_log(
+            limit in 1u32..=u32::MAX,
+            total in 0.0f64..=1.0,
+            cost in 0.0f64..=1.0,
+            newest in 0u64..1_000_000,
+        ) {
+            let Ok(quota) = Quota::sliding_window_log(limit, Duration::from_secs(1)) else {
+                return Ok(());
+            };
+            let policy = policy(quota);
+            let total = (f64::from(limit) * total) as u32;
+            let cost = ((f64::from(limit - total) * cost) as u32).max(1);
+            proptest::prop_assume!(u64::from(total) + u64::from(cost) <= u64::from(limit));
+            let check = Check::new(&policy, b"k", cost);
+            // Newest before now (the window's units), or none.
+            let newest = if total == 0 { -(BASE as i64) } else { -(newest as i64) };
+            let whole = one_check(&check, ints(&[i64::from(cost), i64::from(total), newest]));
+            let packed = one_check(&check, Value::Int(i64::from(total)));
+            let (whole, packed) = (
+                whole.map(|g| g.verdict).map_err(|e| e.to_string()),
+                packed.map(|g| g.verdict).map_err(|e| e.to_string()),
+            );
+            proptest::prop_assert!(whole.as_ref().is_ok_and(|v| v.allowed), "{whole:?}");
+            proptest::prop_assert_eq!(whole, packed);
+        }
     }
 
     #[test]
