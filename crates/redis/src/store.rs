@@ -318,7 +318,9 @@ impl RedisStore {
         checks: &[Check<'_>],
     ) -> Result<Decisions, StoreError> {
         let prepared = self.prepare(checks)?;
-        let verdicts = self.bounded(self.run(now, checks, &prepared)).await?;
+        let verdicts = self
+            .within_timeout(self.run(now, checks, &prepared))
+            .await?;
         Ok(decisions(checks, verdicts))
     }
 
@@ -370,6 +372,33 @@ impl RedisStore {
             .unwrap_or(Err(StoreError::Timeout { after }))
     }
 
+    /// `fut`, script calls made through [`run`](Self::run) or
+    /// [`refund_in_redis`](Self::refund_in_redis), within the configured timeout: a standalone
+    /// store's calls carry their deadline to the coalescer, which keeps one timer per batch of
+    /// calls (`store/coalesce.rs`); a Cluster's are bounded here, one timer per request.
+    async fn within_timeout<T>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if self.inner.config.cluster {
+            self.bounded(fut).await
+        } else {
+            fut.await
+        }
+    }
+
+    /// A failed call's error: a reply that did not come within the deadline is the store's
+    /// timeout.
+    pub(crate) fn call_error(&self, e: RedisError) -> StoreError {
+        if e.is_timeout() {
+            StoreError::Timeout {
+                after: self.inner.config.timeout,
+            }
+        } else {
+            classify(e)
+        }
+    }
+
     fn mono_micros(&self) -> u64 {
         u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
@@ -404,7 +433,7 @@ impl RedisStore {
         if !self.may_call_redis() {
             return Ok(self.fallback_one(now, check).await);
         }
-        match self.bounded(self.run(now, checks, &prepared)).await {
+        match self.within_timeout(self.run(now, checks, &prepared)).await {
             Ok(verdicts) => {
                 self.inner.probe_at.store(0, Ordering::Relaxed);
                 let v = verdicts
@@ -435,7 +464,7 @@ impl RedisStore {
         if !self.may_call_redis() {
             return Ok(self.fallback(now, checks).await);
         }
-        match self.bounded(self.run(now, checks, &prepared)).await {
+        match self.within_timeout(self.run(now, checks, &prepared)).await {
             Ok(verdicts) => {
                 self.inner.probe_at.store(0, Ordering::Relaxed);
                 Ok(decisions(checks, verdicts))
@@ -498,7 +527,7 @@ impl Store for RedisStore {
             self.inner.memory.refund_now(now, checks);
         }
         let result = self
-            .bounded(self.refund_in_redis(now, checks, &prepared))
+            .within_timeout(self.refund_in_redis(now, checks, &prepared))
             .await;
         if let Err(e) = &result {
             self.inner.stats.errors.fetch_add(1, Ordering::Relaxed);

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use redis::{Cmd, RedisError, Value};
 use tollgate::{Check, StoreError, Timestamp, Verdict};
 
-use super::connection::{Conn, classify, is_noscript};
+use super::connection::{Conn, is_noscript};
 use super::{Prepared, RedisStore};
 use crate::config::ClockSource;
 use crate::script::{self, ScriptKind};
@@ -64,9 +64,9 @@ impl RedisStore {
                 calls.fetch_add(1, Ordering::Relaxed);
                 let cmd = self.command("EVAL", kind, keys, now, &args)?;
                 let reply: Result<Value, RedisError> = conn.query(cmd).await;
-                reply.map_err(classify)
+                reply.map_err(|e| self.call_error(e))
             }
-            other => other.map_err(classify),
+            other => other.map_err(|e| self.call_error(e)),
         }
     }
 
