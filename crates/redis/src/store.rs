@@ -372,33 +372,6 @@ impl RedisStore {
             .unwrap_or(Err(StoreError::Timeout { after }))
     }
 
-    /// `fut`, script calls made through [`run`](Self::run) or
-    /// [`refund_in_redis`](Self::refund_in_redis), within the configured timeout: a standalone
-    /// store's calls carry their deadline to the coalescer, which keeps one timer per batch of
-    /// calls (`store/coalesce.rs`); a Cluster's are bounded here, one timer per request.
-    async fn within_timeout<T>(
-        &self,
-        fut: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        if self.inner.config.cluster {
-            self.bounded(fut).await
-        } else {
-            fut.await
-        }
-    }
-
-    /// A failed call's error: a reply that did not come within the deadline is the store's
-    /// timeout.
-    pub(crate) fn call_error(&self, e: RedisError) -> StoreError {
-        if e.is_timeout() {
-            StoreError::Timeout {
-                after: self.inner.config.timeout,
-            }
-        } else {
-            classify(e)
-        }
-    }
-
     fn mono_micros(&self) -> u64 {
         u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
     }

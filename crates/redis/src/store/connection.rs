@@ -70,8 +70,8 @@ impl Connection {
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             // No timer of the client's own: every call through the store is bounded by the
-            // store's timeout (`RedisStore::bounded`), and a second timer per decision cost
-            // about 3% of the store's CPU.
+            // store's timeout (the coalescer's deadline per batch, or `RedisStore::bounded`),
+            // and a second timer per decision cost about 3% of the store's CPU.
             .set_response_timeout(None)
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
