@@ -16,6 +16,9 @@
 #
 #   scripts/bench-redis.sh [seconds per run, default 5] [rounds, default 3] [concurrency, 50]
 #
+# BENCH=path/to/bench_redis runs that build of the example instead of building this tree's (to
+# compare two builds in alternating runs).
+#
 # Needs redis-server, redis-cli and redis-benchmark (apt-get install redis-server redis-tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,8 +38,10 @@ trap 'kill $REDIS_PID 2>/dev/null || true' EXIT
 for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
 
 # The profiling profile: the release build with symbols, for perf and callgrind.
-cargo build --profile profiling -q -p tollgate-redis --example bench_redis
-BENCH="${CARGO_TARGET_DIR:-target}/profiling/examples/bench_redis"
+if [ -z "${BENCH:-}" ]; then
+  cargo build --profile profiling -q -p tollgate-redis --example bench_redis
+  BENCH="${CARGO_TARGET_DIR:-target}/profiling/examples/bench_redis"
+fi
 URL="redis://127.0.0.1:$PORT"
 MINIMAL=crates/redis/examples/bench_redis/minimal
 

@@ -318,7 +318,9 @@ impl RedisStore {
         checks: &[Check<'_>],
     ) -> Result<Decisions, StoreError> {
         let prepared = self.prepare(checks)?;
-        let verdicts = self.bounded(self.run(now, checks, &prepared)).await?;
+        let verdicts = self
+            .within_timeout(self.run(now, checks, &prepared))
+            .await?;
         Ok(decisions(checks, verdicts))
     }
 
@@ -404,7 +406,7 @@ impl RedisStore {
         if !self.may_call_redis() {
             return Ok(self.fallback_one(now, check).await);
         }
-        match self.bounded(self.run(now, checks, &prepared)).await {
+        match self.within_timeout(self.run(now, checks, &prepared)).await {
             Ok(verdicts) => {
                 self.inner.probe_at.store(0, Ordering::Relaxed);
                 let v = verdicts
@@ -435,7 +437,7 @@ impl RedisStore {
         if !self.may_call_redis() {
             return Ok(self.fallback(now, checks).await);
         }
-        match self.bounded(self.run(now, checks, &prepared)).await {
+        match self.within_timeout(self.run(now, checks, &prepared)).await {
             Ok(verdicts) => {
                 self.inner.probe_at.store(0, Ordering::Relaxed);
                 Ok(decisions(checks, verdicts))
@@ -498,7 +500,7 @@ impl Store for RedisStore {
             self.inner.memory.refund_now(now, checks);
         }
         let result = self
-            .bounded(self.refund_in_redis(now, checks, &prepared))
+            .within_timeout(self.refund_in_redis(now, checks, &prepared))
             .await;
         if let Err(e) = &result {
             self.inner.stats.errors.fetch_add(1, Ordering::Relaxed);

@@ -137,70 +137,90 @@ fn small_sat(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
-/// The array a one-check script's one-integer reply stands for (plain checks of every algorithm
-/// but the sliding log): the integer is `r` when the script admitted, `-1 - r` when it denied;
-/// for a fixed window `r` packs `window_end - now` and the count as `left x (limit + 1) +
-/// count`, for a sliding window counter `(left x (limit + 1) + current) x (limit + 1) +
-/// previous`.
-fn unpack(check: &Check<'_>, packed: i64) -> Result<Vec<i64>, StoreError> {
+/// The array a one-check script's one-integer reply stands for, written into `out`; how many
+/// integers it is. The integer is `r` when the script admitted, `-1 - r` when it denied. A
+/// fixed window packs `window_end - now` and the count as `left x (limit + 1) + count`. A
+/// sliding window counter that admitted a cost of 1 or more packs `left x (limit + 1) + used`,
+/// where `used` is the current count plus the previous one's weight: it stands for the state
+/// (`current = used`, `previous = 0`), which the algorithm admits with the same `remaining`
+/// and `reset` as the state the script read (the verdict test in this module checks it);
+/// otherwise `(left x (limit + 1) + current) x (limit + 1) + previous`. A sliding window log
+/// replies one integer only for an admitted cost of 1 or more: the units in the window, all
+/// the algorithm's verdict of an admission needs.
+fn unpack(check: &Check<'_>, packed: i64, out: &mut [i64; 4]) -> Result<usize, StoreError> {
     let admitted = packed >= 0;
     let r = if admitted { packed } else { -1 - packed };
     let granted = if admitted { i64::from(check.cost) } else { 0 };
-    Ok(match check.policy.quota() {
+    let ints: &[i64] = match check.policy.quota() {
         Quota::FixedWindow(a) => {
             let radix = i64::from(a.limit()) + 1;
-            vec![granted, r / radix, r % radix]
+            &[granted, r / radix, r % radix]
+        }
+        Quota::SlidingWindowCounter(a) if admitted && check.cost > 0 => {
+            let radix = i64::from(a.limit()) + 1;
+            &[granted, r / radix, r % radix, 0]
         }
         Quota::SlidingWindowCounter(a) => {
             let radix = i64::from(a.limit()) + 1;
             let (rest, previous) = (r / radix, r % radix);
-            vec![granted, rest / radix, rest % radix, previous]
+            &[granted, rest / radix, rest % radix, previous]
         }
-        Quota::TokenBucket(_) => vec![granted, r],
+        Quota::SlidingWindowLog(_) if admitted && check.cost > 0 => &[granted, r, 0],
+        Quota::TokenBucket(_) => &[granted, r],
         // The leaky bucket's array says admitted (1) or not.
-        Quota::LeakyBucket(_) => vec![i64::from(admitted), r],
+        Quota::LeakyBucket(_) => &[i64::from(admitted), r],
         other => {
             return Err(protocol(&format!(
                 "the {} script replied one integer, {packed}",
                 other.kind()
             )));
         }
-    })
+    };
+    out[..ints.len()].copy_from_slice(ints);
+    Ok(ints.len())
 }
 
 /// The verdict of a one-check script's reply (see the scripts' headers for the layouts).
 pub(crate) fn one_check(check: &Check<'_>, reply: Value) -> Result<Grant, StoreError> {
-    let ints = match reply {
-        Value::Int(packed) => unpack(check, packed)?,
-        other => integers(other)?,
+    let mut unpacked = [0; 4];
+    let array;
+    let ints: &[i64] = match reply {
+        Value::Int(packed) => {
+            let n = unpack(check, packed, &mut unpacked)?;
+            &unpacked[..n]
+        }
+        other => {
+            array = integers(other)?;
+            &array
+        }
     };
     let quota = check.policy.quota();
-    let granted = small(at(&ints, 0)?)?;
+    let granted = small(at(ints, 0)?)?;
     let mut window_left = 0;
     // The extra integer a lease's reply ends with: the script's clock.
     let mut lease_now = None;
     let (now, state) = match quota {
         Quota::FixedWindow(a) => {
-            window_left = unsigned(at(&ints, 1)?)?;
+            window_left = unsigned(at(ints, 1)?)?;
             let (now, window_end) = on_grid(a.window_micros(), window_left);
             lease_now = ints.get(3);
-            let count = small(at(&ints, 2)?)?;
+            let count = small(at(ints, 2)?)?;
             (now, State::Fixed(FixedWindowState { window_end, count }))
         }
         Quota::SlidingWindowCounter(a) => {
-            window_left = unsigned(at(&ints, 1)?)?;
+            window_left = unsigned(at(ints, 1)?)?;
             let (now, window_end) = on_grid(a.window_micros(), window_left);
             lease_now = ints.get(4);
             let state = SlidingWindowCounterState {
                 window_end,
-                current: small(at(&ints, 2)?)?,
-                previous: small(at(&ints, 3)?)?,
+                current: small(at(ints, 2)?)?,
+                previous: small(at(ints, 3)?)?,
             };
             (now, State::Counter(state))
         }
         Quota::SlidingWindowLog(_) => {
-            let total = unsigned(at(&ints, 1)?)?;
-            let newest = BASE.saturating_add_signed(at(&ints, 2)?);
+            let total = unsigned(at(ints, 1)?)?;
+            let newest = BASE.saturating_add_signed(at(ints, 2)?);
             // After a denial: the unit whose expiry makes room (and every older one).
             let mut oldest = Vec::new();
             match ints.get(3) {
@@ -214,11 +234,11 @@ pub(crate) fn one_check(check: &Check<'_>, reply: Value) -> Result<Grant, StoreE
             (BASE, State::Log(log_state(total, newest, &oldest)))
         }
         Quota::TokenBucket(_) => {
-            let tat = BASE + unsigned(at(&ints, 1)?)?;
+            let tat = BASE + unsigned(at(ints, 1)?)?;
             (BASE, State::Token(TokenBucketState { tat }))
         }
         Quota::LeakyBucket(_) => {
-            let next_free = BASE + unsigned(at(&ints, 1)?)?;
+            let next_free = BASE + unsigned(at(ints, 1)?)?;
             (BASE, State::Leaky(LeakyBucketState { next_free }))
         }
     };
@@ -367,46 +387,4 @@ pub(crate) fn protocol(reason: &str) -> StoreError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn replies_of_the_wrong_shape_are_protocol_errors() {
-        let policy = tollgate::Policy::new(
-            "shape",
-            Quota::fixed_window(5, std::time::Duration::from_secs(1))
-                .unwrap_or_else(|e| panic!("{e}")),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let check = Check::new(&policy, b"k", 1);
-        for reply in [
-            Value::Nil,
-            Value::Array(vec![Value::Int(1)]),
-            Value::Array(vec![Value::Nil; 3]),
-            Value::Array(vec![Value::Int(-5); 3]),
-            // Admitted by the script, denied by the algorithm (6 of 5 used).
-            Value::Array(vec![Value::Int(1), Value::Int(1_000), Value::Int(6)]),
-        ] {
-            assert!(matches!(
-                one_check(&check, reply),
-                Err(StoreError::Protocol { .. })
-            ));
-        }
-        let ok = Value::Array(vec![Value::Int(1), Value::Int(250_000), Value::Int(2)]);
-        let grant = one_check(&check, ok).unwrap_or_else(|e| panic!("{e}"));
-        assert!(grant.verdict.allowed);
-        assert_eq!(grant.verdict.remaining, 2);
-        assert_eq!(grant.verdict.reset_micros, 250_000);
-    }
-
-    #[test]
-    fn a_log_summary_decides_like_the_log() {
-        // Units at 10, 10, 20 and 30 (total 4), the two oldest reported.
-        let s = log_state(4, 30, &[(10, 1), (10, 1)]);
-        assert_eq!(s.total, 4);
-        assert_eq!(s.entries, VecDeque::from([(10, 2), (30, 2)]));
-        // Nothing reported: everything at the newest.
-        assert_eq!(log_state(3, 7, &[]).entries, VecDeque::from([(7, 3)]));
-        assert!(log_state(0, 0, &[]).entries.is_empty());
-    }
-}
+mod tests;

@@ -122,3 +122,68 @@ fn a_store_outlives_the_runtime_that_first_used_it() {
         assert!(remaining <= 2, "remaining {remaining}");
     });
 }
+
+/// A batch goes to Redis as one pipeline, and each call in it still gets its own answer: a call
+/// whose key holds the wrong type fails (a protocol error) while the calls beside it in the same
+/// batch decide, and after `SCRIPT FLUSH` every call's `NOSCRIPT` is answered by its own `EVAL`.
+#[test]
+fn each_call_in_a_batch_gets_its_own_answer() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = common::local_store(&server.url()).await;
+        let policy = Policy::new(
+            &unique("batch"),
+            Quota::fixed_window(1_000, Duration::from_secs(60)).unwrap(),
+        )
+        .unwrap();
+        // Every third key is a hash: GET in the script fails with WRONGTYPE.
+        let poisoned = |t: u32| t % 3 == 0;
+        for t in (0..60u32).filter(|&t| poisoned(t)) {
+            let key = store.key_of(&Check::new(&policy, format!("k{t}").as_bytes(), 1));
+            server.command(&["HSET", &key, "f", "v"]).unwrap();
+        }
+        server.command(&["SCRIPT", "FLUSH"]).unwrap();
+        let before = store.stats();
+        let mut tasks = tokio::task::JoinSet::new();
+        for t in 0..60u32 {
+            let (store, policy) = (store.clone(), policy.clone());
+            tasks.spawn(async move {
+                let key = format!("k{t}");
+                let mut remaining = Vec::new();
+                for _ in 0..5 {
+                    let got = store
+                        .apply_redis(now(), &[Check::new(&policy, key.as_bytes(), 1)])
+                        .await;
+                    match got {
+                        Err(StoreError::Protocol { reason }) if poisoned(t) => {
+                            assert!(reason.contains("WRONGTYPE"), "{reason}");
+                        }
+                        Ok(d) if !poisoned(t) => {
+                            remaining.push(d.most_restrictive().unwrap().remaining);
+                        }
+                        other => panic!("key {t}: {other:?}"),
+                    }
+                }
+                remaining
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            let remaining = done.unwrap();
+            assert!(remaining.is_empty() || remaining == [999, 998, 997, 996, 995]);
+        }
+        let after = store.stats();
+        let (calls, batches) = (
+            after.script_calls - before.script_calls,
+            after.batches - before.batches,
+        );
+        assert!(
+            batches * 4 <= calls,
+            "{calls} calls in {batches} batches: the calls were not batched together"
+        );
+    });
+}

@@ -112,7 +112,9 @@ proptest! {
 /// Sliding window counters whose products (count × window_µs) exceed 2^53, up to the largest
 /// quota the core accepts, decide exactly like the pure algorithm (the script switches to
 /// exact limb arithmetic there); so do fixed windows whose one-integer reply ((µs left) ×
-/// (limit + 1) + count) would pass 2^53 (the script replies an array there).
+/// (limit + 1) + count) would pass 2^53 (the script replies an array there). A counter packs an
+/// admission into one integer where its denials do not fit (10^6 a second, 100,000 a day), and
+/// neither fits at 10^9 a day.
 #[test]
 fn huge_window_counters_are_exact() {
     let rt = runtime();
@@ -124,6 +126,7 @@ fn huge_window_counters_are_exact() {
         (u32::MAX, day * 400),
         (1_000_000_000, day),
         (100_000, day),
+        (1_000_000, Duration::from_secs(1)),
         (3, day * 400),
     ];
     let mut x = 0x2545_f491_4f6c_dd1d_u64;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::{RedisServer, SlowProxy};
 use tollgate::testing::unique;
-use tollgate::{Check, Decision, Policy, Quota, Store, Timestamp};
+use tollgate::{Check, Decision, Policy, Quota, Store, StoreError, Timestamp};
 use tollgate_redis::{OnError, RedisStore};
 
 fn wall() -> Timestamp {
@@ -134,6 +134,15 @@ async fn slow_redis_follows_on_error_within_the_timeout() {
         assert!(store.is_ready());
         assert!(decide(&store, &policy, b"k").await.allowed);
         proxy.set_delay(Duration::from_millis(300));
+        // In Redis only, the call fails with the store's timeout (a standalone store's calls
+        // are timed in batches by its coalescer).
+        let slow = store
+            .apply_redis(wall(), &[Check::new(&policy, b"k", 1)])
+            .await;
+        assert!(
+            matches!(slow, Err(StoreError::Timeout { after }) if after == timeout),
+            "{mode:?}: {slow:?}"
+        );
         // Each decision within timeout + 10 ms of a plain timer of `timeout` started beside
         // it: on a loaded machine the runtime's own wake-up lag is not the store's.
         let mut probes = 0;

@@ -6,6 +6,12 @@
 //! algorithm next to `redis-benchmark` sending the store's own script call and the minimal
 //! script of the same algorithm.
 //!
+//! The keys are formatted once, before the run: a caller takes its key from the request (a
+//! header, an address) without building a string, so the bench's own per-decision work stays
+//! out of the store's figures. `--decisions N` stops after N decisions instead of a time (no
+//! warm-up), for counting the client's instructions per decision under callgrind: run it with
+//! two values of N and divide the difference of the totals by that of N.
+//!
 //! Hot key (`--hot-key`): `--instances` stores (3 by default, each with its own connection,
 //! lease table and deny cache: separate instances in all but the process) with `concurrency`
 //! callers each decide one key of a fixed window policy whose limit the run reaches; `--lease`
@@ -20,7 +26,7 @@
 //! ```
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use tollgate::{Check, Policy, Quota, Store, Timestamp};
@@ -45,6 +51,7 @@ struct Args {
     instances: usize,
     limit: u32,
     threads: usize,
+    decisions: Option<u64>,
 }
 
 fn args() -> Result<Args, String> {
@@ -60,6 +67,7 @@ fn args() -> Result<Args, String> {
         instances: 3,
         limit: 1_000_000,
         threads: 1,
+        decisions: None,
     };
     let mut it = std::env::args().skip(1).peekable();
     while let Some(flag) = it.next() {
@@ -75,6 +83,7 @@ fn args() -> Result<Args, String> {
             "--hot-key" => out.hot_key = true,
             "--instances" => out.instances = number(value()?)? as usize,
             "--threads" => out.threads = number(value()?)? as usize,
+            "--decisions" => out.decisions = Some(number(value()?)?),
             "--limit" => out.limit = u32::try_from(number(value()?)?).map_err(|e| e.to_string())?,
             "--lease" => {
                 // An optional size: `--lease` alone takes the default.
@@ -188,11 +197,15 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", cmd.join(" "));
         return Ok(());
     }
+    if let Some(n) = args.decisions {
+        return count_decisions(&store, &policy, args.concurrency, n).await;
+    }
+    let keys: Arc<[String]> = (0..KEYS).map(|k| k.to_string()).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let measuring = Arc::new(AtomicBool::new(false));
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..args.concurrency {
-        let (store, policy) = (store.clone(), policy.clone());
+        let (store, policy, keys) = (store.clone(), policy.clone(), keys.clone());
         let (stop, measuring) = (stop.clone(), measuring.clone());
         tasks.spawn(async move {
             let mut latencies = Vec::with_capacity(200_000);
@@ -200,10 +213,7 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let mut denied = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 tokio::task::coop::consume_budget().await;
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let key = (x % KEYS).to_string();
+                let key = &keys[next_key(&mut x)];
                 let now = Timestamp::from_system_time(SystemTime::now());
                 let started = Instant::now();
                 let d = store
@@ -251,6 +261,57 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         percentile(&all, 0.99).as_secs_f64() * 1e3,
         stats.fallbacks,
         stats.errors,
+    );
+    Ok(())
+}
+
+/// The next key index of a caller's xorshift sequence.
+fn next_key(x: &mut u64) -> usize {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    (*x % KEYS) as usize
+}
+
+/// `--decisions N`: `concurrency` callers decide N checks in all (the spread keys, as the
+/// timed run does, without its clocks and latencies), then it prints how many were admitted.
+async fn count_decisions(
+    store: &RedisStore,
+    policy: &Policy,
+    concurrency: usize,
+    decisions: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let keys: Arc<[String]> = (0..KEYS).map(|k| k.to_string()).collect();
+    let left = Arc::new(AtomicU64::new(decisions));
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..concurrency {
+        let (store, policy, keys, left) =
+            (store.clone(), policy.clone(), keys.clone(), left.clone());
+        tasks.spawn(async move {
+            let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ (t as u64);
+            let mut admitted = 0u64;
+            while left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                let key = &keys[next_key(&mut x)];
+                let now = Timestamp::from_system_time(SystemTime::now());
+                let d = store
+                    .apply(now, &[Check::new(&policy, key.as_bytes(), 1)])
+                    .await;
+                admitted += u64::from(d.map(|d| d.allowed()).unwrap_or(false));
+            }
+            admitted
+        });
+    }
+    let mut admitted = 0;
+    while let Some(r) = tasks.join_next().await {
+        admitted += r?;
+    }
+    let stats = store.stats();
+    println!(
+        "store: {decisions} decisions, admitted {admitted}, script calls {}, errors {}",
+        stats.script_calls, stats.errors
     );
     Ok(())
 }

@@ -4,11 +4,14 @@
 --
 -- KEYS[1] "<window_end> <current> <previous>"
 -- ARGV    window_us, limit, [cost: 1 when absent], [want: a lease, > cost]
--- Reply   a plain check: one integer, ((window_end - now) x (limit + 1) + current) x (limit + 1)
---         + previous (before), or -1 minus that when denied (an integer reply costs Redis far
---         less than an array); when it does not fit in 2^53, when a count is past the limit,
---         or for a lease: granted (0 when denied), window_end - now, current, previous
---         (before), and now for a lease (want > cost)
+-- Reply   a plain check admitted with cost >= 1: one integer, (window_end - now) x (limit + 1)
+--         + current + weighted previous (before): the algorithm's verdict for an admission
+--         needs nothing else (an integer reply costs Redis and the client far less than an
+--         array). Otherwise one integer ((window_end - now) x (limit + 1) + current) x
+--         (limit + 1) + previous (before), or -1 minus that when denied. When the integer does
+--         not fit in 2^53, when a count is past the limit, or for a lease: granted (0 when
+--         denied), window_end - now, current, previous (before), and now for a lease
+--         (want > cost)
 local w, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local cost = tonumber(ARGV[3]) or 1
 local want = tonumber(ARGV[4]) or cost
@@ -46,6 +49,12 @@ if cost <= room then
   end
 end
 if want > cost then return {g, e - now, cur, prev, now} end
+if cost > 0 and cost <= room then
+  -- current + weighted <= limit - cost here, so it is one digit of base limit + 1.
+  local packed = (e - now) * (limit + 1) + cur + q
+  if packed < 9007199254740992 then return packed end
+  return {g, e - now, cur, prev}
+end
 local packed = ((e - now) * (limit + 1) + cur) * (limit + 1) + prev
 if packed >= 9007199254740992 or cur > limit or prev > limit then
   return {g, e - now, cur, prev}

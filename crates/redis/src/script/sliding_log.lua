@@ -12,9 +12,11 @@
 -- ARGV    window_us, limit, [cost: 1 when absent], [want: a lease, > cost; at: the score
 --         offset of its units: a lease logs them at now + its ttl, the latest they can be
 --         spent]
--- Reply   granted (0 when denied), total, newest - now (-now for none); then when denied with
---         cost <= limit: the score of the oldest unit whose expiry makes room, less now; when
---         it takes a lease (want > cost): now
+-- Reply   a plain check admitted with cost >= 1: one integer, total (before): the algorithm's
+--         verdict for it needs nothing else, and an integer reply costs Redis and the client far
+--         less than an array; otherwise granted (0 when denied), total, newest - now (-now for
+--         none); then when denied with cost <= limit: the score of the oldest unit whose expiry
+--         makes room, less now; when it takes a lease (want > cost): now
 local k = KEYS[1]
 local w, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local cost = tonumber(ARGV[3]) or 1
@@ -42,7 +44,7 @@ if v7 then
   else
     redis.call('PEXPIRE', k, expire, 'GT')
   end
-  return {cost, total, 0}
+  return total
 end
 local top = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
 local newest = 0
@@ -84,4 +86,5 @@ if g > 0 then
   redis.call('PEXPIRE', k, math.ceil((last + w - now) / 1000))
 end
 if want > cost then return {g, total, newest - now, now} end
+if g > 0 then return total end
 return {g, total, newest - now}

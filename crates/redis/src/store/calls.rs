@@ -13,6 +13,33 @@ use crate::script::{self, ScriptKind};
 use crate::verdict::{self, Grant, protocol};
 
 impl RedisStore {
+    /// `fut`, script calls made through [`run`](Self::run) or
+    /// [`refund_in_redis`](Self::refund_in_redis), within the configured timeout: a standalone
+    /// store's calls carry their deadline to the coalescer, which keeps one timer per batch of
+    /// calls (`store/coalesce.rs`); a Cluster's are bounded here, one timer per request.
+    pub(super) async fn within_timeout<T>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if self.inner.config.cluster {
+            self.bounded(fut).await
+        } else {
+            fut.await
+        }
+    }
+
+    /// A failed call's error: a reply that did not come within the deadline is the store's
+    /// timeout.
+    fn call_error(&self, e: RedisError) -> StoreError {
+        if e.is_timeout() {
+            StoreError::Timeout {
+                after: self.inner.config.timeout,
+            }
+        } else {
+            classify(e)
+        }
+    }
+
     /// The command `name` (EVALSHA or EVAL) of script `kind` over `keys`, with `now` and the
     /// arguments `args` appends.
     pub(super) fn command(
@@ -64,9 +91,9 @@ impl RedisStore {
                 calls.fetch_add(1, Ordering::Relaxed);
                 let cmd = self.command("EVAL", kind, keys, now, &args)?;
                 let reply: Result<Value, RedisError> = conn.query(cmd).await;
-                reply.map_err(classify)
+                reply.map_err(|e| self.call_error(e))
             }
-            other => other.map_err(classify),
+            other => other.map_err(|e| self.call_error(e)),
         }
     }
 

@@ -9,6 +9,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use tokio::time::Instant;
 use tollgate::StoreError;
 
 use super::coalesce::Coalescer;
@@ -16,8 +17,9 @@ use crate::config::RedisConfig;
 
 pub(crate) enum Connection {
     /// Reconnects by itself; created lazily, so a Redis that is down at start is no error.
-    /// Script calls go through the coalescer, which writes concurrent ones together.
-    Single(ConnectionManager, Arc<Coalescer>),
+    /// Script calls go through the coalescer, which writes concurrent ones together, within
+    /// the store's timeout.
+    Single(ConnectionManager, Arc<Coalescer>, Duration),
     Cluster(Arc<ClusterState>),
 }
 
@@ -28,10 +30,11 @@ pub(crate) struct ClusterState {
     connecting: AtomicBool,
 }
 
-/// A handle for one call: cheap clones of the shared connection.
+/// A handle for one call: cheap clones of the shared connection. A standalone handle carries
+/// the deadline of the script calls made through it: the store's timeout after it was taken.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single(ConnectionManager, Arc<Coalescer>),
+    Single(ConnectionManager, Arc<Coalescer>, Instant),
     Cluster(ClusterConnection),
 }
 
@@ -67,21 +70,21 @@ impl Connection {
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             // No timer of the client's own: every call through the store is bounded by the
-            // store's timeout (`RedisStore::bounded`), and a second timer per decision cost
-            // about 3% of the store's CPU.
+            // store's timeout (the coalescer's deadline per batch, or `RedisStore::bounded`),
+            // and a second timer per decision cost about 3% of the store's CPU.
             .set_response_timeout(None)
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
         let manager = ConnectionManager::new_lazy_with_config(client, manager_config)?;
         let coalescer = Arc::new(Coalescer::new(manager.clone()));
-        Ok(Connection::Single(manager, coalescer))
+        Ok(Connection::Single(manager, coalescer, config.timeout))
     }
 
     /// Batches of script calls handed to a standalone connection together (0 for a Cluster).
     pub(crate) fn batches(&self) -> u64 {
         match self {
-            Connection::Single(_, coalescer) => coalescer.batches(),
+            Connection::Single(_, coalescer, _) => coalescer.batches(),
             Connection::Cluster(_) => 0,
         }
     }
@@ -89,8 +92,13 @@ impl Connection {
     /// A handle for one call, or `Unavailable` while the Cluster is not connected yet.
     pub(crate) async fn get(&self) -> Result<Conn, StoreError> {
         match self {
-            Connection::Single(manager, coalescer) => {
-                Ok(Conn::Single(manager.clone(), coalescer.clone()))
+            Connection::Single(manager, coalescer, timeout) => {
+                // A timeout past the clock's range is as good as none.
+                let now = Instant::now();
+                let deadline = now
+                    .checked_add(*timeout)
+                    .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365));
+                Ok(Conn::Single(manager.clone(), coalescer.clone(), deadline))
             }
             Connection::Cluster(state) => {
                 if let Some(c) = state
@@ -172,10 +180,10 @@ pub(crate) fn is_noscript(e: &RedisError) -> bool {
 
 impl Conn {
     /// Sends `cmd`: with a standalone Redis, in one write with the calls other tasks make at
-    /// the same time (see `coalesce.rs`).
+    /// the same time, by the handle's deadline (see `coalesce.rs`).
     pub(crate) async fn query(&mut self, cmd: Cmd) -> Result<Value, RedisError> {
         match self {
-            Conn::Single(_, coalescer) => coalescer.call(cmd).await,
+            Conn::Single(_, coalescer, deadline) => coalescer.call(cmd, *deadline).await,
             Conn::Cluster(c) => cmd.query_async(c).await,
         }
     }
@@ -184,7 +192,7 @@ impl Conn {
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
-            Conn::Single(c, _) => c.req_packed_command(cmd),
+            Conn::Single(c, _, _) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -196,14 +204,14 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Single(c, _) => c.req_packed_commands(cmd, offset, count),
+            Conn::Single(c, _, _) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Single(c, _) => c.get_db(),
+            Conn::Single(c, _, _) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
         }
     }
