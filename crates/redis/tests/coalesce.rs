@@ -25,6 +25,16 @@ fn now() -> Timestamp {
     Timestamp::from_system_time(SystemTime::now())
 }
 
+/// A multi-thread runtime with one worker: its LIFO slot is what made the driver write one
+/// command at a time.
+fn one_worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// 100 tasks on one worker thread, 20 decisions each: the store hands their calls to the
 /// connection in batches (which it writes at once), not one by one. Without the coalescer, the
 /// connection's driver ran after each task that handed it a command (tokio's LIFO slot) and
@@ -32,11 +42,7 @@ fn now() -> Timestamp {
 #[test]
 fn concurrent_calls_are_handed_over_in_batches() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = one_worker_runtime();
     runtime.block_on(async {
         let store = common::local_store(&server.url()).await;
         let policy = Policy::new(
@@ -129,11 +135,7 @@ fn a_store_outlives_the_runtime_that_first_used_it() {
 #[test]
 fn each_call_in_a_batch_gets_its_own_answer() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = one_worker_runtime();
     runtime.block_on(async {
         let store = common::local_store(&server.url()).await;
         let policy = Policy::new(
