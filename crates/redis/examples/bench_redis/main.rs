@@ -253,7 +253,8 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let cpu_us = cpu.map_or(f64::NAN, |c| c * 1e6 / all.len().max(1) as f64);
     println!(
         "store {}: {} decisions in {elapsed:.1}s = {:.0} decisions/s, p50 {:.3} ms, p99 {:.3} ms, \
-         client CPU {cpu_us:.2} us/decision, not admitted {denied}, fallbacks {}, errors {}",
+         client CPU {cpu_us:.2} us/decision, not admitted {denied}, fallbacks {}, errors {}, \
+         {:.1} calls per batch",
         args.algorithm,
         all.len(),
         all.len() as f64 / elapsed,
@@ -261,6 +262,7 @@ async fn bench(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         percentile(&all, 0.99).as_secs_f64() * 1e3,
         stats.fallbacks,
         stats.errors,
+        stats.script_calls as f64 / stats.batches.max(1) as f64,
     );
     Ok(())
 }
