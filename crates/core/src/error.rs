@@ -80,10 +80,22 @@ impl StoreError {
     }
 }
 
-/// An error of the [`Limiter`](crate::Limiter).
+/// An error of the [`Limiter`](crate::Limiter): what went wrong is its [`kind`](Error::kind).
+///
+/// One pointer wide, as `std::io::Error` is, so that `Result<Decision, Error>` is a decision with
+/// a spare value for "error" and nothing more. With the kinds inline (40 bytes), a caller that
+/// moved the result copied the error's bytes out of the decision's before testing which it
+/// was; those wide loads over the decision's just-written fields stalled on store forwarding,
+/// about 8% of a memory-store check of a hot key (`perf annotate`, `benches/check.rs`). Errors
+/// are rare; the allocation is on their path only.
+#[derive(thiserror::Error)]
+#[error(transparent)]
+pub struct Error(Box<ErrorKind>);
+
+/// What went wrong, for [`Error::kind`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum ErrorKind {
     /// No policy of that name was registered.
     #[error("unknown policy {0:?}")]
     UnknownPolicy(String),
@@ -109,12 +121,42 @@ pub enum Error {
 }
 
 impl Error {
+    /// What went wrong.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.0
+    }
+
+    /// What went wrong, by value (to take a refused [`Decision`] or a [`StoreError`] out).
+    pub fn into_kind(self) -> ErrorKind {
+        *self.0
+    }
+
     /// Whether the same call may succeed later.
     pub fn is_retryable(&self) -> bool {
-        match self {
-            Error::Refused(d) => d.retry_after.is_some(),
-            Error::Store(e) => e.is_retryable(),
+        match self.kind() {
+            ErrorKind::Refused(d) => d.retry_after.is_some(),
+            ErrorKind::Store(e) => e.is_retryable(),
             _ => false,
         }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl From<ErrorKind> for Error {
+    #[cold]
+    fn from(kind: ErrorKind) -> Self {
+        Error(Box::new(kind))
+    }
+}
+
+impl From<StoreError> for Error {
+    #[cold]
+    fn from(error: StoreError) -> Self {
+        ErrorKind::Store(error).into()
     }
 }

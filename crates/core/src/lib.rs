@@ -53,7 +53,7 @@ pub mod testing;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp, TokioClock};
 pub use decision::{Decision, Decisions, Verdict};
-pub use error::{Error, QuotaError, StoreError};
+pub use error::{Error, ErrorKind, QuotaError, StoreError};
 pub use lease::{DEFAULT_LEASE_TTL, Lease};
 pub use limiter::{Limiter, LimiterBuilder};
 pub use policy::{MAX_POLICY_NAME, Policy, intern};

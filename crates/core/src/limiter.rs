@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::{Check, MemoryStore, Store};
-use crate::{Clock, Decision, Decisions, Error, Policy, SystemClock, Timestamp};
+use crate::{Clock, Decision, Decisions, Error, ErrorKind, Policy, SystemClock, Timestamp};
 
 mod check;
 
@@ -223,7 +223,7 @@ impl<S, C> LimiterBuilder<S, C> {
         let mut seen = std::collections::HashSet::with_capacity(self.policies.len());
         for policy in &self.policies {
             if !seen.insert(policy.name()) {
-                return Err(Error::DuplicatePolicy(policy.name().to_owned()));
+                return Err(ErrorKind::DuplicatePolicy(policy.name().to_owned()).into());
             }
         }
         let policies = Policies::new(self.policies);
@@ -330,7 +330,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     /// party with its own rate limit.
     ///
     /// With a leaky bucket the request is admitted into the queue and this waits for its
-    /// departure time; it fails with [`Error::Refused`] when the queue is full or the wait
+    /// departure time; it fails with [`ErrorKind::Refused`] when the queue is full or the wait
     /// would exceed the bucket's `max_delay`. With the other algorithms it fails at once when
     /// denied; see [`acquire_within`](Self::acquire_within) to wait for them too. If the future
     /// is dropped while waiting, the slot is given back.
@@ -375,7 +375,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
                     self.inner.clock.sleep(wait).await;
                     waited += wait;
                 }
-                _ => return Err(Error::Refused(Box::new(decision))),
+                _ => return Err(ErrorKind::Refused(Box::new(decision)).into()),
             }
         }
     }
@@ -409,16 +409,17 @@ impl<S: Store, C: Clock> Limiter<S, C> {
 
 #[cold]
 fn cost_exceeds_quota(policy: &Policy, cost: u32, max: u32) -> Error {
-    Error::CostExceedsQuota {
+    ErrorKind::CostExceedsQuota {
         policy: policy.name().to_owned(),
         cost,
         max,
     }
+    .into()
 }
 
 #[cold]
 fn unknown_policy(name: &str) -> Error {
-    Error::UnknownPolicy(name.chars().take(128).collect())
+    ErrorKind::UnknownPolicy(name.chars().take(128).collect()).into()
 }
 
 /// Gives a held slot back when [`Limiter::acquire`] is dropped before the slot came.

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use tollgate::{
-    Check, Clock, Error, Limiter, ManualClock, MemoryStore, Policy, Quota, Rate, Timestamp,
+    Check, Clock, Error, ErrorKind, Limiter, ManualClock, MemoryStore, Policy, Quota, Rate,
+    Timestamp,
 };
 
 const START: Timestamp = Timestamp::from_secs(1_800_000_000);
@@ -30,14 +31,17 @@ async fn unknown_policies_and_impossible_costs_are_errors() -> Result<(), Box<dy
     let clock = ManualClock::new(START);
     let limiter = limiter(&clock)?;
     assert!(matches!(
-        limiter.check("nope", "k", 1).await,
-        Err(Error::UnknownPolicy(_))
+        limiter
+            .check("nope", "k", 1)
+            .await
+            .map_err(Error::into_kind),
+        Err(ErrorKind::UnknownPolicy(_))
     ));
     let err = limiter.check("api", "k", 4).await.err();
     assert!(
         matches!(
-            err,
-            Some(Error::CostExceedsQuota {
+            err.as_ref().map(Error::kind),
+            Some(ErrorKind::CostExceedsQuota {
                 cost: 4,
                 max: 3,
                 ..
@@ -56,7 +60,9 @@ async fn duplicate_policy_names_are_rejected() -> Result<(), Box<dyn std::error:
         .policy(Policy::new("twice", q.clone())?)
         .policy(Policy::new("twice", q)?)
         .build();
-    assert!(matches!(built, Err(Error::DuplicatePolicy(name)) if name == "twice"));
+    assert!(
+        matches!(built.map_err(Error::into_kind), Err(ErrorKind::DuplicatePolicy(name)) if name == "twice")
+    );
     Ok(())
 }
 
@@ -113,8 +119,8 @@ async fn acquire_refuses_when_the_queue_is_full() -> Result<(), Box<dyn std::err
         tokio::task::yield_now().await;
     }
     let refused = limiter.acquire("outbound", "t", 1).await;
-    match refused {
-        Err(Error::Refused(d)) => assert_eq!(d.retry_after, Some(Duration::from_millis(100))),
+    match refused.map_err(Error::into_kind) {
+        Err(ErrorKind::Refused(d)) => assert_eq!(d.retry_after, Some(Duration::from_millis(100))),
         other => panic!("expected a refusal, got {other:?}"),
     }
     clock.advance(Duration::from_secs(1));
@@ -155,8 +161,11 @@ async fn acquire_within_waits_for_other_algorithms() -> Result<(), Box<dyn std::
     let limiter = limiter(&clock)?;
     limiter.check("burst", "k", 2).await?;
     assert!(matches!(
-        limiter.acquire("burst", "k", 1).await,
-        Err(Error::Refused(_))
+        limiter
+            .acquire("burst", "k", 1)
+            .await
+            .map_err(Error::into_kind),
+        Err(ErrorKind::Refused(_))
     ));
     let waiter = {
         let limiter = limiter.clone();

@@ -501,7 +501,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
 /// A store that answered a different number of decisions than it was asked for is broken: its
 /// answer is treated as a failure, not trusted.
 fn miscounted() -> Error {
-    Error::Store(tollgate::StoreError::Protocol {
+    Error::from(tollgate::StoreError::Protocol {
         reason: "the store answered a different number of decisions than checks".to_owned(),
     })
 }
@@ -509,7 +509,7 @@ fn miscounted() -> Error {
 /// A store that said it answers immediately left a decision pending: treated as a failure, so
 /// the configured fail mode decides.
 fn pending_immediate_store() -> Error {
-    Error::Store(tollgate::StoreError::Protocol {
+    Error::from(tollgate::StoreError::Protocol {
         reason: "an immediate store left a decision pending".to_owned(),
     })
 }

@@ -123,7 +123,7 @@ async fn check_by_policy(engine: &Engine, obj: &serde_json::Map<String, Value>) 
         Err(e) => return store_failed(&e),
     };
     let Some(d) = decisions.as_slice().first() else {
-        return store_failed(&tollgate::Error::UnknownPolicy(name.to_owned()));
+        return store_failed(&tollgate::ErrorKind::UnknownPolicy(name.to_owned()).into());
     };
     let mut body = decision_json(d);
     if let Some(obj) = body.as_object_mut() {

@@ -10,7 +10,7 @@ use hyper::HeaderMap;
 use hyper::header::HeaderName;
 use tollgate::key_digest::{KeyDigest, MAX_RAW_KEY};
 use tollgate::store::Check;
-use tollgate::{Clock, Decision, Decisions, Error, Quota, Store, SystemClock};
+use tollgate::{Clock, Decision, Decisions, Error, ErrorKind, Quota, Store, SystemClock};
 use tollgate_http::{
     FailMode, HeaderConfig, NormalizedPath, RateLimitHeaders, RequestInfo, RetryAfterFormat,
 };
@@ -249,7 +249,7 @@ impl Engine {
             .policies
             .iter()
             .position(|p| p.name() == pc.name())
-            .ok_or_else(|| Error::UnknownPolicy(pc.name().to_owned()))?;
+            .ok_or_else(|| Error::from(ErrorKind::UnknownPolicy(pc.name().to_owned())))?;
         let hashed;
         let key = if key.len() > MAX_RAW_KEY {
             hashed = long_key_digest().digest(key);

@@ -130,14 +130,14 @@ fn decide_now<S: Store, C: Clock>(
     let future = pin!(limiter.store().apply_one(now, check));
     match future.poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(Ok(decision)) => Ok(decision),
-        Poll::Ready(Err(error)) => Err(Error::Store(error)),
+        Poll::Ready(Err(error)) => Err(error.into()),
         Poll::Pending => Err(broken_promise()),
     }
 }
 
 #[cold]
 fn broken_promise() -> Error {
-    Error::Store(StoreError::Protocol {
+    Error::from(StoreError::Protocol {
         reason: "a store that says it is immediate returned a pending decision".to_owned(),
     })
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::StatusCode;
 use smallvec::SmallVec;
 use tollgate::headers::{aggregate_retry_after, t_secs};
-use tollgate::{Clock, Decision, Decisions, Error, Store};
+use tollgate::{Clock, Decision, Decisions, Error, ErrorKind, Store};
 
 use crate::headers::{Field, HeaderList, PolicyHeaders, render, retry_after, retry_soon, t_of};
 use crate::problem;
@@ -114,8 +114,8 @@ impl<S: Store, C: Clock> Engine<S, C> {
     }
 
     pub(super) fn failed(&self, error: Error, entries: &[Entry]) -> Outcome<S, C> {
-        match error {
-            Error::CostExceedsQuota { policy, .. } => {
+        match error.kind() {
+            ErrorKind::CostExceedsQuota { policy, .. } => {
                 // Cannot happen for configured costs (the builder refuses them); answered as
                 // the SPEC says: 429 with no Retry-After, since waiting never helps.
                 let body = problem::quota_exceeded([policy.as_str()].into_iter(), None);
@@ -126,7 +126,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
                     Verdict::Respond(answer),
                 )
             }
-            error => {
+            _ => {
                 let names: SmallVec<[&str; 4]> = entries
                     .iter()
                     .map(|e| self.inner.policies[e.index].http.policy.name())
