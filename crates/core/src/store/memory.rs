@@ -15,7 +15,9 @@
 //! (`benches/memory_per_key.rs` measures it). The rare state that does not fit a word (a window
 //! under 100 ms, a sliding count over 65,535, a time before 2024) keeps a 16-byte slot beside
 //! the table. The sliding log keeps a 64-byte record per key in a table of its own, with up to
-//! five entries in it and longer logs on the heap (`log`), within a byte budget.
+//! its entries bit-packed in it while they fit (12 for a one-second window, 9 for a minute, 8
+//! for an hour, fewer when costs are not 1) and longer logs on the heap (`log`), within a byte
+//! budget.
 //!
 //! # Concurrency
 //!
@@ -101,9 +103,11 @@ impl MemoryStoreBuilder {
     /// The most bytes the sliding logs hold (default 64 MiB), split evenly over the shards.
     /// Past it, the logs with the least at stake are evicted, never the one being written (so
     /// a shard may exceed its share by one key's log). A log counts 80 bytes (a 64-byte record
-    /// in a table at most four-fifths full) while it holds at most five requests (fewer when a
-    /// merged cost passes 255 or its entries lie more than 71 minutes apart), and 16 bytes more
-    /// per request but the newest, and per free slot of its ring buffer, once it is longer.
+    /// in a table at most four-fifths full) while its entries pack into the record: offsets
+    /// from the oldest as wide as the log's span needs, plus 8 bits each once a cost is not 1,
+    /// in 256 bits (12 requests of a one-second window, 9 of a minute, 8 of an hour; at least
+    /// 4). Once longer, it counts 16 bytes more per request but the newest, and per free slot
+    /// of its ring buffer.
     pub fn max_log_bytes(mut self, bytes: usize) -> Self {
         self.max_log_bytes = bytes;
         self

@@ -1,9 +1,11 @@
 //! The memory store's sliding logs: one 64-byte record per key (a cache line: the key's hash, a
 //! mutex and the log), in an open-addressing table of records.
 //!
-//! A record holds up to [`INLINE`] entries itself, as 32-bit offsets from a base time with 8-bit
-//! costs; a longer log, a merged cost over 255, or entries more than 71 minutes apart spill to a
-//! ring buffer on the heap, and come back inline once the log is short again. The spilled record
+//! A record holds a short log itself, bit-packed (`packed`): offsets from the oldest entry as wide
+//! as the log's span needs, with 8-bit costs only when some cost is not 1. That is 12 entries of
+//! a one-second log, 9 of a minute's, 8 of an hour's (9, 7 and 6 with costs), and never fewer
+//! than [`INLINE`]. A longer log or a merged cost over 255 spills to a ring buffer on the heap,
+//! and comes back inline once the log is short again. The spilled record
 //! keeps the total, the newest entry itself and the ring's bounds, so deciding a request reads
 //! the heap's oldest entry only, and writes a heap slot only when the newest entry moves there
 //! (once per microsecond that saw a request).
@@ -19,14 +21,20 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use super::table::{Keyed, Table};
 use crate::algorithm::{LogEntries, SlidingWindowLog};
 use crate::{Timestamp, Verdict};
+use packed::Packed;
 use ring::HeapEntries;
 
-/// Entries a record holds without the heap.
-pub(super) const INLINE: usize = 5;
+/// Entries a record holds without the heap whatever their span (four entries of 60 bits: 52 of
+/// offset, 8 of cost), with costs up to 255 and times before the year 2112.
+pub(super) const INLINE: usize = 4;
 
-/// A spilled log shorter than this comes back inline (half the inline room, so a log that
-/// hovers at the boundary does not move back and forth on every request).
-const UNSPILL_AT: usize = INLINE / 2;
+/// A spilled log comes back inline once `older` holds fewer entries than this (the log, with
+/// its newest, at most [`INLINE`]), far below where it spilled, so a log that hovers at the
+/// boundary does not move back and forth on every request.
+const UNSPILL_AT: usize = INLINE;
+
+/// The fewest slots a ring buffer has.
+const RING_MIN: usize = 16;
 
 /// What a tracked log costs besides spilled entries: its record, in a table at most four-fifths
 /// full (the least it costs: a table just grown by half is about 53% full).
@@ -38,14 +46,8 @@ const HEAP_ENTRY_BYTES: usize = std::mem::size_of::<(u64, u32)>();
 /// One key's log.
 #[derive(Debug)]
 pub(super) enum CompactLog {
-    /// Entries `0..len`, oldest first, at `base + offsets[i]` microseconds, costing `costs[i]`.
-    Inline {
-        len: u8,
-        costs: [u8; INLINE],
-        total: u32,
-        offsets: [u32; INLINE],
-        base: u64,
-    },
+    /// A short log, bit-packed into the record (`packed`).
+    Inline(Packed),
     /// A longer log: the entries before the newest in `older`, on the heap, oldest first; the
     /// newest at `newest` costing `newest_cost` (0: the log is empty, and so is `older`).
     ///
@@ -64,13 +66,7 @@ pub(super) enum CompactLog {
 
 impl Default for CompactLog {
     fn default() -> Self {
-        CompactLog::Inline {
-            len: 0,
-            costs: [0; INLINE],
-            total: 0,
-            offsets: [0; INLINE],
-            base: 0,
-        }
+        CompactLog::Inline(Packed::default())
     }
 }
 
@@ -78,7 +74,7 @@ impl CompactLog {
     /// Bytes the log holds, its record included.
     pub(super) fn bytes(&self) -> usize {
         match self {
-            CompactLog::Inline { .. } => LOG_KEY_BYTES,
+            CompactLog::Inline(_) => LOG_KEY_BYTES,
             CompactLog::Spilled { older, .. } => {
                 LOG_KEY_BYTES + older.capacity() * HEAP_ENTRY_BYTES
             }
@@ -122,7 +118,7 @@ impl CompactLog {
             if let Some(inline) = self.inlined() {
                 *self = inline;
             }
-        } else if older.capacity() > 2 * INLINE && older.len() * 4 < older.capacity() {
+        } else if older.capacity() > RING_MIN && older.len() * 4 < older.capacity() {
             older.resize(older.len() * 2);
         }
     }
@@ -140,49 +136,10 @@ impl CompactLog {
 
     /// Logs `cost` at `t` inline; false (and nothing changed) when it does not fit.
     fn push_inline(&mut self, t: u64, cost: u32) -> bool {
-        let CompactLog::Inline {
-            len,
-            costs,
-            total,
-            offsets,
-            base,
-        } = self
-        else {
-            return false;
-        };
-        let n = usize::from(*len);
-        if n > 0 && *base + u64::from(offsets[n - 1]) == t {
-            let Ok(merged) = u8::try_from(u64::from(costs[n - 1]) + u64::from(cost)) else {
-                return false;
-            };
-            costs[n - 1] = merged;
-            *total = total.saturating_add(cost);
-            return true;
+        match self {
+            CompactLog::Inline(packed) => packed.push(t, cost),
+            CompactLog::Spilled { .. } => false,
         }
-        let Ok(cost_byte) = u8::try_from(cost) else {
-            return false;
-        };
-        if n == INLINE {
-            return false;
-        }
-        if n == 0 {
-            *base = t;
-        } else if t.saturating_sub(*base) > u64::from(u32::MAX) && offsets[0] > 0 {
-            // Measure from the oldest entry instead: the entries in a window are closer.
-            let shift = offsets[0];
-            for offset in &mut offsets[..n] {
-                *offset -= shift;
-            }
-            *base += u64::from(shift);
-        }
-        let Some(offset) = t.checked_sub(*base).and_then(|d| u32::try_from(d).ok()) else {
-            return false;
-        };
-        offsets[n] = offset;
-        costs[n] = cost_byte;
-        *len += 1;
-        *total = total.saturating_add(cost);
-        true
     }
 
     /// Moves the entries but the newest to the heap.
@@ -200,7 +157,8 @@ impl CompactLog {
 
     fn total32(&self) -> u32 {
         match self {
-            CompactLog::Inline { total, .. } | CompactLog::Spilled { total, .. } => *total,
+            CompactLog::Inline(packed) => u32::try_from(packed.total()).unwrap_or(u32::MAX),
+            CompactLog::Spilled { total, .. } => *total,
         }
     }
 }
@@ -208,15 +166,16 @@ impl CompactLog {
 impl LogEntries for CompactLog {
     #[inline]
     fn total(&self) -> u64 {
-        u64::from(self.total32())
+        match self {
+            CompactLog::Inline(packed) => packed.total(),
+            CompactLog::Spilled { total, .. } => u64::from(*total),
+        }
     }
 
     #[inline]
     fn oldest(&self) -> Option<u64> {
         match self {
-            CompactLog::Inline {
-                len, base, offsets, ..
-            } => (*len > 0).then(|| *base + u64::from(offsets[0])),
+            CompactLog::Inline(packed) => packed.oldest(),
             CompactLog::Spilled {
                 oldest,
                 newest_cost,
@@ -228,12 +187,7 @@ impl LogEntries for CompactLog {
     #[inline]
     fn newest_time(&self) -> Option<u64> {
         match self {
-            CompactLog::Inline {
-                len, base, offsets, ..
-            } => {
-                let last = usize::from(*len).checked_sub(1)?;
-                Some(*base + u64::from(offsets[last]))
-            }
+            CompactLog::Inline(packed) => packed.newest_time(),
             CompactLog::Spilled {
                 newest,
                 newest_cost,
@@ -244,21 +198,12 @@ impl LogEntries for CompactLog {
 
     fn pop_oldest(&mut self) {
         match self {
-            CompactLog::Inline {
-                len,
-                costs,
-                total,
-                offsets,
-                ..
-            } => {
-                let n = usize::from(*len);
-                if n == 0 {
-                    return;
+            CompactLog::Inline(packed) => {
+                if !packed.pop_oldest() {
+                    // Entries logged out of order that do not pack from the next one's time.
+                    self.spill();
+                    self.pop_oldest();
                 }
-                *total -= u32::from(costs[0]);
-                offsets.copy_within(1..n, 0);
-                costs.copy_within(1..n, 0);
-                *len -= 1;
             }
             CompactLog::Spilled {
                 total,
@@ -283,7 +228,7 @@ impl LogEntries for CompactLog {
         if self.push_inline(t, cost) {
             return;
         }
-        if let CompactLog::Inline { .. } = self {
+        if let CompactLog::Inline(_) = self {
             self.spill();
         }
         if let CompactLog::Spilled {
@@ -309,19 +254,8 @@ impl LogEntries for CompactLog {
     fn take_newest(&mut self, cost: u32) {
         let mut left = cost;
         match self {
-            CompactLog::Inline {
-                len, costs, total, ..
-            } => {
-                while left > 0 && *len > 0 {
-                    let c = &mut costs[usize::from(*len) - 1];
-                    let take = left.min(u32::from(*c));
-                    *c -= take as u8;
-                    *total -= take;
-                    left -= take;
-                    if *c == 0 {
-                        *len -= 1;
-                    }
-                }
+            CompactLog::Inline(packed) => {
+                packed.take_newest(left);
             }
             CompactLog::Spilled {
                 total,
@@ -346,42 +280,53 @@ impl LogEntries for CompactLog {
     }
 
     fn entries(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        Entries { log: self, next: 0 }
-    }
-}
-
-/// A log's entries, oldest first.
-struct Entries<'a> {
-    log: &'a CompactLog,
-    next: usize,
-}
-
-impl Iterator for Entries<'_> {
-    type Item = (u64, u32);
-
-    fn next(&mut self) -> Option<(u64, u32)> {
-        let i = self.next;
-        let entry = match self.log {
-            CompactLog::Inline {
-                len,
-                costs,
-                offsets,
-                base,
-                ..
-            } => (i < usize::from(*len))
-                .then(|| (*base + u64::from(offsets[i]), u32::from(costs[i]))),
+        match self {
+            CompactLog::Inline(packed) => Entries::Packed(packed.iter()),
             CompactLog::Spilled {
                 newest_cost,
                 newest,
                 older,
                 ..
-            } => match older.get(i) {
-                Some(entry) => Some(entry),
-                None => (i == older.len() && *newest_cost > 0).then_some((*newest, *newest_cost)),
+            } => Entries::Spilled {
+                older,
+                newest: (*newest_cost > 0).then_some((*newest, *newest_cost)),
+                next: 0,
             },
-        }?;
-        self.next += 1;
-        Some(entry)
+        }
+    }
+}
+
+/// A log's entries, oldest first.
+enum Entries<'a> {
+    Packed(packed::Iter<'a>),
+    Spilled {
+        older: &'a HeapEntries,
+        /// The newest entry, in the record (`None` for an empty log).
+        newest: Option<(u64, u32)>,
+        next: usize,
+    },
+}
+
+impl Iterator for Entries<'_> {
+    type Item = (u64, u32);
+
+    #[inline]
+    fn next(&mut self) -> Option<(u64, u32)> {
+        match self {
+            Entries::Packed(iter) => iter.next(),
+            Entries::Spilled {
+                older,
+                newest,
+                next,
+            } => {
+                let entry = match older.get(*next) {
+                    Some(entry) => entry,
+                    None => newest.take()?,
+                };
+                *next += 1;
+                Some(entry)
+            }
+        }
     }
 }
 
@@ -473,6 +418,7 @@ impl LogTable {
     }
 }
 
+mod packed;
 mod ring;
 #[cfg(test)]
 mod tests;

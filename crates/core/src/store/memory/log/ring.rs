@@ -1,6 +1,6 @@
 //! The ring buffer a spilled sliding log keeps its older entries in.
 
-use super::INLINE;
+use super::RING_MIN;
 
 /// A spilled log's older entries: a ring buffer on the heap whose bounds live in the record,
 /// so a decision that merges into the newest entry, the byte count after it and tidying read
@@ -21,7 +21,7 @@ impl HeapEntries {
             head: 0,
             len: 0,
         };
-        heap.resize(2 * INLINE);
+        heap.resize(RING_MIN);
         for entry in entries {
             heap.push_back(entry);
         }
@@ -58,7 +58,7 @@ impl HeapEntries {
 
     pub(super) fn push_back(&mut self, entry: (u64, u32)) {
         if self.len() == self.capacity() {
-            self.resize((2 * self.capacity()).max(2 * INLINE));
+            self.resize((2 * self.capacity()).max(RING_MIN));
         }
         let at = self.slot(self.len());
         self.slots[at] = entry;

@@ -23,10 +23,24 @@ fn a_record_is_one_cache_line() {
     assert_eq!(std::mem::align_of::<Record>(), 64);
 }
 
+/// Whether a run must see the log spill and come back, or never spill.
+#[derive(Clone, Copy, PartialEq)]
+enum Spills {
+    Never,
+    AndReturns,
+}
+
 /// Random checks and refunds on one key, decided on the compact log and on the algorithm's own
-/// deque, must agree field by field. `costs` and `gaps` pick what spills: long logs (a limit
-/// above [`INLINE`]), merged costs over 255, entries more than 2³² µs apart.
-fn agrees_with_the_deque(limit: u32, window: Duration, max_cost: u64, max_gap: u64, seed: u64) {
+/// deque, must agree field by field. `costs` and `gaps` pick what spills: long logs, merged costs
+/// over 255, entries so far apart that few offsets pack.
+fn agrees_with_the_deque(
+    limit: u32,
+    window: Duration,
+    max_cost: u64,
+    max_gap: u64,
+    seed: u64,
+    spills: Spills,
+) {
     let alg = SlidingWindowLog::new(limit, window).unwrap_or_else(|e| panic!("{e}"));
     let mut compact = CompactLog::default();
     let mut deque = SlidingWindowLogState::default();
@@ -62,35 +76,117 @@ fn agrees_with_the_deque(limit: u32, window: Duration, max_cost: u64, max_gap: u
         spilled += usize::from(!was_spilled && compact.is_spilled());
         returned += usize::from(was_spilled && !compact.is_spilled());
     }
-    if limit as usize > INLINE || max_cost > 255 || max_gap > 1 << 32 {
-        assert!(
+    match spills {
+        Spills::Never => assert_eq!(spilled, 0, "a log that packs spilled"),
+        Spills::AndReturns => assert!(
             spilled > 0 && returned > 0,
             "{spilled} spills, {returned} returns"
-        );
+        ),
     }
 }
 
 #[test]
 fn limits_below_the_inline_room_stay_inline_and_exact() {
-    agrees_with_the_deque(5, Duration::from_millis(700), 3, 300_000, 1);
-    agrees_with_the_deque(7, Duration::from_secs(1), 2, 200_000, 2);
+    // Four entries pack over any span; costs are stored once one is not 1 (same-microsecond
+    // requests merge), and then a minute holds 7 entries, a second 9.
+    agrees_with_the_deque(
+        4,
+        Duration::from_secs(4 * 3600),
+        200,
+        1 << 36,
+        1,
+        Spills::Never,
+    );
+    agrees_with_the_deque(9, Duration::from_secs(1), 2, 200_000, 2, Spills::Never);
+    agrees_with_the_deque(7, Duration::from_secs(60), 1, 20_000_000, 7, Spills::Never);
+    // Every cost 1 and no two requests in one microsecond: a second holds 12 (20-bit offsets).
+    agrees_with_the_deque(12, Duration::from_secs(1), 0, 200_000, 8, Spills::Never);
+}
+
+/// How many entries a record packs, as the docs say: offsets as wide as the span needs, 8 bits
+/// more once a cost is not 1.
+#[test]
+fn a_record_packs_what_the_docs_say() {
+    let start = Timestamp::from_secs(1_800_000_000).as_micros();
+    let packs = |span: u64, first_cost: u32| {
+        let mut log = CompactLog::default();
+        log.push(start, first_cost);
+        // From the second entry on, offsets need the span's full width.
+        let mut n = 1;
+        while !log.is_spilled() {
+            log.push(start + span - 100 + n, 1);
+            n += 1;
+        }
+        n as usize - 1
+    };
+    let (second, minute, hour) = (1_000_000, 60_000_000, 3_600_000_000);
+    assert_eq!(packs(second, 1), 12);
+    assert_eq!(packs(minute, 1), 9);
+    assert_eq!(packs(hour, 1), 8);
+    assert_eq!(packs(second, 2), 9);
+    assert_eq!(packs(minute, 2), 7);
+    assert_eq!(packs(hour, 2), 6);
+    // Four entries pack over any span a time can have.
+    assert!(packs(1 << 51, 255) >= INLINE);
+}
+
+/// Times from the year 2112 on do not pack (the base has 52 bits): such a log lives on the
+/// heap, exactly.
+#[test]
+fn times_past_the_packed_range_spill_exactly() {
+    let mut log = CompactLog::default();
+    let t = (1 << 52) + 5;
+    log.push(t, 1);
+    log.push(t + 1, 3);
+    assert!(log.is_spilled());
+    assert_eq!(log.entries().collect::<Vec<_>>(), vec![(t, 1), (t + 1, 3)]);
+    assert_eq!(log.total(), 4);
 }
 
 #[test]
 fn longer_logs_spill_and_come_back_exactly() {
-    agrees_with_the_deque(40, Duration::from_millis(500), 3, 40_000, 3);
-    agrees_with_the_deque(1_000, Duration::from_secs(2), 1, 20_000, 4);
+    agrees_with_the_deque(
+        40,
+        Duration::from_millis(500),
+        3,
+        40_000,
+        3,
+        Spills::AndReturns,
+    );
+    agrees_with_the_deque(
+        1_000,
+        Duration::from_secs(2),
+        1,
+        20_000,
+        4,
+        Spills::AndReturns,
+    );
 }
 
 #[test]
 fn large_costs_spill_and_come_back_exactly() {
-    agrees_with_the_deque(2_000, Duration::from_millis(300), 600, 100_000, 5);
+    agrees_with_the_deque(
+        2_000,
+        Duration::from_millis(300),
+        600,
+        100_000,
+        5,
+        Spills::AndReturns,
+    );
 }
 
 #[test]
 fn entries_far_apart_spill_and_come_back_exactly() {
-    // A three-hour window: entries more than 71 minutes apart do not fit 32-bit offsets.
-    agrees_with_the_deque(6, Duration::from_secs(3 * 3600), 2, 6_000_000_000, 6);
+    // A three-hour window with entries up to 100 minutes apart: offsets of 33 bits, and with
+    // costs 41 bits an entry, so six pack and the seventh spills.
+    agrees_with_the_deque(
+        9,
+        Duration::from_secs(3 * 3600),
+        2,
+        6_000_000_000,
+        6,
+        Spills::AndReturns,
+    );
 }
 
 #[test]
@@ -211,11 +307,13 @@ fn inline_logs_stay_within_the_budget_and_keep_the_denied_key() {
 /// there and leave the deque alone, and a later one moves it to the deque.
 #[test]
 fn a_spilled_log_merges_same_microsecond_requests_in_the_record() {
+    // More entries than a record packs, a microsecond apart.
+    const LONG: usize = packed::MAX_LEN + 2;
     let alg =
         SlidingWindowLog::new(1_000_000, Duration::from_secs(1)).unwrap_or_else(|e| panic!("{e}"));
     let mut log = CompactLog::default();
     let start = Timestamp::from_secs(1_800_000_000);
-    for i in 0..INLINE as u64 + 2 {
+    for i in 0..LONG as u64 {
         log.step(
             &alg,
             start.saturating_add(Duration::from_micros(i)),
@@ -225,24 +323,24 @@ fn a_spilled_log_merges_same_microsecond_requests_in_the_record() {
     }
     let older_len = |log: &CompactLog| match log {
         CompactLog::Spilled { older, .. } => older.len(),
-        CompactLog::Inline { .. } => panic!("a log of {} entries is inline", INLINE + 2),
+        CompactLog::Inline(_) => panic!("a log of {LONG} entries is inline"),
     };
-    assert_eq!(older_len(&log), INLINE + 1);
-    let last = start.saturating_add(Duration::from_micros(INLINE as u64 + 1));
+    assert_eq!(older_len(&log), LONG - 1);
+    let last = start.saturating_add(Duration::from_micros(LONG as u64 - 1));
     for _ in 0..100 {
         log.step(&alg, last, 1, true);
     }
     assert_eq!(
         older_len(&log),
-        INLINE + 1,
+        LONG - 1,
         "same-microsecond requests stay in the record"
     );
     assert_eq!(log.newest_time(), Some(last.as_micros()));
-    assert_eq!(log.total(), INLINE as u64 + 2 + 100);
+    assert_eq!(log.total(), LONG as u64 + 100);
     log.step(&alg, last.saturating_add(Duration::from_micros(1)), 1, true);
-    assert_eq!(older_len(&log), INLINE + 2);
+    assert_eq!(older_len(&log), LONG);
     assert_eq!(log.entries().last(), Some((last.as_micros() + 1, 1)));
-    assert_eq!(log.entries().nth(INLINE + 1), Some((last.as_micros(), 101)));
+    assert_eq!(log.entries().nth(LONG - 1), Some((last.as_micros(), 101)));
 }
 
 /// The ring of a spilled log against `VecDeque`, through growth, wrap-around and shrinking.
