@@ -232,8 +232,9 @@ impl Packed {
     /// Takes up to `cost` out of the newest entries; returns what it could not take.
     pub(super) fn take_newest(&mut self, cost: u32) -> u32 {
         let mut left = cost;
-        // Fewer or cheaper entries always pack again: the rebuild cannot fail.
-        self.rebuild(|entries| {
+        // Fewer or cheaper entries always pack again, so this rebuild does not fail; if it
+        // did, nothing would be taken, and the caller told so.
+        let taken = self.rebuild(|entries| {
             while left > 0 {
                 let Some(last) = entries.last_mut() else {
                     break;
@@ -246,7 +247,7 @@ impl Packed {
                 }
             }
         });
-        left
+        if taken { left } else { cost }
     }
 
     /// Packs the entries again, `change`d, as narrow as they allow; false, and nothing changed,
@@ -307,5 +308,86 @@ impl Iterator for Iter<'_> {
             1
         };
         Some((self.base + (field & mask(self.width)), cost))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One operation on a log: log `cost` after a gap of `gap` µs, drop the oldest, or take
+    /// `cost` back from the newest.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Push { gap: u64, cost: u32 },
+        PopOldest,
+        TakeNewest(u32),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let gap = prop_oneof![Just(0u64), 0..1_000u64, 0..(1u64 << 24), 0..(1u64 << 40)];
+        let cost = prop_oneof![Just(1u32), 0..4u32, 200..300u32];
+        prop_oneof![
+            6 => (gap, cost).prop_map(|(gap, cost)| Op::Push { gap, cost }),
+            1 => Just(Op::PopOldest),
+            1 => (0..6u32).prop_map(Op::TakeNewest),
+        ]
+    }
+
+    proptest! {
+        /// Against a plain list: the same entries after every operation, and a push that does
+        /// not fit changes nothing.
+        #[test]
+        fn packs_as_a_list(start in 0u64..(1 << 51), ops in prop::collection::vec(op(), 1..80)) {
+            let mut packed = Packed::default();
+            let mut list: Vec<(u64, u32)> = Vec::new();
+            let mut now = start;
+            for op in ops {
+                match op {
+                    Op::Push { gap, cost } => {
+                        now += gap;
+                        let before = packed;
+                        if packed.push(now, cost) {
+                            match list.last_mut() {
+                                Some(last) if last.0 == now => last.1 += cost,
+                                _ => list.push((now, cost)),
+                            }
+                        } else {
+                            prop_assert_eq!(packed, before, "a refused push changed the log");
+                            let merged = list.last().filter(|l| l.0 == now).map(|l| l.1 + cost);
+                            // Refused only for a reason: too many, too wide or too costly.
+                            prop_assert!(
+                                list.len() >= 4 || merged.unwrap_or(cost) > MAX_COST,
+                                "refused at {} entries: {:?}", list.len(), list
+                            );
+                        }
+                    }
+                    Op::PopOldest => {
+                        prop_assert!(packed.pop_oldest());
+                        if !list.is_empty() {
+                            list.remove(0);
+                        }
+                    }
+                    Op::TakeNewest(cost) => {
+                        let mut left = cost;
+                        while left > 0 {
+                            let Some(last) = list.last_mut() else { break };
+                            let take = left.min(last.1);
+                            last.1 -= take;
+                            left -= take;
+                            if last.1 == 0 {
+                                list.pop();
+                            }
+                        }
+                        prop_assert_eq!(packed.take_newest(cost), left);
+                    }
+                }
+                prop_assert_eq!(packed.iter().collect::<Vec<_>>(), list.clone());
+                prop_assert_eq!(packed.total(), list.iter().map(|e| u64::from(e.1)).sum::<u64>());
+                prop_assert_eq!(packed.oldest(), list.first().map(|e| e.0));
+                prop_assert_eq!(packed.newest_time(), list.last().map(|e| e.0));
+            }
+        }
     }
 }
