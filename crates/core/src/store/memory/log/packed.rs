@@ -55,6 +55,25 @@ fn width_of(offset: u64) -> u32 {
     u64::BITS - offset.leading_zeros()
 }
 
+/// The bits of one entry: its offset, and its cost when costs are stored.
+#[inline(always)]
+fn entry_width(width: u32, costed: bool) -> u32 {
+    width + if costed { COST_BITS } else { 0 }
+}
+
+/// An entry's field: the offset in the low `width` bits, the cost above it when stored.
+#[inline(always)]
+fn encode(offset: u64, cost: u32, width: u32, costed: bool) -> u64 {
+    offset | if costed { u64::from(cost) << width } else { 0 }
+}
+
+/// An entry's field read back as (offset, cost).
+#[inline(always)]
+fn decode(field: u64, width: u32, costed: bool) -> (u64, u32) {
+    let cost = if costed { (field >> width) as u32 } else { 1 };
+    (field & mask(width), cost)
+}
+
 impl Packed {
     #[inline(always)]
     fn base(&self) -> u64 {
@@ -78,7 +97,7 @@ impl Packed {
 
     #[inline(always)]
     fn entry_bits(&self) -> u32 {
-        self.width() + if self.costed() { COST_BITS } else { 0 }
+        entry_width(self.width(), self.costed())
     }
 
     fn set_head(&mut self, base: u64, len: usize, width: u32, costed: bool) {
@@ -124,14 +143,12 @@ impl Packed {
     /// Entry `i` (below the length) as (offset from the base, cost).
     #[inline(always)]
     fn entry(&self, i: usize) -> (u64, u32) {
-        let (width, bits) = (self.width(), self.entry_bits());
-        let field = self.field(i as u32 * bits, bits);
-        let cost = if self.costed() {
-            (field >> width) as u32
-        } else {
-            1
-        };
-        (field & mask(width), cost)
+        let bits = self.entry_bits();
+        decode(
+            self.field(i as u32 * bits, bits),
+            self.width(),
+            self.costed(),
+        )
     }
 
     /// The entries as (time, cost), oldest first.
@@ -202,15 +219,14 @@ impl Packed {
         };
         let width = self.width().max(width_of(offset));
         let costed = self.costed() || cost != 1;
-        let bits = width + if costed { COST_BITS } else { 0 };
+        let bits = entry_width(width, costed);
         if width > BASE_BITS || len == MAX_LEN || (len as u32 + 1) * bits > ENTRY_ROOM {
             return false;
         }
         if width != self.width() || costed != self.costed() {
             self.repack(width, costed);
         }
-        let value = offset | if costed { u64::from(cost) << width } else { 0 };
-        self.put_field(len as u32 * bits, bits, value);
+        self.put_field(len as u32 * bits, bits, encode(offset, cost, width, costed));
         self.set_len(len + 1);
         true
     }
@@ -275,8 +291,7 @@ impl Packed {
         self.set_head(base, len, width, costed);
         let bits = self.entry_bits();
         for (i, (offset, cost)) in entries.into_iter().enumerate() {
-            let value = offset | if costed { u64::from(cost) << width } else { 0 };
-            self.put_field(i as u32 * bits, bits, value);
+            self.put_field(i as u32 * bits, bits, encode(offset, cost, width, costed));
         }
     }
 }
@@ -302,12 +317,8 @@ impl Iterator for Iter<'_> {
         }
         let field = self.packed.field(self.next as u32 * self.bits, self.bits);
         self.next += 1;
-        let cost = if self.costed {
-            (field >> self.width) as u32
-        } else {
-            1
-        };
-        Some((self.base + (field & mask(self.width)), cost))
+        let (offset, cost) = decode(field, self.width, self.costed);
+        Some((self.base + offset, cost))
     }
 }
 
