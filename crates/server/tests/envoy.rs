@@ -33,9 +33,12 @@ fn request(domain: &str, key: &str, value: &str) -> RateLimitRequest {
     }
 }
 
-fn limit_yaml(domain: &str, per_minute: u32) -> String {
+/// One `api_key` limit per hour. Envoy's windows are fixed and aligned to the clock: with a
+/// minute's, a test that straddled a minute boundary saw its counters reset mid-test (a key
+/// asserted over its limit after a reload was admitted again).
+fn limit_yaml(domain: &str, per_hour: u32) -> String {
     format!(
-        "domain: {domain}\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: minute\n      requests_per_unit: {per_minute}\n"
+        "domain: {domain}\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: hour\n      requests_per_unit: {per_hour}\n"
     )
 }
 
