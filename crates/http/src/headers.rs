@@ -6,10 +6,10 @@
 //! policy (its quoted name, its `RateLimit-Policy` item) is rendered once when the engine is
 //! built; a request only formats its numbers, mostly from a table of rendered ones.
 
+use std::io::Write as _;
 use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
-use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
 use tollgate::headers as fields;
 use tollgate::{Decision, Policy, Timestamp};
@@ -77,9 +77,10 @@ impl Default for HeaderConfig {
     }
 }
 
-/// A policy's header text, rendered once by [`tollgate::headers`] and interned: the text is
-/// `'static`, so a response refers to it without copying it or touching a reference count.
-#[derive(Clone, Debug)]
+/// A policy's header text, rendered once by [`tollgate::headers`] and interned, as the text in
+/// it is: a response refers to it with one word, without copying it or touching a reference
+/// count.
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct PolicyHeaders {
     /// `"name"`: a structured-field string.
     pub(crate) quoted_name: &'static str,
@@ -93,7 +94,9 @@ pub(crate) struct PolicyHeaders {
 }
 
 impl PolicyHeaders {
-    pub(crate) fn new(policy: &Policy) -> Result<Self, ConfigError> {
+    /// The text of `policy`'s headers. Interned: policies (and key overrides) with the same
+    /// name and quota share one, so reloads and overrides add nothing once seen.
+    pub(crate) fn new(policy: &Policy) -> Result<&'static Self, ConfigError> {
         let name = policy.name();
         let quoted = fields::quoted(name).ok_or_else(|| {
             ConfigError::new(
@@ -107,13 +110,30 @@ impl PolicyHeaders {
         let limit = u64::from(quota.limit());
         let mut digits = String::new();
         fields::write_u64(&mut digits, limit);
-        Ok(PolicyHeaders {
+        Ok(intern(PolicyHeaders {
             quoted_name: tollgate::intern(&quoted),
             policy_item: tollgate::intern(&item),
             limit,
             limit_text: tollgate::intern(&digits),
-        })
+        }))
     }
+}
+
+/// `text`, leaked once per distinct value.
+fn intern(text: PolicyHeaders) -> &'static PolicyHeaders {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock, PoisonError};
+    static TEXTS: OnceLock<Mutex<HashSet<&'static PolicyHeaders>>> = OnceLock::new();
+    let mut texts = TEXTS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(&known) = texts.get(&text) {
+        return known;
+    }
+    let leaked: &'static PolicyHeaders = Box::leak(Box::new(text));
+    texts.insert(leaked);
+    leaked
 }
 
 /// Which header a [`Field`] is: only these six are ever set.
@@ -128,6 +148,16 @@ pub(crate) enum Which {
 }
 
 impl Which {
+    /// The order fields are written in.
+    pub(crate) const ORDER: [Which; 6] = [
+        Which::Limit,
+        Which::Remaining,
+        Which::Reset,
+        Which::Policy,
+        Which::RateLimit,
+        Which::RetryAfter,
+    ];
+
     /// The header's name, lower case as HTTP/2 and most servers write it.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
@@ -168,8 +198,8 @@ impl Which {
 /// What a [`Field`] holds: numbers stay numbers until the field is written. A server that
 /// writes HTTP/1.1 itself formats them straight into its output buffer, with no allocation;
 /// everyone else gets a `HeaderValue` made when asked for ([`Field::header_value`]).
-#[derive(Clone, Debug)]
-pub(crate) enum Value {
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Value<'a> {
     /// An integer in decimal.
     Number(u64),
     /// Text fixed per policy (interned) or per process.
@@ -180,30 +210,28 @@ pub(crate) enum Value {
         r: u64,
         t: u64,
     },
-    /// Text made for this response (several policies' items joined, an HTTP date).
-    Text(HeaderValue),
+    /// Several policies' `RateLimit-Policy` items, joined by the list separator.
+    Items(&'a [&'static PolicyHeaders]),
+    /// An HTTP date, this many seconds after the epoch.
+    Date(u64),
 }
 
-/// One rate-limit header of a response.
-#[derive(Clone, Debug)]
-pub(crate) struct Field {
+/// One rate-limit header of a response, made from a [`HeaderList`] as it is written.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Field<'a> {
     pub(crate) which: Which,
-    pub(crate) value: Value,
+    pub(crate) value: Value<'a>,
 }
 
-impl Field {
-    fn new(which: Which, value: Value) -> Self {
-        Field { which, value }
-    }
-
+impl Field<'_> {
     /// The value as a `HeaderValue` (for a `HeaderMap`).
     pub(crate) fn header_value(&self) -> HeaderValue {
-        match &self.value {
+        match self.value {
             // The reset's epoch second repeats from one request to the next.
-            Value::Number(n) if self.which == Which::Reset => recent_number(*n),
-            Value::Number(n) => number(*n),
+            Value::Number(n) if self.which == Which::Reset => recent_number(n),
+            Value::Number(n) => number(n),
             Value::Static(s) => HeaderValue::from_static(s),
-            Value::Item { .. } => {
+            Value::Item { .. } | Value::Items(_) | Value::Date(_) => {
                 // Written into this thread's buffer by the one formatter, and copied once into
                 // an exactly sized value: one allocation.
                 let value = SCRATCH.try_with(|scratch| {
@@ -217,99 +245,252 @@ impl Field {
                     .flatten()
                     .unwrap_or_else(|| HeaderValue::from_static(""))
             }
-            Value::Text(v) => v.clone(),
         }
     }
 
     /// Appends the value's bytes to `out`.
     pub(crate) fn write_value(&self, out: &mut Vec<u8>) {
-        match &self.value {
-            Value::Number(n) => fields::write_decimal(out, *n),
+        match self.value {
+            Value::Number(n) => fields::write_decimal(out, n),
             Value::Static(s) => out.extend_from_slice(s.as_bytes()),
             Value::Item { quoted, r, t } => {
                 out.extend_from_slice(quoted.as_bytes());
                 out.extend_from_slice(b";r=");
-                fields::write_decimal(out, *r);
+                fields::write_decimal(out, r);
                 out.extend_from_slice(b";t=");
-                fields::write_decimal(out, *t);
+                fields::write_decimal(out, t);
             }
-            Value::Text(v) => out.extend_from_slice(v.as_bytes()),
+            Value::Items(items) => {
+                for (i, text) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.extend_from_slice(fields::LIST_SEPARATOR.as_bytes());
+                    }
+                    out.extend_from_slice(text.policy_item.as_bytes());
+                }
+            }
+            Value::Date(secs) => {
+                // HTTP dates end with the year 9999; `httpdate` refuses later ones.
+                let at = UNIX_EPOCH + Duration::from_secs(secs.min(LAST_HTTP_DATE));
+                // Writing to a `Vec` cannot fail.
+                let _ = write!(out, "{}", httpdate::HttpDate::from(at));
+            }
         }
     }
 }
 
-/// The headers of one response, in order.
-pub(crate) type HeaderList = smallvec::SmallVec<[Field; 6]>;
+/// 9999-12-31T23:59:59Z, the last second an HTTP date can name, in seconds after the epoch.
+const LAST_HTTP_DATE: u64 = 253_402_300_799;
 
-/// Appends `fields` to `out` as HTTP/1.1 header lines (`name: value` and CRLF each).
-pub(crate) fn write_lines(fields: &[Field], out: &mut Vec<u8>) {
-    for f in fields {
+/// `Retry-After`, when a response carries it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Retry {
+    #[default]
+    None,
+    /// Whole seconds.
+    Seconds(u64),
+    /// An HTTP date, this many seconds after the epoch.
+    Date(u64),
+}
+
+/// The rate-limit headers of one response, kept as what they are written from: the numbers of
+/// the most restrictive decision and references to the policies' interned text. The fields
+/// themselves ([`HeaderList::fields`]) are made as they are written.
+///
+/// Small on purpose (80 bytes, no allocation for one or two policies): a tower response future
+/// carries it while the inner service runs, and every byte of it is moved with the future.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct HeaderList {
+    /// The policies `RateLimit-Policy` lists, in order; empty when no decision is reported.
+    policies: smallvec::SmallVec<[&'static PolicyHeaders; 2]>,
+    /// The most restrictive decision's policy text (its quoted name for `RateLimit`).
+    worst: Option<&'static PolicyHeaders>,
+    /// Its limit, remaining count, `X-RateLimit-Reset` and `RateLimit`'s `t`.
+    limit: u64,
+    remaining: u64,
+    reset: u64,
+    t: u64,
+    /// `Retry-After`'s seconds or date (see `retry_date`).
+    retry: u64,
+    has_retry: bool,
+    retry_date: bool,
+    /// Which families to write (the `[headers]` config), and whether `reset` is written.
+    legacy: bool,
+    ietf: bool,
+    has_reset: bool,
+}
+
+impl HeaderList {
+    /// No headers.
+    pub(crate) fn new() -> Self {
+        HeaderList::default()
+    }
+
+    /// Only `Retry-After: 1`, for an answer that asks for a retry soon without a decision
+    /// behind it.
+    pub(crate) fn retry_soon() -> Self {
+        let mut list = HeaderList::default();
+        list.set_retry(Retry::Seconds(1));
+        list
+    }
+
+    /// Adds `Retry-After`, after the other fields.
+    pub(crate) fn set_retry(&mut self, retry: Retry) {
+        (self.has_retry, self.retry_date, self.retry) = match retry {
+            Retry::None => (false, false, 0),
+            Retry::Seconds(secs) => (true, false, secs),
+            Retry::Date(at) => (true, true, at),
+        };
+    }
+
+    /// `Retry-After`, if the list has it.
+    pub(crate) fn retry(&self) -> Retry {
+        match (self.has_retry, self.retry_date) {
+            (false, _) => Retry::None,
+            (true, false) => Retry::Seconds(self.retry),
+            (true, true) => Retry::Date(self.retry),
+        }
+    }
+
+    /// The `t` the `RateLimit` field reports, if the list has that field.
+    pub(crate) fn t(&self) -> Option<u64> {
+        (self.ietf && self.worst.is_some()).then_some(self.t)
+    }
+
+    /// The fields, in order: `X-RateLimit-Limit`, `-Remaining`, `-Reset`, `RateLimit-Policy`,
+    /// `RateLimit`, `Retry-After`, each when configured and known. Made one at a time, as they
+    /// are written: nothing is collected.
+    pub(crate) fn fields(&self) -> Fields<'_> {
+        Fields {
+            list: self,
+            next: 0,
+        }
+    }
+
+    /// The `which` field, if the list has it.
+    fn field(&self, which: Which) -> Option<Field<'_>> {
+        let value = match which {
+            Which::RetryAfter => match self.retry() {
+                Retry::None => return None,
+                Retry::Seconds(secs) => Value::Number(secs),
+                Retry::Date(at) => Value::Date(at),
+            },
+            Which::Limit | Which::Remaining | Which::Reset if !self.legacy => return None,
+            Which::Policy | Which::RateLimit if !self.ietf => return None,
+            Which::Limit => {
+                let worst = self.worst?;
+                if self.limit == worst.limit {
+                    Value::Static(worst.limit_text)
+                } else {
+                    Value::Number(self.limit)
+                }
+            }
+            Which::Remaining => {
+                self.worst?;
+                Value::Number(self.remaining)
+            }
+            Which::Reset => {
+                self.worst?;
+                if !self.has_reset {
+                    return None;
+                }
+                Value::Number(self.reset)
+            }
+            Which::Policy => {
+                self.worst?;
+                match self.policies.as_slice() {
+                    [only] => Value::Static(only.policy_item),
+                    many => Value::Items(many),
+                }
+            }
+            Which::RateLimit => Value::Item {
+                quoted: self.worst?.quoted_name,
+                r: self.remaining,
+                t: self.t,
+            },
+        };
+        Some(Field { which, value })
+    }
+
+    /// Whether there are none.
+    pub(crate) fn is_empty(&self) -> bool {
+        !self.has_retry && (self.worst.is_none() || !(self.legacy || self.ietf))
+    }
+}
+
+/// The fields of a [`HeaderList`], made as they are asked for.
+#[derive(Clone, Debug)]
+pub(crate) struct Fields<'a> {
+    list: &'a HeaderList,
+    /// The position in [`Which::ORDER`] to look at next.
+    next: usize,
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Field<'a>;
+
+    fn next(&mut self) -> Option<Field<'a>> {
+        while let Some(&which) = Which::ORDER.get(self.next) {
+            self.next += 1;
+            if let Some(field) = self.list.field(which) {
+                return Some(field);
+            }
+        }
+        None
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = Which::ORDER
+            .get(self.next..)
+            .unwrap_or_default()
+            .iter()
+            .filter(|&&which| self.list.field(which).is_some())
+            .count();
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for Fields<'_> {}
+
+/// Appends `list`'s fields to `out` as HTTP/1.1 header lines (`name: value` and CRLF each).
+pub(crate) fn write_lines(list: &HeaderList, out: &mut Vec<u8>) {
+    for f in list.fields() {
         out.extend_from_slice(f.which.line_start());
         f.write_value(out);
         out.extend_from_slice(b"\r\n");
     }
 }
 
-/// Writes the headers for `decisions` (with their policies' rendered text) into `out`.
+/// The headers for `decisions` (with their policies' text).
 pub(crate) fn render(
     config: &HeaderConfig,
     now: Timestamp,
-    items: &[(&Decision, &PolicyHeaders)],
-    out: &mut HeaderList,
-) {
+    items: &[(&Decision, &'static PolicyHeaders)],
+) -> HeaderList {
     let Some(&(worst, worst_text)) = items
         .iter()
         .min_by(|(a, _), (b, _)| fields::cmp_restrictive(a, b))
     else {
-        return;
+        return HeaderList::new();
     };
-    if config.legacy {
-        let reset = config.reset_format.reset_secs(now, worst);
-        let limit = if worst.limit == worst_text.limit {
-            Value::Static(worst_text.limit_text)
-        } else {
-            Value::Number(worst.limit)
-        };
-        out.push(Field::new(Which::Limit, limit));
-        out.push(Field::new(Which::Remaining, Value::Number(worst.remaining)));
-        if let Some(reset) = reset {
-            out.push(Field::new(Which::Reset, Value::Number(reset)));
-        }
+    let reset = if config.legacy {
+        config.reset_format.reset_secs(now, worst)
+    } else {
+        None
+    };
+    HeaderList {
+        policies: items.iter().map(|&(_, text)| text).collect(),
+        worst: Some(worst_text),
+        limit: worst.limit,
+        remaining: worst.remaining,
+        reset: reset.unwrap_or(0),
+        t: fields::t_secs(worst),
+        retry: 0,
+        has_retry: false,
+        retry_date: false,
+        legacy: config.legacy,
+        ietf: config.ietf,
+        has_reset: reset.is_some(),
     }
-    if config.ietf {
-        let policy = if let [(_, only)] = items {
-            Value::Static(only.policy_item)
-        } else {
-            let mut joined = String::with_capacity(items.len() * 32);
-            for (i, (_, text)) in items.iter().enumerate() {
-                if i > 0 {
-                    joined.push_str(fields::LIST_SEPARATOR);
-                }
-                joined.push_str(text.policy_item);
-            }
-            match HeaderValue::from_maybe_shared(Bytes::from(joined)) {
-                Ok(v) => Value::Text(v),
-                Err(_) => return,
-            }
-        };
-        out.push(Field::new(Which::Policy, policy));
-        out.push(Field::new(
-            Which::RateLimit,
-            Value::Item {
-                quoted: worst_text.quoted_name,
-                r: worst.remaining,
-                t: fields::t_secs(worst),
-            },
-        ));
-    }
-}
-
-/// The `t` of the `RateLimit` field among `fields`, if there is one.
-pub(crate) fn t_of(fields: &[Field]) -> Option<u64> {
-    fields.iter().find_map(|f| match f.value {
-        Value::Item { t, .. } if f.which == Which::RateLimit => Some(t),
-        _ => None,
-    })
 }
 
 thread_local! {
@@ -372,32 +553,23 @@ fn recent_number(n: u64) -> HeaderValue {
     .unwrap_or_else(|_| number(n))
 }
 
-/// The `Retry-After` field for a wait of `wait`, and its whole seconds: rounded up, at least
-/// 1, and not earlier than `floor_secs` (the `t` the `RateLimit` field reports).
+/// `Retry-After` for a wait of `wait`, and its whole seconds: rounded up, at least 1, and not
+/// earlier than `floor_secs` (the `t` the `RateLimit` field reports).
 pub(crate) fn retry_after(
     format: RetryAfterFormat,
     now: Timestamp,
     wait: Duration,
     floor_secs: u64,
-) -> (u64, Field) {
+) -> (u64, Retry) {
     let secs = fields::retry_after_secs(wait, floor_secs);
-    let value = match format {
-        RetryAfterFormat::Seconds => Value::Number(secs),
-        RetryAfterFormat::HttpDate => {
-            // Whole seconds after now, rounded up, so the date is never earlier than the wait.
-            let at = UNIX_EPOCH
-                + Duration::from_secs(fields::ceil_secs(Duration::from_micros(now.as_micros())))
-                + Duration::from_secs(secs);
-            let text = httpdate::fmt_http_date(at.max(SystemTime::UNIX_EPOCH));
-            HeaderValue::from_str(&text).map_or(Value::Number(secs), Value::Text)
-        }
+    let retry = match format {
+        RetryAfterFormat::Seconds => Retry::Seconds(secs),
+        // Whole seconds after now, rounded up, so the date is never earlier than the wait.
+        RetryAfterFormat::HttpDate => Retry::Date(
+            fields::ceil_secs(Duration::from_micros(now.as_micros())).saturating_add(secs),
+        ),
     };
-    (secs, Field::new(Which::RetryAfter, value))
-}
-
-/// `Retry-After: 1`, for an answer that asks for a retry soon without a decision behind it.
-pub(crate) fn retry_soon() -> Field {
-    Field::new(Which::RetryAfter, Value::Static("1"))
+    (secs, retry)
 }
 
 #[cfg(test)]
@@ -436,68 +608,200 @@ mod tests {
         }
     }
 
+    /// A list with only `retry` in it, written as HTTP/1.1 and as a `HeaderValue`.
+    fn retry_text(retry: Retry) -> (String, Option<String>) {
+        let mut list = HeaderList::new();
+        list.set_retry(retry);
+        let mut lines = Vec::new();
+        write_lines(&list, &mut lines);
+        let value = list
+            .fields()
+            .next()
+            .and_then(|f| f.header_value().to_str().ok().map(str::to_owned));
+        (String::from_utf8_lossy(&lines).into_owned(), value)
+    }
+
     #[test]
     fn retry_after_in_seconds_and_as_a_date() {
-        let (secs, v) = retry_after(
+        let (secs, retry) = retry_after(
             RetryAfterFormat::Seconds,
             Timestamp::from_secs(0),
             Duration::ZERO,
             0,
         );
-        assert_eq!((secs, v.header_value().to_str().ok()), (1, Some("1")));
-        let (_, v) = retry_after(
+        assert_eq!((secs, retry), (1, Retry::Seconds(1)));
+        assert_eq!(
+            retry_text(retry),
+            ("retry-after: 1\r\n".into(), Some("1".into()))
+        );
+        let (_, retry) = retry_after(
             RetryAfterFormat::HttpDate,
             Timestamp::from_secs(784_111_777),
             Duration::from_millis(1),
             0,
         );
+        let date = "Sun, 06 Nov 1994 08:49:38 GMT";
         assert_eq!(
-            v.header_value().to_str().ok(),
-            Some("Sun, 06 Nov 1994 08:49:38 GMT")
+            retry_text(retry),
+            (format!("retry-after: {date}\r\n"), Some(date.into()))
+        );
+        // Past what an HTTP date can name: the last one, not a panic.
+        let (_, far) = retry_text(Retry::Date(u64::MAX));
+        assert_eq!(far.as_deref(), Some("Fri, 31 Dec 9999 23:59:59 GMT"));
+        assert_eq!(
+            retry_text(HeaderList::retry_soon().retry()),
+            ("retry-after: 1\r\n".into(), Some("1".into()))
         );
     }
 
-    /// Both ways out (a `HeaderValue`, bytes written for HTTP/1.1) carry the same text.
+    fn text(name: &str, limit: u32) -> &'static PolicyHeaders {
+        let quota = tollgate::Quota::fixed_window(limit, Duration::from_secs(60));
+        let policy = quota.and_then(|q| Policy::new(name, q));
+        match policy.ok().map(|p| PolicyHeaders::new(&p)) {
+            Some(Ok(text)) => text,
+            _ => panic!("a valid policy"),
+        }
+    }
+
+    fn decision(policy: &'static str, limit: u64, remaining: u64, reset_secs: u64) -> Decision {
+        Decision {
+            policy,
+            allowed: true,
+            limit,
+            remaining,
+            reset: Duration::from_secs(reset_secs),
+            retry_after: None,
+            delay: None,
+        }
+    }
+
+    /// Both ways out (a `HeaderValue`, bytes written for HTTP/1.1) carry the same text, for one
+    /// policy and for several, every family on.
     #[test]
     fn header_values_and_written_lines_agree() {
-        let fields = [
-            Field::new(Which::Limit, Value::Static("100")),
-            Field::new(Which::Remaining, Value::Number(0)),
-            Field::new(Which::Remaining, Value::Number(u64::MAX)),
-            Field::new(Which::Reset, Value::Number(1_700_000_000)),
-            Field::new(Which::Policy, Value::Static("\"api\";q=100;w=60")),
-            Field::new(
-                Which::RateLimit,
-                Value::Item {
-                    quoted: "\"api\"",
-                    r: 12,
-                    t: 3_600,
-                },
-            ),
-            Field::new(
-                Which::RetryAfter,
-                Value::Text(HeaderValue::from_static("Sun, 06 Nov 1994 08:49:38 GMT")),
-            ),
-            retry_soon(),
+        let api = text("api", 100);
+        let burst = text("burst", 10);
+        // Interned: the same policy text is one value.
+        assert!(std::ptr::eq(api, text("api", 100)));
+        let config = HeaderConfig::default();
+        let now = Timestamp::from_secs(1_700_000_000);
+        let one = decision("api", 100, 12, 3_600);
+        let other = decision("burst", 10, 3, 5);
+        let mut cases = vec![
+            render(&config, now, &[(&one, api)]),
+            render(&config, now, &[(&one, api), (&other, burst)]),
+            render(&config, now, &[(&decision("api", 7, 99_999, 1), api)]),
         ];
-        let mut lines = Vec::new();
-        write_lines(&fields, &mut lines);
-        let mut expected = String::new();
-        for f in &fields {
-            assert_eq!(f.which.name().as_str(), f.which.as_str());
-            assert_eq!(
-                f.which.line_start(),
-                format!("{}: ", f.which.as_str()).as_bytes()
-            );
-            let value = f.header_value();
-            expected.push_str(&format!(
-                "{}: {}\r\n",
-                f.which.as_str(),
-                value.to_str().unwrap_or("<not text>")
-            ));
+        let mut with_retry = cases[1].clone();
+        with_retry.set_retry(Retry::Date(784_111_778));
+        cases.push(with_retry);
+        for list in &cases {
+            let mut lines = Vec::new();
+            write_lines(list, &mut lines);
+            let mut expected = String::new();
+            for f in list.fields() {
+                assert_eq!(f.which.name().as_str(), f.which.as_str());
+                assert_eq!(
+                    f.which.line_start(),
+                    format!("{}: ", f.which.as_str()).as_bytes()
+                );
+                let value = f.header_value();
+                expected.push_str(&format!(
+                    "{}: {}\r\n",
+                    f.which.as_str(),
+                    value.to_str().unwrap_or("<not text>")
+                ));
+            }
+            assert_eq!(String::from_utf8_lossy(&lines), expected);
+            assert_eq!(list.fields().len(), list.fields().count());
+            assert!(!list.is_empty());
         }
-        assert_eq!(String::from_utf8_lossy(&lines), expected);
-        assert!(expected.contains("ratelimit: \"api\";r=12;t=3600\r\n"));
-        assert_eq!(t_of(&fields), Some(3_600));
+        let written = |list: &HeaderList| {
+            let mut lines = Vec::new();
+            write_lines(list, &mut lines);
+            String::from_utf8_lossy(&lines).into_owned()
+        };
+        assert_eq!(
+            written(&cases[0]),
+            "x-ratelimit-limit: 100\r\nx-ratelimit-remaining: 12\r\n\
+             x-ratelimit-reset: 1700003600\r\nratelimit-policy: \"api\";q=100;w=60\r\n\
+             ratelimit: \"api\";r=12;t=3600\r\n"
+        );
+        assert_eq!(
+            written(&cases[1]),
+            "x-ratelimit-limit: 10\r\nx-ratelimit-remaining: 3\r\n\
+             x-ratelimit-reset: 1700000005\r\n\
+             ratelimit-policy: \"api\";q=100;w=60, \"burst\";q=10;w=60\r\n\
+             ratelimit: \"burst\";r=3;t=5\r\n"
+        );
+        // A limit other than the policy's own (the decision's) is written as a number.
+        assert!(written(&cases[2]).starts_with("x-ratelimit-limit: 7\r\n"));
+        assert!(written(&cases[3]).ends_with("retry-after: Sun, 06 Nov 1994 08:49:38 GMT\r\n"));
+        assert_eq!(cases[0].t(), Some(3_600));
+    }
+
+    /// The families follow the config, and a list with nothing to write says so.
+    #[test]
+    fn families_follow_the_config() {
+        let api = text("api", 100);
+        let now = Timestamp::from_secs(1_700_000_000);
+        let one = decision("api", 100, 12, 3_600);
+        let names = |config: HeaderConfig| {
+            let list = render(&config, now, &[(&one, api)]);
+            let names: Vec<&str> = list.fields().map(|f| f.which.as_str()).collect();
+            (names, list.is_empty(), list.t())
+        };
+        let config = HeaderConfig::default();
+        assert_eq!(
+            names(HeaderConfig {
+                ietf: false,
+                ..config
+            }),
+            (
+                vec![
+                    "x-ratelimit-limit",
+                    "x-ratelimit-remaining",
+                    "x-ratelimit-reset"
+                ],
+                false,
+                None
+            )
+        );
+        assert_eq!(
+            names(HeaderConfig {
+                legacy: false,
+                ..config
+            }),
+            (vec!["ratelimit-policy", "ratelimit"], false, Some(3_600))
+        );
+        assert_eq!(
+            names(HeaderConfig {
+                ietf: false,
+                reset_format: ResetFormat::Omitted,
+                ..config
+            }),
+            (
+                vec!["x-ratelimit-limit", "x-ratelimit-remaining"],
+                false,
+                None
+            )
+        );
+        assert_eq!(
+            names(HeaderConfig {
+                legacy: false,
+                ietf: false,
+                ..config
+            }),
+            (vec![], true, None)
+        );
+        assert!(render(&config, now, &[]).is_empty());
+        assert!(HeaderList::new().is_empty());
+        assert!(!HeaderList::retry_soon().is_empty());
+    }
+
+    /// What a response future carries: small enough to move cheaply, whatever the config.
+    #[test]
+    fn a_list_is_small() {
+        assert!(std::mem::size_of::<HeaderList>() <= 80);
     }
 }

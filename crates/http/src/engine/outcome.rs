@@ -121,7 +121,7 @@ impl Answer {
     /// asked for; [`Answer::write_headers`] writes them without making any.
     pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
         self.headers
-            .iter()
+            .fields()
             .map(|f| (f.which.name(), f.header_value()))
     }
 
@@ -143,9 +143,10 @@ impl Answer {
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
         // Sized once: growing the map midway would rehash it.
-        headers.reserve(self.headers.len() + 1);
+        let fields = self.headers.fields();
+        headers.reserve(fields.len() + 1);
         headers.insert(http::header::CONTENT_TYPE, problem::PROBLEM_JSON);
-        for f in &self.headers {
+        for f in fields {
             headers.insert(f.which.name(), f.header_value());
         }
         response
@@ -182,13 +183,13 @@ impl<S: Store, C: Clock> Outcome<S, C> {
     /// The rate-limit headers for the response (each value made as it is asked for).
     pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
         self.headers
-            .iter()
+            .fields()
             .map(|f| (f.which.name(), f.header_value()))
     }
 
     /// Adds the rate-limit headers to `headers`.
     pub fn apply_headers(&self, headers: &mut HeaderMap) {
-        for f in &self.headers {
+        for f in self.headers.fields() {
             headers.insert(f.which.name(), f.header_value());
         }
     }
@@ -212,8 +213,9 @@ impl RateLimitHeaders {
     /// Adds the headers to `headers`, replacing any of the same name.
     pub fn apply(self, headers: &mut HeaderMap) {
         // One growth of the map up front rather than a rehash midway.
-        headers.reserve(self.0.len());
-        for f in &self.0 {
+        let fields = self.0.fields();
+        headers.reserve(fields.len());
+        for f in fields {
             headers.insert(f.which.name(), f.header_value());
         }
     }
@@ -226,12 +228,12 @@ impl RateLimitHeaders {
     /// The headers, each value made as it is asked for ([`RateLimitHeaders::write`] makes
     /// none).
     pub fn iter(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
-        self.0.iter().map(|f| (f.which.name(), f.header_value()))
+        self.0.fields().map(|f| (f.which.name(), f.header_value()))
     }
 
     /// The headers' names, in lower case.
     pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
-        self.0.iter().map(|f| f.which.as_str())
+        self.0.fields().map(|f| f.which.as_str())
     }
 
     /// Appends the headers to `out` as HTTP/1.1 header lines (`name: value` and CRLF each,

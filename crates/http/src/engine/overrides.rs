@@ -183,7 +183,7 @@ impl QuotaFields {
 pub struct KeyOverride {
     pub(crate) index: usize,
     pub(crate) policy: Policy,
-    pub(crate) text: PolicyHeaders,
+    pub(crate) text: &'static PolicyHeaders,
     pub(crate) expires: Option<Timestamp>,
 }
 

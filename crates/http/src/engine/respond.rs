@@ -9,14 +9,14 @@ use smallvec::SmallVec;
 use tollgate::headers::{aggregate_retry_after, t_secs};
 use tollgate::{Clock, Decision, Decisions, Error, ErrorKind, Store};
 
-use crate::headers::{Field, HeaderList, PolicyHeaders, render, retry_after, retry_soon, t_of};
+use crate::headers::{HeaderList, PolicyHeaders, Retry, render, retry_after};
 use crate::problem;
 
 use super::{Action, Answer, Engine, Entry, FailMode, KeyOverride, Outcome, Verdict};
 
 impl<S: Store, C: Clock> Engine<S, C> {
     pub(super) fn render(&self, decisions: &Decisions, entries: &[Entry]) -> HeaderList {
-        let items: SmallVec<[(&Decision, &PolicyHeaders); 4]> = decisions
+        let items: SmallVec<[(&Decision, &'static PolicyHeaders); 4]> = decisions
             .as_slice()
             .iter()
             .zip(entries.iter())
@@ -33,28 +33,21 @@ impl<S: Store, C: Clock> Engine<S, C> {
         indexes: &[usize],
         overrides: &[Option<Arc<KeyOverride>>],
     ) -> HeaderList {
-        let items: SmallVec<[(&Decision, &PolicyHeaders); 4]> = decisions
+        let items: SmallVec<[(&Decision, &'static PolicyHeaders); 4]> = decisions
             .as_slice()
             .iter()
             .zip(indexes.iter())
             .enumerate()
             .map(|(n, (d, &i))| match overrides.get(n) {
-                Some(Some(over)) => (d, &over.text),
-                _ => (d, &self.inner.policies[i].text),
+                Some(Some(over)) => (d, over.text),
+                _ => (d, self.inner.policies[i].text),
             })
             .collect();
         self.render_items(&items)
     }
 
-    pub(super) fn render_items(&self, items: &[(&Decision, &PolicyHeaders)]) -> HeaderList {
-        let mut headers = HeaderList::new();
-        render(
-            &self.inner.headers,
-            self.inner.limiter.clock().now(),
-            items,
-            &mut headers,
-        );
-        headers
+    pub(super) fn render_items(&self, items: &[(&Decision, &'static PolicyHeaders)]) -> HeaderList {
+        render(&self.inner.headers, self.inner.limiter.clock().now(), items)
     }
 
     /// `Retry-After` for denied `decisions` (the i-th made by the policy at `indexes[i]`): it
@@ -65,7 +58,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         decisions: &Decisions,
         headers: &HeaderList,
         indexes: &[usize],
-    ) -> Option<(u64, Field)> {
+    ) -> Option<(u64, Retry)> {
         let now = self.inner.limiter.clock().now();
         let denials: SmallVec<[&Decision; 4]> = decisions
             .as_slice()
@@ -82,7 +75,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             aggregate_retry_after(denials.iter().copied())
         };
         // RateLimit's `t` may come from another denying policy: never answer earlier than it.
-        if let Some(t) = t_of(headers) {
+        if let Some(t) = headers.t() {
             floor = floor.max(t);
         }
         wait.map(|w| retry_after(self.inner.headers.retry_after_format, now, w, floor))
@@ -106,7 +99,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         tracing::debug!(policies = ?violated.clone().collect::<SmallVec<[&str; 4]>>(), "rate limited");
         let body = problem::quota_exceeded(violated, retry.as_ref().map(|(s, _)| *s));
         if let Some((_, field)) = retry {
-            headers.push(field);
+            headers.set_retry(field);
         }
         let mut answer = Answer::new(StatusCode::TOO_MANY_REQUESTS, headers.clone(), body);
         answer.queue = self.queue_ticket(&decisions, entries);
@@ -137,11 +130,9 @@ impl<S: Store, C: Clock> Engine<S, C> {
                         self.outcome(Decisions::new(), HeaderList::new(), Verdict::Pass)
                     }
                     FailMode::Deny => {
-                        let mut retry = HeaderList::new();
-                        retry.push(retry_soon());
                         let answer = Answer::new(
                             StatusCode::SERVICE_UNAVAILABLE,
-                            retry,
+                            HeaderList::retry_soon(),
                             problem::unavailable(),
                         );
                         self.outcome(

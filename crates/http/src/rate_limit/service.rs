@@ -78,20 +78,17 @@ where
         }
         // The memory store decides here and now: the inner service, which was polled ready,
         // takes the request directly and nothing is boxed.
-        let later = match self.engine.decide_now(prepared) {
-            Ok(outcome) => {
-                let (_, headers, verdict) = outcome.into_parts();
-                match verdict {
-                    Verdict::Pass => {
-                        return ResponseFuture::admitted(self.inner.call(request), headers);
-                    }
-                    Verdict::Respond(response) => {
-                        return ResponseFuture::answered(answer(response));
-                    }
-                    Verdict::Hold(hold) => Later::Hold(hold, headers),
+        let later = match self.engine.verdict_now(&prepared) {
+            Some((headers, verdict)) => match verdict {
+                Verdict::Pass => {
+                    return ResponseFuture::admitted(self.inner.call(request), headers);
                 }
-            }
-            Err(prepared) => Later::Decide(prepared),
+                Verdict::Respond(response) => {
+                    return ResponseFuture::answered(answer(*response));
+                }
+                Verdict::Hold(hold) => Later::Hold(hold, headers),
+            },
+            None => Later::Decide(prepared),
         };
         // A remote store to wait for, or a hold: the inner service that was polled ready goes
         // with the request into a boxed future; this one keeps a fresh clone for the next call
@@ -108,7 +105,7 @@ where
                 Later::Decide(prepared) => {
                     let (_, headers, verdict) = engine.decide(prepared).await.into_parts();
                     match verdict {
-                        Verdict::Respond(response) => return Ok(answer(response)),
+                        Verdict::Respond(response) => return Ok(answer(*response)),
                         Verdict::Hold(hold) => hold.wait().await,
                         Verdict::Pass => {}
                     }
@@ -123,7 +120,7 @@ where
 }
 
 /// The engine's own answer (429, 401, 503) as this service's response.
-fn answer<B>(answer: Box<Answer>) -> Response<ResponseBody<B>> {
+fn answer<B>(answer: Answer) -> Response<ResponseBody<B>> {
     answer
         .into_response()
         .map(|body| Either::Right(Full::new(body)))
