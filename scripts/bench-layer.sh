@@ -14,7 +14,9 @@
 #   - server CPU µs per request (user + system, from /proc): what a server whose clients are
 #     elsewhere pays per request; steadier than req/s when the machine is shared;
 #   - what each adds over plain, and the layer's added CPU over governor's (the issue's target:
-#     layer-tb-2h adds no more than governor);
+#     layer-tb-2h adds no more than governor), with the middle half of the per-round
+#     differences (how far to trust the median) and the user CPU alone (the kernel's share is
+#     the same sockets and syscalls for every variant, so it moves with scheduling, not code);
 #   - requests/s: what wrk got; wrk shares the 2 cores, so this moves with the machine's load.
 # Usage: scripts/bench-layer.sh [SECONDS per turn, default 3] [ROUNDS, default 5]
 set -euo pipefail
@@ -64,18 +66,19 @@ end
 LUA
 
 TICK="$(getconf CLK_TCK)"
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-# Prints "req/s cpu-µs-per-request" for one turn against variant $1.
+# User and system ticks of a process.
+cpu_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
+# Prints "req/s cpu-µs-per-request user-µs-per-request" for one turn against variant $1.
 turn() {
-  local before after out rps reqs
-  before="$(cpu_ticks "${PID[$1]}")"
+  local user0 sys0 user1 sys1 out rps reqs
+  read -r user0 sys0 < <(cpu_ticks "${PID[$1]}")
   out="$(wrk -t2 -c"$CONNS" -d"${SECS}s" -s "$WORK/keys.lua" "${URL[$1]}")"
-  after="$(cpu_ticks "${PID[$1]}")"
+  read -r user1 sys1 < <(cpu_ticks "${PID[$1]}")
   rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
   reqs="$(awk '/requests in/ {print $1}' <<<"$out")"
   if grep -q "Non-2xx" <<<"$out"; then echo "bench-layer: $1 answered non-2xx" >&2; exit 1; fi
-  awk -v r="$rps" -v n="$reqs" -v t="$((after - before))" -v hz="$TICK" \
-    'BEGIN { printf "%.0f %.3f\n", r, t / hz * 1e6 / n }'
+  awk -v r="$rps" -v n="$reqs" -v u="$((user1 - user0))" -v s="$((sys1 - sys0))" -v hz="$TICK" \
+    'BEGIN { printf "%.0f %.3f %.3f\n", r, (u + s) / hz * 1e6 / n, u / hz * 1e6 / n }'
 }
 
 for v in "${VARIANTS[@]}"; do turn "$v" >/dev/null; done # warm-up
@@ -87,15 +90,15 @@ for r in $(seq 1 "$ROUNDS"); do
   order=("${VARIANTS[@]}")
   # Rotate the order, so that none always gets the quieter moment.
   for _ in $(seq 1 $((r % ${#VARIANTS[@]}))); do order=("${order[@]:1}" "${order[0]}"); done
-  declare -A RPS CPU
+  declare -A RPS CPU USR
   for v in "${order[@]}"; do
-    read -r RPS[$v] CPU[$v] < <(turn "$v")
+    read -r RPS[$v] CPU[$v] USR[$v] < <(turn "$v")
   done
   printf '%-6s' "$r"
   line=""
   for v in "${VARIANTS[@]}"; do
     printf ' %11s (%6s)' "${CPU[$v]}" "${RPS[$v]}"
-    line+="$v ${CPU[$v]} ${RPS[$v]} "
+    line+="$v ${CPU[$v]} ${RPS[$v]} ${USR[$v]} "
   done
   echo
   echo "$line" >>"$WORK/rounds"
@@ -106,21 +109,26 @@ import statistics, sys
 rounds = []
 for line in open(sys.argv[1]):
     f = line.split()
-    rounds.append({f[i]: (float(f[i + 1]), float(f[i + 2])) for i in range(0, len(f), 3)})
+    rounds.append({f[i]: tuple(map(float, f[i + 1:i + 4])) for i in range(0, len(f), 4)})
 names = list(rounds[0])
 med = statistics.median
 print("\nmedians over %d rounds (added = this variant's CPU per request minus plain's, same round)" % len(rounds))
-print("%-14s %12s %12s %10s" % ("variant", "CPU µs/req", "added µs", "req/s"))
+print("%-14s %12s %12s %14s %10s" % ("variant", "CPU µs/req", "added µs", "added user µs", "req/s"))
 for n in names:
     cpu = med(r[n][0] for r in rounds)
     added = med(r[n][0] - r["plain"][0] for r in rounds) if "plain" in names else float("nan")
-    print("%-14s %12.2f %12.2f %10.0f" % (n, cpu, added, med(r[n][1] for r in rounds)))
+    user = med(r[n][2] - r["plain"][2] for r in rounds) if "plain" in names else float("nan")
+    print("%-14s %12.2f %12.2f %14.2f %10.0f" % (n, cpu, added, user, med(r[n][1] for r in rounds)))
 if "governor" in names and "plain" in names:
     gov = [r["governor"][0] - r["plain"][0] for r in rounds]
     for n in names:
         if n.startswith("layer"):
             ours = [r[n][0] - r["plain"][0] for r in rounds]
+            diffs = sorted(o - g for o, g in zip(ours, gov))
+            user = med(r[n][2] - r["governor"][2] for r in rounds)
             print("%s adds %.2f µs per request where governor adds %.2f (median per round); "
-                  "difference %+.2f µs (median of per-round differences)"
-                  % (n, med(ours), med(gov), med(o - g for o, g in zip(ours, gov))))
+                  "difference %+.2f µs (median of per-round differences; middle half %+.2f to %+.2f), "
+                  "user CPU alone %+.2f µs"
+                  % (n, med(ours), med(gov), med(diffs), diffs[len(diffs) // 4],
+                     diffs[(3 * len(diffs)) // 4], user))
 PY

@@ -8,7 +8,8 @@
 //!
 //! With `TOLLGATE_BENCH_SERVE=VARIANT` it only serves one variant for an external load
 //! generator (scripts/bench-layer.sh): `plain`, `headers`, `outer` or any app of
-//! `common::app` (`governor`, `layer`, `layer-tb`, `layer-tb-2h`, `layer-2h`).
+//! `common::app` (`governor`, `layer`, `layer-tb`, `layer-tb-2h`, `layer-2h`,
+//! `layer-tb-2h-wrap`).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
@@ -26,7 +27,7 @@ use http::Request;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use tollgate::{Policy, Quota};
-use tollgate_http::{Engine, HttpPolicy, KeyChain, RateLimitLayer};
+use tollgate_http::{Engine, HttpPolicy, InnerBody, KeyChain, RateLimitLayer};
 
 const CONNECTIONS: usize = 32;
 
@@ -38,7 +39,7 @@ fn limited() -> Router {
     hello().layer(limiter())
 }
 
-fn limiter() -> RateLimitLayer {
+fn limiter() -> RateLimitLayer<tollgate::MemoryStore, tollgate::SystemClock, InnerBody> {
     let engine = Engine::builder()
         .policy(
             HttpPolicy::new(
@@ -54,6 +55,7 @@ fn limiter() -> RateLimitLayer {
         .unwrap();
     RateLimitLayer::new(engine)
         .peer_addr(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()))
+        .inner_body()
 }
 
 /// The hello-world with the five headers the layer adds, as fixed values and no limiter: what
@@ -107,11 +109,8 @@ async fn serve_outer() -> SocketAddr {
     use tower::Layer;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    // axum::serve wants axum's body type; the layer's is an `Either`.
-    let app =
-        tower::ServiceExt::<axum::extract::Request>::map_response(limiter().layer(hello()), |r| {
-            r.map(axum::body::Body::new)
-        });
+    // axum::serve wants axum's body type, which `inner_body` keeps.
+    let app = limiter().layer(hello());
     tokio::spawn(async move {
         axum::serve(
             listener,

@@ -39,9 +39,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
             .cost(5),
         )
         .build()?;
-    // axum puts the peer address in `ConnectInfo` (see `into_make_service_with_connect_info`).
+    // axum puts the peer address in `ConnectInfo` (see `into_make_service_with_connect_info`);
+    // `inner_body` keeps axum's own body type, which axum would otherwise box on every response.
     let layer = RateLimitLayer::new(engine)
-        .peer_addr(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()));
+        .peer_addr(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip()))
+        .inner_body();
     let app = Router::new()
         .route("/", get(|| async { "not rate limited\n" }))
         .route("/api/hello", get(|| async { "hello\n" }))

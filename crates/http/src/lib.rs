@@ -83,7 +83,7 @@ pub use error::ConfigError;
 pub use headers::{HeaderConfig, ResetFormat, RetryAfterFormat};
 pub use jwt::{JwtVerifier, MAX_TOKEN_LEN};
 pub use key::{KeyChain, KeySelector, MAX_RAW_KEY, UserId};
-pub use rate_limit::{PeerAddr, RateLimitLayer, RateLimitService};
+pub use rate_limit::{BodyShape, InnerBody, PeerAddr, RateLimitLayer, RateLimitService, WrapBody};
 pub use request::RequestInfo;
 pub use route::{
     HostPattern, MAX_PATH_SEGMENTS, NormalizedPath, PathPattern, PathTooDeep, RouteMatch,

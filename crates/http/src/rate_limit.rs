@@ -21,9 +21,62 @@ pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use service::RateLimitService;
 
-/// The response body of a [`RateLimitService`]: the inner service's, or the engine's own
-/// problem+json.
+/// The response body of a [`RateLimitService`] in the default [`WrapBody`] shape: the inner
+/// service's, or the engine's own problem+json.
 pub type ResponseBody<B> = Either<B, Full<Bytes>>;
+
+/// How a [`RateLimitService`] makes its response bodies from the inner service's body `B` and
+/// from the engine's own answers (a 429's problem+json). Two shapes: [`WrapBody`], the default,
+/// for any inner body, and [`InnerBody`], for inner bodies made from `Bytes` (axum's).
+pub trait BodyShape<B> {
+    /// The response body.
+    type Body;
+
+    /// The inner service's body, as a response body.
+    fn inner(body: B) -> Self::Body;
+
+    /// The engine's answer, as a response body.
+    fn answer(body: Bytes) -> Self::Body;
+}
+
+/// The default [`BodyShape`]: [`ResponseBody<B>`], either the inner service's body or the
+/// answer's. Works with any inner body.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WrapBody;
+
+impl<B> BodyShape<B> for WrapBody {
+    type Body = ResponseBody<B>;
+
+    #[inline]
+    fn inner(body: B) -> Self::Body {
+        Either::Left(body)
+    }
+
+    fn answer(body: Bytes) -> Self::Body {
+        Either::Right(Full::new(body))
+    }
+}
+
+/// The [`BodyShape`] that keeps the inner service's own body type, for bodies that can be made
+/// from `Bytes` (axum's `Body`, `Full<Bytes>`): admitted responses pass through unchanged.
+/// With axum, whose routes box every response body that is not its own `Body`, this saves an
+/// allocation and a layer of indirection on each response. See
+/// [`RateLimitLayer::inner_body`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InnerBody;
+
+impl<B: From<Bytes>> BodyShape<B> for InnerBody {
+    type Body = B;
+
+    #[inline]
+    fn inner(body: B) -> B {
+        body
+    }
+
+    fn answer(body: Bytes) -> B {
+        B::from(body)
+    }
+}
 
 /// The peer's socket address, for servers to put in request extensions (hyper does not). axum's
 /// `ConnectInfo` is read through [`RateLimitLayer::peer_addr`].

@@ -1,6 +1,7 @@
 //! The layer decides inside `call` when the store answers at once (the memory store), and in a
 //! boxed future when it must wait (Redis). Both paths must answer exactly alike: the same
-//! statuses, headers and bodies, request after request, for every action.
+//! statuses, headers and bodies, request after request, for every action; and so must both
+//! body shapes (the default wrapper and `inner_body`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -105,6 +106,10 @@ async fn immediate_and_deferred_stores_answer_alike() {
     let clock = manual_clock();
     let memory = app(engine(MemoryStore::new(), clock.clone()));
     let deferred = app(engine(Deferred::default(), clock.clone()));
+    // The same again, with responses in axum's own body type.
+    let memory_inner = app_inner_body(engine(MemoryStore::new(), clock.clone()));
+    let deferred_inner = app_inner_body(engine(Deferred::default(), clock.clone()));
+    let others = [&deferred, &memory_inner, &deferred_inner];
     assert!(MemoryStore::new().is_immediate() && !Deferred::default().is_immediate());
     let script = [
         // Admitted by both policies, then the shadow one would deny, then the enforced one does.
@@ -121,8 +126,10 @@ async fn immediate_and_deferred_stores_answer_alike() {
     let mut statuses = Vec::new();
     for (uri, key) in script {
         let a = snapshot(&memory, uri, key).await;
-        let b = snapshot(&deferred, uri, key).await;
-        assert_eq!(a, b, "{uri} with key {key}");
+        for other in others {
+            let b = snapshot(other, uri, key).await;
+            assert_eq!(a, b, "{uri} with key {key}");
+        }
         statuses.push(a.0);
     }
     assert_eq!(
@@ -142,18 +149,64 @@ async fn immediate_and_deferred_stores_answer_alike() {
         let app = app.clone();
         tokio::spawn(async move { snapshot(&app, "/hooks/x", "t1").await })
     };
-    let (a, b) = (held(&memory), held(&deferred));
+    let a = held(&memory);
+    let rest: Vec<_> = others.into_iter().map(held).collect();
     for _ in 0..20 {
         tokio::task::yield_now().await;
     }
     assert!(
-        !a.is_finished() && !b.is_finished(),
+        !a.is_finished() && rest.iter().all(|b| !b.is_finished()),
         "held for the next slot"
     );
     clock.advance(Duration::from_secs(1));
-    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let a = a.await.unwrap();
     assert_eq!(a.0, StatusCode::OK);
-    assert_eq!(a, b);
+    for b in rest {
+        assert_eq!(a, b.await.unwrap());
+    }
+}
+
+/// `inner_body` with a service that is not axum's: responses stay `Full<Bytes>`, and the 429
+/// is the engine's problem+json in that type.
+#[tokio::test]
+async fn inner_body_answers_in_the_inner_services_own_body_type() {
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body_util::Full;
+    use tower::{Layer, ServiceExt};
+
+    let clock = manual_clock();
+    let layer = tollgate_http::RateLimitLayer::new(engine(MemoryStore::new(), clock)).inner_body();
+    let service = layer.layer(tower::service_fn(|_: Request<()>| async {
+        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"hi"))))
+    }));
+    let request = || {
+        Request::builder()
+            .uri("/api/x")
+            .header("x-api-key", "k")
+            .extension(peer("192.0.2.9"))
+            .body(())
+            .unwrap()
+    };
+    // The shadow policy (2 a minute) is the most restrictive, so the headers report it; the
+    // enforced one (3 a minute) denies the fourth request.
+    for remaining in ["1", "0", "0"] {
+        let response: Response<Full<Bytes>> = service.clone().oneshot(request()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(header(&response, "x-ratelimit-remaining"), Some(remaining));
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"hi");
+    }
+    let denied = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&denied, "content-type"),
+        Some("application/problem+json")
+    );
+    assert!(header(&denied, "retry-after").is_some());
+    let body = denied.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["status"], 429);
 }
 
 #[tokio::test]

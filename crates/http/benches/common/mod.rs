@@ -59,8 +59,20 @@ pub fn two_headers() -> HeaderConfig {
 }
 
 /// Tollgate's layer with `quota` and `headers`, keyed by `x-api-key` (then the IP), on the
-/// routes under `path` (every route, as tower_governor limits, when `None`).
+/// routes under `path` (every route, as tower_governor limits, when `None`), keeping axum's
+/// body type as the docs advise for axum apps (`inner_body`).
 pub fn limited_by(quota: Quota, headers: HeaderConfig, path: Option<&str>) -> Router {
+    let layer = layer_by(quota, headers, path);
+    hello().layer(layer.inner_body()).with_state(())
+}
+
+/// [`limited_by`] with the default body shape (the inner body or the answer's, in an `Either`
+/// that axum boxes).
+pub fn limited_wrapped(quota: Quota, headers: HeaderConfig) -> Router {
+    hello().layer(layer_by(quota, headers, None)).with_state(())
+}
+
+fn layer_by(quota: Quota, headers: HeaderConfig, path: Option<&str>) -> RateLimitLayer {
     let route = match path {
         Some(path) => RouteMatch::any().path(path).unwrap(),
         None => RouteMatch::any(),
@@ -74,7 +86,7 @@ pub fn limited_by(quota: Quota, headers: HeaderConfig, path: Option<&str>) -> Ro
         .headers(headers)
         .build()
         .unwrap();
-    hello().layer(RateLimitLayer::new(engine)).with_state(())
+    RateLimitLayer::new(engine)
 }
 
 /// The default: sliding window counter, all five header lines, on `/v1/**`.
@@ -123,8 +135,10 @@ pub fn app(variant: &str) -> Router {
         "layer-tb" => limited_by(token_bucket(), HeaderConfig::default(), None),
         "layer-tb-2h" => limited_by(token_bucket(), two_headers(), None),
         "layer-2h" => limited_by(sliding_window(), two_headers(), None),
+        "layer-tb-2h-wrap" => limited_wrapped(token_bucket(), two_headers()),
         other => panic!(
-            "unknown variant {other}; use plain, governor, layer, layer-tb, layer-tb-2h or layer-2h"
+            "unknown variant {other}; use plain, governor, layer, layer-tb, layer-tb-2h, \
+             layer-2h or layer-tb-2h-wrap"
         ),
     }
 }

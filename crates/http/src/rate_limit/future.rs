@@ -9,37 +9,37 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http::Response;
-use http_body_util::Either;
 use pin_project_lite::pin_project;
 
-use super::ResponseBody;
+use super::BodyShape;
 use crate::RateLimitHeaders;
 
-type Decided<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+type Decided<O, E> = Pin<Box<dyn Future<Output = Result<Response<O>, E>> + Send>>;
 
 pin_project! {
-    /// The response future of a [`RateLimitService`](super::RateLimitService).
-    pub struct ResponseFuture<F, B, E> {
+    /// The response future of a [`RateLimitService`](super::RateLimitService): `F` is the
+    /// inner service's future, whose body `B` becomes a response body the `K` way.
+    pub struct ResponseFuture<F, K: BodyShape<B>, B, E> {
         #[pin]
-        kind: Kind<F, B, E>,
+        kind: Kind<F, K::Body, E>,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<F, B, E> {
+    enum Kind<F, O, E> {
         // No policy matched: the inner future, untouched.
         Passthrough { #[pin] future: F },
         // Admitted at once: the inner future, then the headers.
         Admitted { #[pin] future: F, headers: Option<RateLimitHeaders> },
         // Answered by the engine (429, 401, 503).
-        Answered { response: Option<Response<ResponseBody<B>>> },
+        Answered { response: Option<Response<O>> },
         // Decided by a store that made us wait, or held.
-        Decided { future: Decided<B, E> },
+        Decided { future: Decided<O, E> },
     }
 }
 
-impl<F, B, E> ResponseFuture<F, B, E> {
+impl<F, K: BodyShape<B>, B, E> ResponseFuture<F, K, B, E> {
     pub(crate) fn passthrough(future: F) -> Self {
         ResponseFuture {
             kind: Kind::Passthrough { future },
@@ -55,7 +55,7 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    pub(crate) fn answered(response: Response<ResponseBody<B>>) -> Self {
+    pub(crate) fn answered(response: Response<K::Body>) -> Self {
         ResponseFuture {
             kind: Kind::Answered {
                 response: Some(response),
@@ -63,24 +63,24 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    pub(crate) fn boxed(future: Decided<B, E>) -> Self {
+    pub(crate) fn boxed(future: Decided<K::Body, E>) -> Self {
         ResponseFuture {
             kind: Kind::Decided { future },
         }
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F, B, E>
+impl<F, K: BodyShape<B>, B, E> Future for ResponseFuture<F, K, B, E>
 where
     F: Future<Output = Result<Response<B>, E>>,
 {
-    type Output = Result<Response<ResponseBody<B>>, E>;
+    type Output = Result<Response<K::Body>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Passthrough { future } => future
                 .poll(cx)
-                .map(|result| result.map(|response| response.map(Either::Left))),
+                .map(|result| result.map(|response| response.map(K::inner))),
             KindProj::Admitted { future, headers } => {
                 let mut response = match future.poll(cx) {
                     Poll::Pending => return Poll::Pending,
@@ -90,7 +90,7 @@ where
                 if let Some(headers) = headers.take() {
                     headers.apply(response.headers_mut());
                 }
-                Poll::Ready(Ok(response.map(Either::Left)))
+                Poll::Ready(Ok(response.map(K::inner)))
             }
             KindProj::Answered { response } => match response.take() {
                 Some(response) => Poll::Ready(Ok(response)),
@@ -103,7 +103,7 @@ where
     }
 }
 
-impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
+impl<F, K: BodyShape<B>, B, E> fmt::Debug for ResponseFuture<F, K, B, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ResponseFuture")
     }

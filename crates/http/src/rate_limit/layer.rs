@@ -3,21 +3,27 @@
 use tollgate::{Clock, MemoryStore, Store, SystemClock};
 use tower_layer::Layer;
 
-use super::{PeerFn, RateLimitService, default_peer};
+use std::marker::PhantomData;
+
+use super::{InnerBody, PeerFn, RateLimitService, WrapBody, default_peer};
 use crate::Engine;
 
-/// Wraps services in a [`RateLimitService`] sharing one [`Engine`].
+/// Wraps services in a [`RateLimitService`] sharing one [`Engine`]. `K` is how response bodies
+/// are made ([`BodyShape`](super::BodyShape)): [`WrapBody`] unless
+/// [`inner_body`](Self::inner_body) is called.
 #[derive(Debug)]
-pub struct RateLimitLayer<S = MemoryStore, C = SystemClock> {
+pub struct RateLimitLayer<S = MemoryStore, C = SystemClock, K = WrapBody> {
     engine: Engine<S, C>,
     peer: PeerFn,
+    shape: PhantomData<fn() -> K>,
 }
 
-impl<S, C> Clone for RateLimitLayer<S, C> {
+impl<S, C, K> Clone for RateLimitLayer<S, C, K> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             engine: self.engine.clone(),
             peer: self.peer,
+            shape: PhantomData,
         }
     }
 }
@@ -28,6 +34,34 @@ impl<S: Store, C: Clock> RateLimitLayer<S, C> {
         RateLimitLayer {
             engine,
             peer: default_peer,
+            shape: PhantomData,
+        }
+    }
+}
+
+impl<S: Store, C: Clock, K> RateLimitLayer<S, C, K> {
+    /// Responses keep the inner service's body type, which must be constructible from `Bytes`
+    /// (the engine's own answers are made that way): axum's `Body`, `Full<Bytes>`. The
+    /// default wraps it in [`ResponseBody`](super::ResponseBody), which any body fits but which
+    /// axum then boxes on every response. For axum apps:
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use axum::Router;
+    /// use axum::routing::get;
+    /// use tollgate_http::{Engine, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new(Engine::builder().build()?).inner_body();
+    /// let app: Router = Router::new().route("/", get(|| async { "hi" })).layer(layer);
+    /// # let _ = app;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn inner_body(self) -> RateLimitLayer<S, C, InnerBody> {
+        RateLimitLayer {
+            engine: self.engine,
+            peer: self.peer,
+            shape: PhantomData,
         }
     }
 
@@ -59,10 +93,10 @@ impl<S: Store, C: Clock> RateLimitLayer<S, C> {
     }
 }
 
-impl<T, S: Store, C: Clock> Layer<T> for RateLimitLayer<S, C> {
-    type Service = RateLimitService<T, S, C>;
+impl<T, S: Store, C: Clock, K> Layer<T> for RateLimitLayer<S, C, K> {
+    type Service = RateLimitService<T, S, C, K>;
 
     fn layer(&self, inner: T) -> Self::Service {
-        RateLimitService::new(inner, self.engine.clone(), self.peer)
+        RateLimitService::with_shape(inner, self.engine.clone(), self.peer)
     }
 }

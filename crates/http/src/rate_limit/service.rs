@@ -2,29 +2,33 @@
 
 use std::task::{Context, Poll};
 
+use std::marker::PhantomData;
+
 use http::{Request, Response};
-use http_body_util::{Either, Full};
 use tollgate::{Clock, MemoryStore, Store, SystemClock};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
-use super::{PeerFn, ResponseBody};
+use super::{BodyShape, PeerFn, WrapBody};
 use crate::{Answer, Engine, Hold, Prepared, RateLimitHeaders, RequestInfo, Verdict};
 
-/// The rate-limited service. Clones share the engine (and so the counters).
+/// The rate-limited service. Clones share the engine (and so the counters). `K` is how
+/// response bodies are made ([`BodyShape`]).
 #[derive(Debug)]
-pub struct RateLimitService<T, S = MemoryStore, C = SystemClock> {
+pub struct RateLimitService<T, S = MemoryStore, C = SystemClock, K = WrapBody> {
     inner: T,
     engine: Engine<S, C>,
     peer: PeerFn,
+    shape: PhantomData<fn() -> K>,
 }
 
-impl<T: Clone, S, C> Clone for RateLimitService<T, S, C> {
+impl<T: Clone, S, C, K> Clone for RateLimitService<T, S, C, K> {
     fn clone(&self) -> Self {
         RateLimitService {
             inner: self.inner.clone(),
             engine: self.engine.clone(),
             peer: self.peer,
+            shape: PhantomData,
         }
     }
 }
@@ -32,10 +36,18 @@ impl<T: Clone, S, C> Clone for RateLimitService<T, S, C> {
 impl<T, S: Store, C: Clock> RateLimitService<T, S, C> {
     /// `inner`, checked by `engine`, finding the peer address with `peer`.
     pub fn new(inner: T, engine: Engine<S, C>, peer: PeerFn) -> Self {
+        Self::with_shape(inner, engine, peer)
+    }
+}
+
+impl<T, S: Store, C: Clock, K> RateLimitService<T, S, C, K> {
+    /// [`new`](RateLimitService::new), making response bodies the `K` way.
+    pub fn with_shape(inner: T, engine: Engine<S, C>, peer: PeerFn) -> Self {
         RateLimitService {
             inner,
             engine,
             peer,
+            shape: PhantomData,
         }
     }
 
@@ -50,7 +62,7 @@ impl<T, S: Store, C: Clock> RateLimitService<T, S, C> {
     }
 }
 
-impl<T, S, C, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<T, S, C>
+impl<T, S, C, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<T, S, C, K>
 where
     T: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     T::Future: Send + 'static,
@@ -58,10 +70,12 @@ where
     ResBody: Send + 'static,
     S: Store,
     C: Clock,
+    K: BodyShape<ResBody>,
+    K::Body: Send + 'static,
 {
-    type Response = Response<ResponseBody<ResBody>>;
+    type Response = Response<K::Body>;
     type Error = T::Error;
-    type Future = ResponseFuture<T::Future, ResBody, T::Error>;
+    type Future = ResponseFuture<T::Future, K, ResBody, T::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // No backpressure of our own: denials are answered, not waited for.
@@ -84,7 +98,7 @@ where
                     return ResponseFuture::admitted(self.inner.call(request), headers);
                 }
                 Verdict::Respond(response) => {
-                    return ResponseFuture::answered(answer(*response));
+                    return ResponseFuture::answered(answer::<K, ResBody>(*response));
                 }
                 Verdict::Hold(hold) => Later::Hold(hold, headers),
             },
@@ -105,7 +119,7 @@ where
                 Later::Decide(prepared) => {
                     let (_, headers, verdict) = engine.decide(prepared).await.into_parts();
                     match verdict {
-                        Verdict::Respond(response) => return Ok(answer(*response)),
+                        Verdict::Respond(response) => return Ok(answer::<K, ResBody>(*response)),
                         Verdict::Hold(hold) => hold.wait().await,
                         Verdict::Pass => {}
                     }
@@ -114,16 +128,14 @@ where
             };
             let mut response = inner.call(request).await?;
             headers.apply(response.headers_mut());
-            Ok(response.map(Either::Left))
+            Ok(response.map(K::inner))
         }))
     }
 }
 
 /// The engine's own answer (429, 401, 503) as this service's response.
-fn answer<B>(answer: Answer) -> Response<ResponseBody<B>> {
-    answer
-        .into_response()
-        .map(|body| Either::Right(Full::new(body)))
+fn answer<K: BodyShape<B>, B>(answer: Answer) -> Response<K::Body> {
+    answer.into_response().map(K::answer)
 }
 
 /// What is left to do for a request `call` could not finish synchronously. Moved once, into

@@ -63,6 +63,14 @@ pub fn app<S: Store, C: Clock>(engine: Engine<S, C>) -> Router {
         .layer(RateLimitLayer::new(engine))
 }
 
+/// [`app`] with the layer keeping axum's own body type ([`RateLimitLayer::inner_body`]).
+pub fn app_inner_body<S: Store, C: Clock>(engine: Engine<S, C>) -> Router {
+    Router::new()
+        .route("/", any(|| async { "hello" }))
+        .route("/{*rest}", any(|| async { "hello" }))
+        .layer(RateLimitLayer::new(engine).inner_body())
+}
+
 pub fn peer(ip: &str) -> PeerAddr {
     PeerAddr(SocketAddr::new(ip.parse::<IpAddr>().unwrap(), 40_000))
 }
