@@ -7,6 +7,8 @@ use std::net::IpAddr;
 use http::header::HOST;
 use http::{Extensions, HeaderMap, Method, request::Parts};
 
+use crate::rate_limit::PeerFn;
+
 /// A request as the policy engine sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct RequestInfo<'a> {
@@ -25,6 +27,10 @@ pub struct RequestInfo<'a> {
     /// The socket's remote address; forwarding headers are believed only when it is a trusted
     /// proxy.
     pub peer: Option<IpAddr>,
+    /// Where to find the peer in `extensions` when `peer` is `None`. Called only if some key
+    /// needs the client's address, so a request keyed by its API key never looks: the tower
+    /// layer saves an extension lookup or three per request that way.
+    pub peer_lookup: Option<PeerFn>,
     /// The client's address when the caller already knows it (the server's check API, where
     /// the caller states it): used as is, forwarding headers are not read.
     pub client_ip: Option<IpAddr>,
@@ -71,6 +77,7 @@ impl<'a> RequestInfo<'a> {
             headers,
             extensions,
             peer,
+            peer_lookup: None,
             client_ip: None,
         }
     }
@@ -90,6 +97,7 @@ impl<'a> RequestInfo<'a> {
             headers,
             extensions: None,
             peer: None,
+            peer_lookup: None,
             client_ip: None,
         }
     }
@@ -104,6 +112,21 @@ impl<'a> RequestInfo<'a> {
     pub fn with_peer(mut self, peer: Option<IpAddr>) -> Self {
         self.peer = peer;
         self
+    }
+
+    /// Sets where to find the peer in the extensions, when no peer is set: looked up only when a
+    /// key needs the client's address.
+    pub fn with_peer_lookup(mut self, lookup: Option<PeerFn>) -> Self {
+        self.peer_lookup = lookup;
+        self
+    }
+
+    /// The peer address: `peer`, or else what `peer_lookup` finds in the extensions.
+    pub fn resolved_peer(&self) -> Option<IpAddr> {
+        self.peer.or_else(|| {
+            let (lookup, extensions) = self.peer_lookup.zip(self.extensions)?;
+            lookup(extensions)
+        })
     }
 
     /// Sets the client address, bypassing forwarding headers.

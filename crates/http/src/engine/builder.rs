@@ -170,7 +170,7 @@ impl<S, C> EngineBuilder<S, C> {
             if let Some(ip) = info.client_ip {
                 return Some(ip.to_canonical());
             }
-            info.peer
+            info.resolved_peer()
                 .map(|peer| client_ip(peer, info.headers, &trusted, forwarded))
         });
         let reads_path = compiled.iter().any(|c| c.http.route.reads_path());

@@ -83,10 +83,9 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let peer = (self.peer)(request.extensions());
-        let prepared = self
-            .engine
-            .prepare(&RequestInfo::from_request(&request, peer));
+        // The peer is looked up only if a key needs the client's address.
+        let info = RequestInfo::from_request(&request, None).with_peer_lookup(Some(self.peer));
+        let prepared = self.engine.prepare(&info);
         if prepared.is_empty() {
             return ResponseFuture::passthrough(self.inner.call(request));
         }
