@@ -28,10 +28,12 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// A domain whose every `api_key` value may make `per_minute` calls a minute.
-fn limit_yaml(domain: &str, per_minute: u32) -> String {
+/// A domain whose every `api_key` value may make `per_hour` calls an hour. Hours, not minutes:
+/// Envoy windows are fixed and aligned to the clock, and a test that straddled a minute boundary
+/// would see its counters reset midway.
+fn limit_yaml(domain: &str, per_hour: u32) -> String {
     format!(
-        "domain: {domain}\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: minute\n      requests_per_unit: {per_minute}\n"
+        "domain: {domain}\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: hour\n      requests_per_unit: {per_hour}\n"
     )
 }
 
@@ -123,11 +125,11 @@ async fn answers_and_follows_the_folder(server: &Server, folder: &Path) {
     let client = RlsClient::connect(format!("http://{}", server.grpc))
         .await
         .unwrap();
-    // edge.yaml: 2 a minute per api_key.
+    // edge.yaml: 2 an hour per api_key.
     assert_eq!(codes(&client, "edge", "k1", 3).await, [OK, OK, OVER_LIMIT]);
     let r = call(&client, "edge", "k1").await;
     let limit = r.statuses[0].current_limit.as_ref().unwrap();
-    assert_eq!((limit.requests_per_unit, limit.unit), (2, 2)); // 2 = MINUTE
+    assert_eq!((limit.requests_per_unit, limit.unit), (2, 3)); // 3 = HOUR
     // Each api_key value is counted apart.
     assert_eq!(codes(&client, "edge", "k2", 1).await, [OK]);
 
