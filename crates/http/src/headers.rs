@@ -292,6 +292,15 @@ pub(crate) enum Retry {
     Date(u64),
 }
 
+/// The form of a [`HeaderList`]'s `Retry-After`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum RetryKind {
+    #[default]
+    None,
+    Seconds,
+    Date,
+}
+
 /// The rate-limit headers of one response, kept as what they are written from: the numbers of
 /// the most restrictive decision and references to the policies' interned text. The fields
 /// themselves ([`HeaderList::fields`]) are made as they are written.
@@ -309,10 +318,10 @@ pub(crate) struct HeaderList {
     remaining: u64,
     reset: u64,
     t: u64,
-    /// `Retry-After`'s seconds or date (see `retry_date`).
+    /// `Retry-After`: which form, and its seconds or date. Kept apart rather than as a
+    /// [`Retry`], whose tag would take a word of its own.
+    retry_kind: RetryKind,
     retry: u64,
-    has_retry: bool,
-    retry_date: bool,
     /// Which families to write (the `[headers]` config), and whether `reset` is written.
     legacy: bool,
     ietf: bool,
@@ -335,19 +344,19 @@ impl HeaderList {
 
     /// Adds `Retry-After`, after the other fields.
     pub(crate) fn set_retry(&mut self, retry: Retry) {
-        (self.has_retry, self.retry_date, self.retry) = match retry {
-            Retry::None => (false, false, 0),
-            Retry::Seconds(secs) => (true, false, secs),
-            Retry::Date(at) => (true, true, at),
+        (self.retry_kind, self.retry) = match retry {
+            Retry::None => (RetryKind::None, 0),
+            Retry::Seconds(secs) => (RetryKind::Seconds, secs),
+            Retry::Date(at) => (RetryKind::Date, at),
         };
     }
 
     /// `Retry-After`, if the list has it.
     pub(crate) fn retry(&self) -> Retry {
-        match (self.has_retry, self.retry_date) {
-            (false, _) => Retry::None,
-            (true, false) => Retry::Seconds(self.retry),
-            (true, true) => Retry::Date(self.retry),
+        match self.retry_kind {
+            RetryKind::None => Retry::None,
+            RetryKind::Seconds => Retry::Seconds(self.retry),
+            RetryKind::Date => Retry::Date(self.retry),
         }
     }
 
@@ -413,7 +422,7 @@ impl HeaderList {
 
     /// Whether there are none.
     pub(crate) fn is_empty(&self) -> bool {
-        !self.has_retry && (self.worst.is_none() || !(self.legacy || self.ietf))
+        self.retry_kind == RetryKind::None && (self.worst.is_none() || !(self.legacy || self.ietf))
     }
 }
 
@@ -484,9 +493,8 @@ pub(crate) fn render(
         remaining: worst.remaining,
         reset: reset.unwrap_or(0),
         t: fields::t_secs(worst),
+        retry_kind: RetryKind::None,
         retry: 0,
-        has_retry: false,
-        retry_date: false,
         legacy: config.legacy,
         ietf: config.ietf,
         has_reset: reset.is_some(),

@@ -1,9 +1,9 @@
 //! [`RateLimitLayer`]: applies the engine to a service.
 
+use std::marker::PhantomData;
+
 use tollgate::{Clock, MemoryStore, Store, SystemClock};
 use tower_layer::Layer;
-
-use std::marker::PhantomData;
 
 use super::{InnerBody, PeerFn, RateLimitService, WrapBody, default_peer};
 use crate::Engine;

@@ -1,8 +1,7 @@
 //! [`RateLimitService`]: checks each request with the engine before the inner service sees it.
 
-use std::task::{Context, Poll};
-
 use std::marker::PhantomData;
+use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tollgate::{Clock, MemoryStore, Store, SystemClock};
