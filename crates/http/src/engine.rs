@@ -68,6 +68,8 @@ struct Inner<S, C> {
     resolve_ip: Box<ResolveIp>,
     /// Whether some route matches on the path; if none does, requests skip normalising it.
     reads_path: bool,
+    /// Whether some route matches on the host; if none does, the layer does not look it up.
+    reads_host: bool,
     /// The request headers a decision can read (see [`Engine::headers_read`]).
     headers_read: Vec<HeaderName>,
     /// Per-key quotas in place of the policies' own.
@@ -156,6 +158,11 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// as the server's relay does, copies these and needs nothing else.
     pub fn headers_read(&self) -> &[HeaderName] {
         &self.inner.headers_read
+    }
+
+    /// Whether some policy's route matches on the host.
+    pub(crate) fn reads_host(&self) -> bool {
+        self.inner.reads_host
     }
 
     /// The header settings.

@@ -59,6 +59,32 @@ impl<'a> RequestInfo<'a> {
         )
     }
 
+    /// What the tower layer reads of `request`: no peer (it is looked up with `peer_lookup`
+    /// when a key needs it), and the host only when some route matches on it (`with_host`),
+    /// which spares the `Host` header's lookup for every request of the usual engine.
+    pub(crate) fn for_layer<B>(
+        request: &'a http::Request<B>,
+        peer_lookup: PeerFn,
+        with_host: bool,
+    ) -> Self {
+        let uri = request.uri();
+        RequestInfo {
+            method: request.method(),
+            path: uri.path(),
+            query: uri.query(),
+            host: if with_host {
+                host_of(uri, request.headers())
+            } else {
+                None
+            },
+            headers: request.headers(),
+            extensions: Some(request.extensions()),
+            peer: None,
+            peer_lookup: Some(peer_lookup),
+            client_ip: None,
+        }
+    }
+
     fn from_request_parts(
         method: &'a Method,
         uri: &'a http::Uri,
@@ -66,9 +92,7 @@ impl<'a> RequestInfo<'a> {
         extensions: Option<&'a Extensions>,
         peer: Option<IpAddr>,
     ) -> Self {
-        let host = uri
-            .host()
-            .or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()));
+        let host = host_of(uri, headers);
         RequestInfo {
             method,
             path: uri.path(),
@@ -140,6 +164,12 @@ impl<'a> RequestInfo<'a> {
         self.extensions = extensions;
         self
     }
+}
+
+/// The host a request is for: the URI's authority, or the `Host` header.
+fn host_of<'a>(uri: &'a http::Uri, headers: &'a HeaderMap) -> Option<&'a str> {
+    uri.host()
+        .or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()))
 }
 
 /// Every value of query parameter `name`, in order, percent-decoded (`+` is a space).

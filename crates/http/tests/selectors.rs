@@ -565,6 +565,91 @@ async fn peer_from_axum_connect_info() {
     assert_eq!(status(&app, req([2, 2, 2, 2])).await, StatusCode::OK);
 }
 
+/// A route that matches on the host, through the layer: the `Host` header or the URI's
+/// authority decides; other hosts pass uncounted and without headers. (The layer looks the host
+/// up only for engines with such a route.)
+#[tokio::test]
+async fn a_host_route_through_the_layer_counts_only_its_host() {
+    let route = tollgate_http::RouteMatch::any()
+        .host("api.example.com")
+        .unwrap();
+    let engine = builder(manual_clock())
+        .policy(
+            tollgate_http::HttpPolicy::new(fixed("api-host", 1, 60))
+                .keys(tollgate_http::KeyChain::parse(["ip"]).unwrap())
+                .route(route),
+        )
+        .build()
+        .unwrap();
+    let app = app(engine);
+    let with_host = |uri: &str, host: Option<&str>| {
+        let mut b = Request::builder().uri(uri).extension(peer("192.0.2.1"));
+        if let Some(host) = host {
+            b = b.header("host", host);
+        }
+        b.body(Body::empty()).unwrap()
+    };
+    let other = send(&app, with_host("/x", Some("www.example.com"))).await;
+    assert_eq!(other.status(), StatusCode::OK);
+    assert!(header(&other, "ratelimit-policy").is_none());
+    let first = send(&app, with_host("/x", Some("api.example.com"))).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(header(&first, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(
+        status(&app, with_host("/x", Some("api.example.com"))).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // The authority of an absolute URI counts as the host.
+    assert_eq!(
+        status(&app, with_host("http://api.example.com/y", None)).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(&app, with_host("/x", Some("www.example.com"))).await,
+        StatusCode::OK
+    );
+}
+
+/// The layer asks for the peer address only when a key needs the client's address: a request
+/// keyed by its API key never looks, an anonymous one falls back to the IP and does.
+#[tokio::test]
+async fn the_peer_is_looked_up_only_when_a_key_needs_it() {
+    use std::net::IpAddr;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tollgate_http::RateLimitLayer;
+    static LOOKUPS: AtomicUsize = AtomicUsize::new(0);
+    fn counted(ext: &http::Extensions) -> Option<IpAddr> {
+        LOOKUPS.fetch_add(1, Ordering::SeqCst);
+        tollgate_http::rate_limit::default_peer(ext)
+    }
+    let engine = builder(manual_clock())
+        .policy(policy(
+            fixed("api", 1, 60),
+            &["header:x-api-key", "ip"],
+            None,
+        ))
+        .build()
+        .unwrap();
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "hi" }))
+        .layer(RateLimitLayer::new(engine).peer_addr(counted));
+    assert_eq!(
+        status(&app, get("/", "192.0.2.1", &[("x-api-key", "k1")])).await,
+        StatusCode::OK
+    );
+    assert_eq!(LOOKUPS.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        status(&app, get("/", "192.0.2.1", &[])).await,
+        StatusCode::OK
+    );
+    assert_eq!(LOOKUPS.load(Ordering::SeqCst), 1);
+    // The peer it found is the key: the same address again is over its limit.
+    assert_eq!(
+        status(&app, get("/", "192.0.2.1", &[])).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
 #[test]
 fn the_engine_lists_the_headers_its_decisions_read() {
     let engine = builder(manual_clock())

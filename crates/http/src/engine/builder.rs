@@ -174,10 +174,14 @@ impl<S, C> EngineBuilder<S, C> {
                 .map(|peer| client_ip(peer, info.headers, &trusted, forwarded))
         });
         let reads_path = compiled.iter().any(|c| c.http.route.reads_path());
+        let reads_host = compiled
+            .iter()
+            .any(|c| c.http.route.host_pattern().is_some());
         let headers_read = headers_read(&compiled, self.forwarded);
         Ok(Engine {
             inner: Arc::new(Inner {
                 reads_path,
+                reads_host,
                 headers_read,
                 limiter,
                 policies: compiled,

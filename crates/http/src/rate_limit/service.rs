@@ -82,8 +82,9 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The peer is looked up only if a key needs the client's address.
-        let info = RequestInfo::from_request(&request, None).with_peer_lookup(Some(self.peer));
+        // The peer is looked up only if a key needs the client's address, the host only if a
+        // route matches on it.
+        let info = RequestInfo::for_layer(&request, self.peer, self.engine.reads_host());
         let prepared = self.engine.prepare(&info);
         if prepared.is_empty() {
             return ResponseFuture::passthrough(self.inner.call(request));
