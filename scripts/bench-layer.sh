@@ -18,7 +18,8 @@
 #     differences (how far to trust the median) and the user CPU alone (the kernel's share is
 #     the same sockets and syscalls for every variant, so it moves with scheduling, not code);
 #   - requests/s: what wrk got; wrk shares the 2 cores, so this moves with the machine's load.
-# Usage: scripts/bench-layer.sh [SECONDS per turn, default 3] [ROUNDS, default 5]
+# Usage: [BENCH_PIN=1] [BENCH_VARIANTS="..."] scripts/bench-layer.sh [SECONDS per turn, default 3]
+#        [ROUNDS, default 5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS="${1:-3}"
