@@ -8,8 +8,10 @@
 #                header lines (reset_format = "none", ietf = false)
 #   layer-tb     the same, with the five-line default (X-RateLimit-* and RateLimit-Policy/RateLimit)
 #   layer        the sliding window counter (10,000 an hour), five lines: the recommended default
+# The layer variants keep axum's body type (`inner_body()`, as the docs advise for axum).
 # (BENCH_VARIANTS picks others: headers = the five lines as fixed values and no limiter; outer =
-# the layer around the whole router; layer-2h = sliding window counter, two lines.)
+# the layer around the whole router; layer-2h = sliding window counter, two lines;
+# layer-tb-2h-wrap = layer-tb-2h with the default body shape, which axum boxes.)
 # Reports per round and as medians:
 #   - server CPU µs per request (user + system, from /proc): what a server whose clients are
 #     elsewhere pays per request; steadier than req/s when the machine is shared;
