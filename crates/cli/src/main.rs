@@ -35,6 +35,8 @@ enum Command {
         /// rate limit service from them, on 127.0.0.1:8081 unless the configuration file sets
         /// [server] grpc_listen. Alone, it needs no TOML. Reloaded when a file changes,
         /// appears or goes.
+        // The text is `--help`'s, where "[server]" names a TOML table, not a doc link.
+        #[allow(rustdoc::broken_intra_doc_links)]
         #[arg(long, value_name = "DIR")]
         envoy_config: Option<PathBuf>,
     },

@@ -121,7 +121,7 @@ pub enum ReplayError {
 }
 
 /// Replays the logs; `progress` hears how far it has come now and then. The work runs on a
-/// thread of its own, outside any async runtime (see [`Run::evaluate`]).
+/// thread of its own, outside any async runtime (see `Run::evaluate`).
 pub fn replay(
     options: &Options,
     progress: &mut (dyn FnMut(&Progress) + Send),

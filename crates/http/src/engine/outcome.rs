@@ -104,7 +104,7 @@ impl Answer {
         })
     }
 
-    /// On a 429 that only [`Action::Queue`] policies gave (every other policy admits the
+    /// On a 429 that only [`Action::Queue`](crate::Action::Queue) policies gave (every other policy admits the
     /// request): the queue the request may join instead, and what joining it charges. See
     /// [`Engine::admit_queued`].
     pub fn queue_ticket(&self) -> Option<&QueueTicket> {
@@ -116,7 +116,7 @@ impl Answer {
         self.status
     }
 
-    /// The headers besides `Content-Type` ([`problem::PROBLEM_JSON`](crate::problem::PROBLEM_JSON)),
+    /// The headers besides `Content-Type` ([`problem::PROBLEM_JSON`]),
     /// in order: the rate-limit headers, then `Retry-After`. Each value is made as it is
     /// asked for; [`Answer::write_headers`] writes them without making any.
     pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
@@ -169,8 +169,8 @@ impl<S: Store, C: Clock> Outcome<S, C> {
         &self.decisions
     }
 
-    /// Whether the store failed, so the request was let through ([`FailMode::Allow`]) or
-    /// answered 503 ([`FailMode::Deny`]) undecided.
+    /// Whether the store failed, so the request was let through ([`FailMode::Allow`](crate::FailMode::Allow)) or
+    /// answered 503 ([`FailMode::Deny`](crate::FailMode::Deny)) undecided.
     pub fn store_failed(&self) -> bool {
         self.store_failed
     }
