@@ -58,5 +58,7 @@ fi
 
 cargo test --workspace --all-targets --no-fail-fast
 cargo test --workspace --doc
+# The API docs build without a warning: every intra-doc link resolves.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # rediss:// against a TLS redis-server with a private CA (openssl): the `tls` feature.
 cargo test -p tollgate-redis --features tls --test tls
