@@ -267,22 +267,12 @@ impl<S: Store, C: Clock> Engine<S, C> {
         if !self.inner.limiter.store().is_immediate() {
             return None;
         }
-        match self.decide_one_now(prepared) {
+        Some(match self.decide_one_now(prepared) {
             Some(Ok((decision, headers))) => {
-                let decisions = std::iter::once(decision).collect();
-                return Some(self.outcome(decisions, headers, Verdict::Pass));
+                self.outcome(std::iter::once(decision).collect(), headers, Verdict::Pass)
             }
-            Some(Err(outcome)) => return Some(outcome),
-            None => {}
-        }
-        let decided = {
-            let future = std::pin::pin!(self.decide_ref(prepared));
-            future.poll(&mut Context::from_waker(Waker::noop()))
-        };
-        Some(match decided {
-            Poll::Ready(outcome) => outcome,
-            // The store broke its promise; what it was doing is dropped unfinished.
-            Poll::Pending => self.failed(pending_immediate_store(), &prepared.entries),
+            Some(Err(outcome)) => outcome,
+            None => self.decide_polled(prepared),
         })
     }
 
@@ -300,10 +290,23 @@ impl<S: Store, C: Clock> Engine<S, C> {
         let outcome = match self.decide_one_now(prepared) {
             Some(Ok((_, headers))) => return Some((RateLimitHeaders(headers), Verdict::Pass)),
             Some(Err(outcome)) => outcome,
-            None => self.decide_now_ref(prepared)?,
+            None => self.decide_polled(prepared),
         };
         let (_, headers, verdict) = outcome.into_parts();
         Some((headers, verdict))
+    }
+
+    /// The general path, polled once on an immediate store.
+    fn decide_polled(&self, prepared: &Prepared) -> Outcome<S, C> {
+        let decided = {
+            let future = std::pin::pin!(self.decide_ref(prepared));
+            future.poll(&mut Context::from_waker(Waker::noop()))
+        };
+        match decided {
+            Poll::Ready(outcome) => outcome,
+            // The store broke its promise; what it was doing is dropped unfinished.
+            Poll::Pending => self.failed(pending_immediate_store(), &prepared.entries),
+        }
     }
 
     /// The common request, one rejecting policy, decided by an immediate store: one poll of the

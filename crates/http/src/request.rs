@@ -67,21 +67,21 @@ impl<'a> RequestInfo<'a> {
         peer_lookup: PeerFn,
         with_host: bool,
     ) -> Self {
-        let uri = request.uri();
+        let (uri, headers) = (request.uri(), request.headers());
+        let host = if with_host {
+            host_of(uri, headers)
+        } else {
+            None
+        };
         RequestInfo {
-            method: request.method(),
-            path: uri.path(),
-            query: uri.query(),
-            host: if with_host {
-                host_of(uri, request.headers())
-            } else {
-                None
-            },
-            headers: request.headers(),
-            extensions: Some(request.extensions()),
-            peer: None,
             peer_lookup: Some(peer_lookup),
-            client_ip: None,
+            ..Self::with_parts(
+                request.method(),
+                uri,
+                host,
+                headers,
+                Some(request.extensions()),
+            )
         }
     }
 
@@ -93,6 +93,16 @@ impl<'a> RequestInfo<'a> {
         peer: Option<IpAddr>,
     ) -> Self {
         let host = host_of(uri, headers);
+        Self::with_parts(method, uri, host, headers, extensions).with_peer(peer)
+    }
+
+    fn with_parts(
+        method: &'a Method,
+        uri: &'a http::Uri,
+        host: Option<&'a str>,
+        headers: &'a HeaderMap,
+        extensions: Option<&'a Extensions>,
+    ) -> Self {
         RequestInfo {
             method,
             path: uri.path(),
@@ -100,7 +110,7 @@ impl<'a> RequestInfo<'a> {
             host,
             headers,
             extensions,
-            peer,
+            peer: None,
             peer_lookup: None,
             client_ip: None,
         }

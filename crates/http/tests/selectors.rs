@@ -93,16 +93,23 @@ fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 
-#[tokio::test]
-async fn header_key_each_key_has_its_own_quota() {
-    let engine = builder(manual_clock())
+/// `limit` a minute per `x-api-key`, or per IP without one.
+fn api_key_or_ip(
+    limit: u32,
+) -> tollgate_http::Engine<tollgate::MemoryStore, tollgate::ManualClock> {
+    builder(manual_clock())
         .policy(policy(
-            fixed("api", 2, 60),
+            fixed("api", limit, 60),
             &["header:x-api-key", "ip"],
             None,
         ))
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn header_key_each_key_has_its_own_quota() {
+    let engine = api_key_or_ip(2);
     let app = app(engine);
     for _ in 0..2 {
         assert_eq!(
@@ -125,14 +132,7 @@ async fn header_key_each_key_has_its_own_quota() {
 
 #[tokio::test]
 async fn selector_kind_is_part_of_the_key() {
-    let engine = builder(manual_clock())
-        .policy(policy(
-            fixed("api", 1, 60),
-            &["header:x-api-key", "ip"],
-            None,
-        ))
-        .build()
-        .unwrap();
+    let engine = api_key_or_ip(1);
     let app = app(engine);
     // The IP 1.2.3.4 spends its quota...
     assert_eq!(status(&app, get("/", "1.2.3.4", &[])).await, StatusCode::OK);
@@ -622,14 +622,7 @@ async fn the_peer_is_looked_up_only_when_a_key_needs_it() {
         LOOKUPS.fetch_add(1, Ordering::SeqCst);
         tollgate_http::rate_limit::default_peer(ext)
     }
-    let engine = builder(manual_clock())
-        .policy(policy(
-            fixed("api", 1, 60),
-            &["header:x-api-key", "ip"],
-            None,
-        ))
-        .build()
-        .unwrap();
+    let engine = api_key_or_ip(1);
     let app = axum::Router::new()
         .route("/", axum::routing::get(|| async { "hi" }))
         .layer(RateLimitLayer::new(engine).peer_addr(counted));

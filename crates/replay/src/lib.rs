@@ -7,8 +7,9 @@
 //! a day of traffic replays in seconds and decides exactly as the server would have. The
 //! logs stream through; memory grows with the number of keys, not with the log.
 //!
-//! - [`format`](mod@format): nginx/Apache combined lines (and Tollgate's documented `log_format` with the
-//!   API key, `$msec` and `$request_time`), JSON lines with mapped field names; gzip read as is.
+//! - [`format`](mod@format): nginx/Apache combined lines (and Tollgate's documented
+//!   `log_format` with the API key, `$msec` and `$request_time`), JSON lines with mapped field
+//!   names; gzip read as is.
 //! - [`replay`]: the run; [`Summary`]: what it found, per policy and per sweep candidate;
 //!   [`sweep`]: `limit=`, `window=` and `algorithm=` candidates.
 //! - [`report`]: `report.html`, `summary.json` and the plots (PNG and SVG); [`table::render`]

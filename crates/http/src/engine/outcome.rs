@@ -104,9 +104,9 @@ impl Answer {
         })
     }
 
-    /// On a 429 that only [`Action::Queue`](crate::Action::Queue) policies gave (every other policy admits the
-    /// request): the queue the request may join instead, and what joining it charges. See
-    /// [`Engine::admit_queued`].
+    /// On a 429 that only [`Action::Queue`](crate::Action::Queue) policies gave (every other
+    /// policy admits the request): the queue the request may join instead, and what joining it
+    /// charges. See [`Engine::admit_queued`].
     pub fn queue_ticket(&self) -> Option<&QueueTicket> {
         self.queue.as_deref()
     }
@@ -116,9 +116,9 @@ impl Answer {
         self.status
     }
 
-    /// The headers besides `Content-Type` ([`problem::PROBLEM_JSON`]),
-    /// in order: the rate-limit headers, then `Retry-After`. Each value is made as it is
-    /// asked for; [`Answer::write_headers`] writes them without making any.
+    /// The headers besides `Content-Type` ([`problem::PROBLEM_JSON`]), in order: the rate-limit
+    /// headers, then `Retry-After`. Each value is made as it is asked for;
+    /// [`Answer::write_headers`] writes them without making any.
     pub fn headers(&self) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
         self.headers
             .fields()
@@ -169,8 +169,9 @@ impl<S: Store, C: Clock> Outcome<S, C> {
         &self.decisions
     }
 
-    /// Whether the store failed, so the request was let through ([`FailMode::Allow`](crate::FailMode::Allow)) or
-    /// answered 503 ([`FailMode::Deny`](crate::FailMode::Deny)) undecided.
+    /// Whether the store failed, so the request was let through
+    /// ([`FailMode::Allow`](crate::FailMode::Allow)) or answered 503
+    /// ([`FailMode::Deny`](crate::FailMode::Deny)) undecided.
     pub fn store_failed(&self) -> bool {
         self.store_failed
     }

@@ -26,9 +26,10 @@ pub enum Action {
     /// happened. For rolling out a new policy safely.
     Shadow,
     /// Leaky bucket: a request over the rate is stored and delivered later at the policy's
-    /// rate. The engine answers it 429 like [`Action::Reject`], with a [`QueueTicket`](crate::QueueTicket) on the
-    /// answer ([`Answer::queue_ticket`](crate::Answer::queue_ticket)) for a caller that can queue it (the server's proxy);
-    /// every other caller simply answers the 429.
+    /// rate. The engine answers it 429 like [`Action::Reject`], with a
+    /// [`QueueTicket`](crate::QueueTicket) on the answer
+    /// ([`Answer::queue_ticket`](crate::Answer::queue_ticket)) for a caller that can queue it
+    /// (the server's proxy); every other caller simply answers the 429.
     Queue,
 }
 
