@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
 fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/examples/tollgate.toml")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/examples/tollgate.toml")
 }
 
 fn temp_dir(name: &str) -> PathBuf {

@@ -5,8 +5,6 @@
 
 mod unit;
 
-use std::str::FromStr;
-
 use tollgate::{AlgorithmKind, Quota, Rate};
 
 pub use unit::Unit;
@@ -289,29 +287,21 @@ impl Domain {
     }
 }
 
-/// What to answer when the store fails.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum FailureMode {
-    /// Answer OK (fail open): traffic flows while the store is down. The default.
-    #[default]
-    Allow,
-    /// Answer gRPC `UNAVAILABLE`, so Envoy's `failure_mode_deny` decides.
-    Unavailable,
-}
+/// What the service answers when the store fails: the core's one failure rule. `Allow` (and
+/// `Local`, once the store's own fallback has failed too) answers OK with no limits; `Deny`
+/// answers gRPC `UNAVAILABLE`, so Envoy's `failure_mode_deny` decides.
+pub use tollgate::OnError;
 
-impl FromStr for FailureMode {
-    type Err = String;
-
-    /// `allow` (also `open`) or `unavailable` (also `deny`).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "allow" | "open" => Ok(FailureMode::Allow),
-            "unavailable" | "deny" => Ok(FailureMode::Unavailable),
-            _ => Err(format!(
-                "invalid failure_mode {:?}: use \"allow\" or \"unavailable\"",
-                s.chars().take(40).collect::<String>()
-            )),
-        }
+/// Reads a `failure_mode` as envoyproxy/ratelimit users write it: `allow` (also `open`) or
+/// `unavailable` (also `deny`).
+pub fn parse_failure_mode(s: &str) -> Result<OnError, String> {
+    match s {
+        "allow" | "open" => Ok(OnError::Allow),
+        "unavailable" | "deny" => Ok(OnError::Deny),
+        _ => Err(format!(
+            "invalid failure_mode {:?}: use \"allow\" or \"unavailable\"",
+            s.chars().take(40).collect::<String>()
+        )),
     }
 }
 
@@ -323,7 +313,7 @@ pub use tollgate::headers::ResetFormat;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub(crate) domains: Vec<Domain>,
-    pub(crate) failure_mode: FailureMode,
+    pub(crate) failure_mode: OnError,
     pub(crate) x_ratelimit_headers: bool,
     pub(crate) ietf_headers: bool,
     pub(crate) reset_format: ResetFormat,
@@ -333,7 +323,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             domains: Vec::new(),
-            failure_mode: FailureMode::Allow,
+            failure_mode: OnError::Allow,
             x_ratelimit_headers: true,
             ietf_headers: true,
             reset_format: ResetFormat::Epoch,
@@ -360,7 +350,7 @@ impl Config {
     }
 
     /// What to answer when the store fails.
-    pub fn failure_mode(mut self, mode: FailureMode) -> Self {
+    pub fn failure_mode(mut self, mode: OnError) -> Self {
         self.failure_mode = mode;
         self
     }
@@ -386,11 +376,5 @@ impl Config {
     /// The domains.
     pub fn domain_list(&self) -> &[Domain] {
         &self.domains
-    }
-
-    /// Checks the configuration without serving it: every error envoyproxy/ratelimit would
-    /// refuse the files with, and Tollgate's own (such as a Tollgate quota it cannot build).
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        crate::tree::Compiled::new(self).map(drop)
     }
 }

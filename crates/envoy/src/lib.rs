@@ -34,7 +34,7 @@
 //! `Health/Watch`.
 
 // The README's Rust examples compile as doc tests of this crate.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "service"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
@@ -42,16 +42,23 @@ struct ReadmeDoctests;
 mod client;
 mod config;
 pub mod proto;
+#[cfg(feature = "service")]
 mod server;
+#[cfg(feature = "service")]
 mod service;
+// Without the service, the trees are compiled only to validate a configuration.
+#[cfg_attr(not(feature = "service"), allow(dead_code, unused_imports))]
 mod tree;
 mod yaml;
 
 #[cfg(feature = "client")]
 pub use client::RlsClient;
 pub use config::{
-    Config, ConfigError, Descriptor, Domain, FailureMode, RateLimit, ResetFormat, Unit,
+    Config, ConfigError, Descriptor, Domain, OnError, RateLimit, ResetFormat, Unit,
+    parse_failure_mode,
 };
+#[cfg(feature = "service")]
 pub use server::{MAX_REQUEST_BYTES, RLS_SERVICE_NAME, ServeOptions, serve, serve_with};
+#[cfg(feature = "service")]
 pub use service::{MAX_DESCRIPTORS, MAX_OVERRIDES, RlsService};
 pub use yaml::{envoy_config_files, load_envoy_config_dir, parse_envoy_config};

@@ -16,7 +16,7 @@ use tollgate::key_digest::{KeyDigest, MAX_RAW_KEY};
 use tollgate::{Clock, Limiter, Store};
 use tonic::Status;
 
-use crate::config::{Config, ConfigError, FailureMode, RateLimit, Unit};
+use crate::config::{Config, ConfigError, RateLimit, Unit};
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -192,11 +192,14 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         let decisions = match decide::decide(&self.inner.limiter, &entries, now).await {
             Ok(d) => d,
             Err(error) => {
-                return match config.failure_mode {
-                    FailureMode::Allow => Ok(answer::ok(statuses)),
-                    FailureMode::Unavailable => Err(Status::unavailable(format!(
+                // The core's one failure rule: fail open answers OK with no limits (none was
+                // counted), fail closed says the service is unavailable.
+                return if config.failure_mode.admits() {
+                    Ok(answer::ok(statuses))
+                } else {
+                    Err(Status::unavailable(format!(
                         "the rate limit store failed: {error}"
-                    ))),
+                    )))
                 };
             }
         };

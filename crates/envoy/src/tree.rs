@@ -6,16 +6,16 @@ mod wildcard;
 
 use std::collections::{HashMap, HashSet};
 
-use crate::config::{Config, ConfigError, Descriptor, FailureMode, ResetFormat};
+use crate::config::{Config, ConfigError, Descriptor, OnError, ResetFormat};
 
-pub(crate) use leaf::{Leaf, LeafLimit, LeafOptions};
+pub(crate) use leaf::{Leaf, LeafLimit, LeafOptions, until_window_end};
 use wildcard::Wildcard;
 
 /// The compiled configuration.
 #[derive(Debug)]
 pub(crate) struct Compiled {
     pub(crate) domains: HashMap<String, Tree>,
-    pub(crate) failure_mode: FailureMode,
+    pub(crate) failure_mode: OnError,
     pub(crate) x_ratelimit_headers: bool,
     pub(crate) ietf_headers: bool,
     pub(crate) reset_format: ResetFormat,
@@ -81,6 +81,14 @@ impl Compiled {
             reset_format: config.reset_format,
             has_replaces,
         })
+    }
+}
+
+impl Config {
+    /// Checks the configuration without serving it: every error envoyproxy/ratelimit would
+    /// refuse the files with, and Tollgate's own (such as a Tollgate quota it cannot build).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        Compiled::new(self).map(drop)
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{descriptor, edge, request, start, start_with};
 use tollgate::{Check, Decisions, Store, StoreError, Timestamp};
-use tollgate_envoy::FailureMode;
+use tollgate_envoy::OnError;
 use tollgate_envoy::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use tollgate_envoy::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
@@ -126,7 +126,7 @@ async fn store_failures_fail_open_or_unavailable() {
         .await
         .unwrap();
     assert_eq!(r.overall_code, OK);
-    let server = start_with(Down, edge().failure_mode(FailureMode::Unavailable)).await;
+    let server = start_with(Down, edge().failure_mode(OnError::Deny)).await;
     let mut c = server.client().await;
     let err = c
         .should_rate_limit(request("edge", &[&[("api_key", "gold")]]))

@@ -16,7 +16,7 @@ use std::time::Duration;
 use http::{HeaderName, StatusCode};
 use smallvec::SmallVec;
 use tollgate::{
-    Check, Clock, Decision, Decisions, Error, Limiter, MemoryStore, Store, SystemClock,
+    Check, Clock, Decision, Decisions, Error, Limiter, MemoryStore, OnError, Store, SystemClock,
 };
 
 use crate::headers::{HeaderList, PolicyHeaders, render};
@@ -34,7 +34,7 @@ mod respond;
 pub use builder::EngineBuilder;
 pub use outcome::{Answer, Hold, Outcome, Prepared, RateLimitHeaders, Verdict};
 use outcome::{Entry, RefundGuard, Refusal};
-pub use policy::{Action, FailMode, HttpPolicy};
+pub use policy::{Action, HttpPolicy};
 pub use queue::QueueTicket;
 
 use overrides::{KeyOverride, Overrides};
@@ -64,7 +64,7 @@ struct Inner<S, C> {
     jwt: Option<JwtVerifier>,
     hasher: CredentialHasher,
     ipv6_prefix: u8,
-    fail_mode: FailMode,
+    on_error: OnError,
     resolve_ip: Box<ResolveIp>,
     /// Whether some route matches on the path; if none does, requests skip normalising it.
     reads_path: bool,
@@ -83,7 +83,7 @@ impl<S, C> fmt::Debug for Inner<S, C> {
             .field("headers", &self.headers)
             .field("jwt", &self.jwt)
             .field("ipv6_prefix", &self.ipv6_prefix)
-            .field("fail_mode", &self.fail_mode)
+            .field("on_error", &self.on_error)
             .finish_non_exhaustive()
     }
 }

@@ -37,7 +37,7 @@
 //!   that would wait longer is refused before it consumes anything; a held request whose
 //!   client goes away gives its quota back. `shadow` never blocks, logs at debug level and
 //!   adds the headers of what would have happened.
-//! - **Store failure** follows [`FailMode`]: `Allow` (default) passes the request without
+//! - **Store failure** follows [`OnError`](tollgate::OnError): `Allow` (default) passes the request without
 //!   rate-limit headers and logs a warning; `Deny` answers 503 with a generic problem+json
 //!   body and `Retry-After: 1`. Neither leaks the store's error.
 //!
@@ -76,8 +76,8 @@ pub use cidr::{Cidr, TrustedProxies};
 pub use client_ip::ForwardedHeader;
 pub use engine::overrides::{KeyOverride, OverrideError, QuotaFields};
 pub use engine::{
-    ANONYMOUS_KEY, Action, Answer, DEFAULT_MAX_DELAY, Engine, EngineBuilder, FailMode, Hold,
-    HttpPolicy, Outcome, Prepared, QueueTicket, RateLimitHeaders, Verdict,
+    ANONYMOUS_KEY, Action, Answer, DEFAULT_MAX_DELAY, Engine, EngineBuilder, Hold, HttpPolicy,
+    Outcome, Prepared, QueueTicket, RateLimitHeaders, Verdict,
 };
 pub use error::ConfigError;
 pub use headers::{HeaderConfig, ResetFormat, RetryAfterFormat};

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
+use tollgate::OnError;
 use tollgate::{Check, Decisions, Policy, Quota, StoreError, Timestamp};
-use tollgate_http::{Action, Engine, FailMode, HttpPolicy, KeyChain, RouteMatch};
+use tollgate_http::{Action, Engine, HttpPolicy, KeyChain, RouteMatch};
 
 fn leaky(rate: &str, queue: u32) -> Policy {
     Policy::new(
@@ -317,7 +318,7 @@ async fn store_failure_fails_open_by_default() {
 async fn store_failure_can_fail_closed_without_leaking_internals() {
     let engine = Engine::builder()
         .store(Down)
-        .fail_mode(FailMode::Deny)
+        .on_error(OnError::Deny)
         .policy(policy(fixed("p", 1, 60), &["ip"], None))
         .build()
         .unwrap();

@@ -38,18 +38,28 @@
 //!   skip) when it is missing: `apt-get install -y redis-server redis-tools`.
 
 mod config;
+#[cfg(feature = "client")]
 mod deny_cache;
+#[cfg(feature = "client")]
 mod keys;
+#[cfg(feature = "client")]
 mod lease;
+#[cfg(feature = "client")]
 mod script;
+#[cfg(feature = "client")]
 mod store;
+#[cfg(feature = "client")]
 pub mod stream_queue;
+#[cfg(feature = "client")]
 mod verdict;
 
 pub use config::{
     ClockSource, ConfigError, DEFAULT_KEY_PREFIX, DEFAULT_KEY_SECRET, DEFAULT_TIMEOUT, OnError,
     RedisConfig,
 };
+#[cfg(feature = "client")]
 pub use lease::LeaseStats;
+#[cfg(feature = "client")]
 pub use script::MAX_DEPTH;
+#[cfg(feature = "client")]
 pub use store::{BuildError, RedisStore, RedisStoreStats};

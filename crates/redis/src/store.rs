@@ -12,9 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::{RedisError, Value};
-use tollgate::{Check, Decision, Decisions, MemoryStore, Store, StoreError, Timestamp, Verdict};
+use tollgate::{
+    Check, Decision, Decisions, MemoryStore, OnError, Store, StoreError, Timestamp, Verdict,
+};
 
-use crate::config::{ClockSource, ConfigError, OnError, RedisConfig};
+use crate::config::{ClockSource, ConfigError, RedisConfig};
 use crate::deny_cache::{CacheKey, DenyCache};
 use crate::keys::{KeyDigest, key_and_slot, key_name};
 use crate::lease::{LeaseStats, Leases};
@@ -32,9 +34,6 @@ pub(crate) use connection::classify;
 
 /// How long a failed Redis is left alone before one call tries it again.
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
-
-/// The retry time a denial by `on_error = deny` carries.
-const DENY_RETRY: Duration = Duration::from_secs(1);
 
 /// A store in Redis, standalone or Cluster. Cheap to clone: clones share connections, the deny
 /// cache and the fallback store.
@@ -75,16 +74,15 @@ const DENY_RETRY: Duration = Duration::from_secs(1);
 ///
 /// # Failures
 ///
-/// Each call is bounded by `timeout`. When Redis is unreachable or too slow, decisions follow
-/// `on_error` and a circuit opens: calls skip Redis (deciding by `on_error` at once) except one
-/// probe call every 100 ms, and the first probe that succeeds closes it, so the store returns
-/// to Redis by itself. A script error or a reply of the wrong shape is a
-/// [`StoreError::Protocol`]; it also follows `on_error` (never a silent allow unless that is
-/// `allow`) and is reported by [`RedisStore::apply_redis`] and [`RedisStore::stats`].
-/// `Decision` has no field saying that `on_error` decided; [`RedisStore::stats`] counts such
-/// decisions (`fallbacks`) and [`RedisStore::is_ready`] turns false meanwhile. A failed
-/// [`Store::refund`] is returned as an error (refunds are best effort: the quota comes back
-/// when its window passes anyway).
+/// Each call is bounded by `timeout`. When Redis is unreachable or too slow a circuit opens:
+/// calls skip Redis except one probe call every 100 ms, and the first probe that succeeds
+/// closes it, so the store returns to Redis by itself. Meanwhile, and for a script error or a
+/// reply of the wrong shape ([`StoreError::Protocol`]), `on_error` applies: with
+/// [`OnError::Local`] an in-process store decides (each instance on its own); otherwise the
+/// call returns the error, and the caller's failure rule (the same [`OnError`]) decides what to
+/// answer. [`RedisStore::stats`] counts both (`fallbacks`, `errors`) and
+/// [`RedisStore::is_ready`] turns false meanwhile. A failed [`Store::refund`] is returned as an
+/// error (refunds are best effort: the quota comes back when its window passes anyway).
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -127,7 +125,8 @@ struct Counters {
 pub struct RedisStoreStats {
     /// Script calls sent to Redis (EVALSHA, plus EVAL after a NOSCRIPT).
     pub script_calls: u64,
-    /// Requests decided by `on_error` instead of Redis (allow, deny or the local store).
+    /// Calls Redis did not decide: answered by the local store (`on_error = "local"`) or
+    /// returned as errors.
     pub fallbacks: u64,
     /// Requests answered by the deny cache without calling Redis.
     pub deny_cache_hits: u64,
@@ -404,7 +403,7 @@ impl RedisStore {
             return Ok(v.into_decision(check.policy.shared_name()));
         }
         if !self.may_call_redis() {
-            return Ok(self.fallback_one(now, check).await);
+            return self.fallback_one(now, check, failure::circuit_open()).await;
         }
         match self.within_timeout(self.run(now, checks, &prepared)).await {
             Ok(verdicts) => {
@@ -422,7 +421,7 @@ impl RedisStore {
             }
             Err(e) => {
                 self.failed(&e);
-                Ok(self.fallback_one(now, check).await)
+                self.fallback_one(now, check, e).await
             }
         }
     }
@@ -435,7 +434,7 @@ impl RedisStore {
     ) -> Result<Decisions, StoreError> {
         let prepared = self.prepare(checks)?;
         if !self.may_call_redis() {
-            return Ok(self.fallback(now, checks).await);
+            return self.fallback(now, checks, failure::circuit_open()).await;
         }
         match self.within_timeout(self.run(now, checks, &prepared)).await {
             Ok(verdicts) => {
@@ -444,7 +443,7 @@ impl RedisStore {
             }
             Err(e) => {
                 self.failed(&e);
-                Ok(self.fallback(now, checks).await)
+                self.fallback(now, checks, e).await
             }
         }
     }

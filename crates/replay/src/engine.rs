@@ -8,8 +8,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use http::StatusCode;
 use tollgate::store::Check;
 use tollgate::{Decision, Decisions, ManualClock, MemoryStore, Store, StoreError, Timestamp};
+use tollgate_config::Config;
 use tollgate_http::{RequestInfo, Verdict};
-use tollgate_server::Config;
 
 use crate::stats::RunStats;
 
@@ -117,11 +117,11 @@ impl Run {
         clock: ManualClock,
     ) -> Result<Run, tollgate_http::ConfigError> {
         let store = RecordingStore {
-            inner: tollgate_server::store::memory_store(&config.store),
+            inner: tollgate_config::memory_store(&config.store),
             seen: Mutex::default(),
         };
         Ok(Run {
-            engine: tollgate_server::http_engine(config, store, clock)?,
+            engine: tollgate_config::http_engine(config, store, clock)?,
             stats: RunStats::new(config),
             traced: None,
         })

@@ -2,7 +2,7 @@
 //! numbers rather than guesses.
 //!
 //! Every logged request goes through the very engine `tollgate serve` runs
-//! ([`tollgate_server::http_engine`], the configuration's policies, keys, routes and costs)
+//! ([`tollgate_config::http_engine`], the configuration's policies, keys, routes and costs)
 //! over a memory store, on a [`ManualClock`](tollgate::ManualClock) set to the line's time:
 //! a day of traffic replays in seconds and decides exactly as the server would have. The
 //! logs stream through; memory grows with the number of keys, not with the log.
@@ -18,6 +18,7 @@
 mod engine;
 pub mod format;
 mod input;
+mod options;
 pub mod report;
 mod run;
 mod stats;

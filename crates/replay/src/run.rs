@@ -15,14 +15,15 @@ use std::time::Duration;
 
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue};
 use tollgate::{ManualClock, Timestamp};
+use tollgate_config::Config;
 use tollgate_http::{RequestInfo, UserId};
-use tollgate_server::Config;
 
 use crate::engine::Run;
-use crate::format::{Format, JsonFields, LineError, LoggedRequest};
+use crate::format::{LineError, LoggedRequest};
 use crate::input::Source;
-use crate::summary::{LineRef, Summary};
-use crate::sweep::{self, Candidate, Sweep};
+pub use crate::options::Options;
+use crate::summary::{Counts, LineRef, Summary};
+use crate::sweep::{self, Candidate};
 
 /// How often (in log time) keys whose quota has fully reset are dropped from the stores. The
 /// server does it every ten seconds; a purge visits every key and never changes a decision, so
@@ -34,45 +35,6 @@ const LISTED: usize = 20;
 
 /// How often (in lines) progress is reported.
 const PROGRESS_EVERY: u64 = 1 << 16;
-
-/// What to replay, and how to read it.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// The configuration, as `tollgate serve` would run it.
-    pub config: Config,
-    /// The log files, merged by time.
-    pub logs: Vec<PathBuf>,
-    /// Their format.
-    pub format: Format,
-    /// JSON field names.
-    pub fields: JsonFields,
-    /// The header the logged API key was sent in (default `x-api-key`).
-    pub api_key_header: HeaderName,
-    /// The host of every request whose line does not say (combined logs never do).
-    pub host: Option<String>,
-    /// Candidate quotas to try.
-    pub sweep: Option<Sweep>,
-    /// Write every request's decisions here, one JSON object a line (the configuration as
-    /// given, not the candidates): `{"file","line","time","status","decisions":[{"policy",
-    /// "allowed","remaining","key"}]}`.
-    pub decisions: Option<PathBuf>,
-}
-
-impl Options {
-    /// Replays `logs` through `config`, reading the format from each file.
-    pub fn new(config: Config, logs: Vec<PathBuf>) -> Self {
-        Options {
-            config,
-            logs,
-            format: Format::Auto,
-            fields: JsonFields::default(),
-            api_key_header: HeaderName::from_static("x-api-key"),
-            host: None,
-            sweep: None,
-            decisions: None,
-        }
-    }
-}
 
 /// How far a replay has come.
 #[derive(Clone, Copy, Debug, Default)]
@@ -282,20 +244,6 @@ fn advance(r: &mut Replayer, source: &mut Source, file: usize) -> Option<Timesta
             Err(e) => r.bad(file, line_no, e),
         }
     }
-}
-
-/// What the reading side counts.
-#[derive(Debug, Default)]
-pub(crate) struct Counts {
-    pub(crate) lines: u64,
-    pub(crate) bad: u64,
-    pub(crate) bad_listed: Vec<(LineRef, String)>,
-    pub(crate) late: u64,
-    pub(crate) late_max: Duration,
-    pub(crate) late_listed: Vec<(LineRef, Duration)>,
-    pub(crate) first: Option<Timestamp>,
-    pub(crate) last: Option<Timestamp>,
-    pub(crate) keys_held_max: usize,
 }
 
 /// Turns logged requests into engine requests and hands them to every run.

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use tollgate::Timestamp;
-use tollgate_server::Config;
+use tollgate_config::Config;
 
 pub(crate) use keys::{KeyStats, PEAK_SLICES};
 pub(crate) use timeline::Timeline;

@@ -7,11 +7,11 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tollgate::Timestamp;
-use tollgate_server::Config;
+use tollgate_config::Config;
 
 use crate::engine::Run;
 use crate::input::Source;
-use crate::run::{Counts, Options};
+use crate::options::Options;
 use crate::stats::{PolicyStats, RunStats};
 use crate::sweep::Candidate;
 
@@ -25,6 +25,20 @@ pub struct LineRef {
     pub file: usize,
     /// 1-based line number.
     pub line: u64,
+}
+
+/// What the reading side counts, for the summary.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    pub(crate) lines: u64,
+    pub(crate) bad: u64,
+    pub(crate) bad_listed: Vec<(LineRef, String)>,
+    pub(crate) late: u64,
+    pub(crate) late_max: Duration,
+    pub(crate) late_listed: Vec<(LineRef, Duration)>,
+    pub(crate) first: Option<Timestamp>,
+    pub(crate) last: Option<Timestamp>,
+    pub(crate) keys_held_max: usize,
 }
 
 /// Everything a replay found.
@@ -363,7 +377,7 @@ fn run_summary(config: &Config, stats: RunStats) -> RunSummary {
     }
 }
 
-fn policy_summary(s: &PolicyStats, pc: &tollgate_server::config::PolicyConfig) -> PolicySummary {
+fn policy_summary(s: &PolicyStats, pc: &tollgate_config::PolicyConfig) -> PolicySummary {
     let mut peaks: Vec<u64> = s.keys.values().map(|k| k.peak).collect();
     peaks.sort_unstable();
     // Nearest rank: the smallest peak at least a share q of the keys are at or below.

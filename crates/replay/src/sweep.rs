@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{AlgorithmKind, Policy, Quota, Rate};
-use tollgate_server::Config;
-use tollgate_server::config::PolicyConfig;
+use tollgate_config::Config;
+use tollgate_config::PolicyConfig;
 
 /// The most candidates one replay runs (each keeps its own counters for every key).
 pub const MAX_CANDIDATES: usize = 64;

@@ -10,13 +10,11 @@ use hyper::HeaderMap;
 use hyper::header::HeaderName;
 use tollgate::key_digest::{KeyDigest, MAX_RAW_KEY};
 use tollgate::store::Check;
-use tollgate::{Clock, Decision, Decisions, Error, ErrorKind, Quota, Store, SystemClock};
-use tollgate_http::{
-    FailMode, HeaderConfig, NormalizedPath, RateLimitHeaders, RequestInfo, RetryAfterFormat,
-};
+use tollgate::{Decision, Decisions, Error, ErrorKind, Quota, SystemClock};
+use tollgate_http::{NormalizedPath, RateLimitHeaders, RequestInfo};
 
 use crate::admin::top::PolicyTop;
-use crate::config::{Action, Config, OnError, PolicyConfig};
+use crate::config::{Action, Config, PolicyConfig};
 use crate::metrics::{Metrics, Outcome, PolicyCounters};
 use crate::response::policy_name;
 use crate::store::AnyStore;
@@ -52,44 +50,7 @@ fn long_key_digest() -> &'static KeyDigest {
     &DIGEST
 }
 
-/// The HTTP policy engine `config` describes (policies, keys, routes, costs, headers, trusted
-/// proxies, JWT, key hashing, failure mode) over `store`, reading time from `clock`. The server
-/// runs on exactly this engine (over its configured store and the system clock); a tool that
-/// decides requests outside the server, such as `tollgate replay` on a manual clock, builds
-/// the same one.
-pub fn http_engine<S: Store, C: Clock>(
-    config: &Config,
-    store: S,
-    clock: C,
-) -> Result<tollgate_http::Engine<S, C>, tollgate_http::ConfigError> {
-    let h = &config.headers;
-    let mut builder = tollgate_http::Engine::builder()
-        .store(store)
-        .clock(clock)
-        .policies(config.policies.iter().map(PolicyConfig::to_http))
-        .headers(HeaderConfig {
-            legacy: h.legacy,
-            reset_format: h.reset_format,
-            ietf: h.ietf,
-            retry_after_format: RetryAfterFormat::Seconds,
-        })
-        .fail_mode(match config.store.on_error {
-            OnError::Deny => FailMode::Deny,
-            OnError::Allow | OnError::Local => FailMode::Allow,
-        });
-    builder = builder
-        .ipv6_prefix(config.ipv6_prefix)
-        .key_hash_secret(crate::store::key_hash_secret(&config.store));
-    if let Some(p) = &config.proxy {
-        builder = builder
-            .trusted_proxies(p.trusted_proxies.clone())
-            .forwarded_header(p.forwarded_header);
-    }
-    if let Some(j) = &config.jwt {
-        builder = builder.jwt(j.verifier.clone());
-    }
-    builder.build()
-}
+pub use tollgate_config::http_engine;
 
 /// One configuration generation.
 #[derive(Debug)]

@@ -14,13 +14,14 @@
 
 mod admin;
 mod api;
-pub mod config;
+pub use tollgate_config as config;
 mod engine;
 pub mod metrics;
 mod queue;
 mod relay;
 mod response;
 mod serve;
+mod sharded;
 pub mod store;
 
 use std::future::Future;
@@ -164,6 +165,8 @@ pub(crate) struct Shared {
     queues: queue::Queues,
     /// Per-key overrides, installed into every engine generation.
     overrides: Registry,
+    /// Where queued requests are delivered: the relay's HTTP/1.1 client.
+    upstream: Arc<dyn queue::Deliver>,
 }
 
 impl Shared {
@@ -294,6 +297,7 @@ pub async fn run_with(
         envoy: envoy_handle,
         queues,
         overrides,
+        upstream: Arc::new(relay::Upstream::default()),
     });
     queue::open_configured(&shared).await;
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -33,6 +33,7 @@ use crate::Shared;
 use crate::config::{Action, StoreConfig, StoreKind};
 use crate::metrics::QueueCounters;
 pub(crate) use backend::Backend;
+pub(crate) use drain::{Deliver, Delivered};
 
 /// How long the status of a delivered message stays readable.
 pub(crate) const STATUS_KEPT: Duration = Duration::from_secs(86_400);
@@ -223,7 +224,7 @@ pub(crate) fn seconds(ms: u64) -> f64 {
 pub(crate) fn new_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut h = Sha256::new();
-    h.update(crate::store::process_secret());
+    h.update(tollgate_config::process_secret());
     h.update(COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
     h.update(std::process::id().to_le_bytes());
     h.update(now_ms().to_le_bytes());

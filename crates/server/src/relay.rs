@@ -33,8 +33,8 @@ mod pool;
 mod queue;
 mod response;
 
-pub(crate) use delivery::{Delivered, deliver};
-pub(crate) use pool::Pool;
+pub(crate) use delivery::Upstream;
+use pool::Pool;
 
 use std::io;
 use std::net::SocketAddr;

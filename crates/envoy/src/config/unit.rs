@@ -6,6 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
+#[cfg(feature = "service")]
 use crate::proto::envoy::r#type::v3::RateLimitUnit;
 
 /// The time unit of an envoyproxy/ratelimit limit (`unit:` in its YAML).
@@ -56,6 +57,7 @@ impl Unit {
 
     /// The unit numbered `n` in `envoy.type.v3.RateLimitUnit` (a descriptor's `limit`
     /// override); `None` for `UNKNOWN` and numbers a newer Envoy may add.
+    #[cfg(feature = "service")]
     pub(crate) fn from_rate_limit_unit(n: i32) -> Option<Unit> {
         Some(match RateLimitUnit::try_from(n).ok()? {
             RateLimitUnit::Unknown => return None,

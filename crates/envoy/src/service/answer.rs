@@ -13,7 +13,7 @@ use super::decide::is_over;
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
-use crate::tree::Compiled;
+use crate::tree::{Compiled, until_window_end};
 
 /// The answer for a request no limit applies to.
 pub(super) fn ok(statuses: Vec<DescriptorStatus>) -> RateLimitResponse {
@@ -55,17 +55,6 @@ pub(super) fn answer(
         response_headers_to_add: rate_limit_headers(config, entries, decisions, over, now),
         request_headers_to_add: Vec::new(),
     }
-}
-
-/// Time from `now` to the end of its fixed window of length `window`, windows aligned on the
-/// Unix epoch (as envoyproxy/ratelimit's and Tollgate's fixed windows are): a full window at
-/// its very start, never zero.
-pub(super) fn until_window_end(now: Timestamp, window: Duration) -> Duration {
-    let window = u64::try_from(window.as_micros()).unwrap_or(u64::MAX);
-    if window == 0 {
-        return Duration::ZERO;
-    }
-    Duration::from_micros(window - now.as_micros() % window)
 }
 
 fn prost_duration(d: Duration) -> prost_types::Duration {

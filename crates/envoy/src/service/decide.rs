@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 use tollgate::{Check, Clock, Decision, Limiter, Store, Timestamp};
 
 use super::Entry;
-use crate::tree::LeafLimit;
+use crate::tree::{LeafLimit, until_window_end};
 
 /// The decisions of one request, in entry order, inline for up to four descriptors.
 pub(super) type DecisionList = SmallVec<[Decision; 4]>;
@@ -110,7 +110,7 @@ fn preset(e: &Entry<'_>, now: Timestamp) -> Decision {
     let reset = e
         .leaf
         .window
-        .map(|w| super::answer::until_window_end(now, w))
+        .map(|w| until_window_end(now, w))
         .unwrap_or_default();
     Decision {
         policy: "",

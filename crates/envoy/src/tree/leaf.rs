@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use tollgate::headers;
-use tollgate::{MAX_POLICY_NAME, Policy, Quota};
+use tollgate::{MAX_POLICY_NAME, Policy, Quota, Timestamp};
 
 use crate::config::{ConfigError, Enforced, LimitKind, RateLimit, Unit};
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::RateLimit as ProtoRateLimit;
@@ -161,6 +161,17 @@ fn per_unit(limit: &RateLimit, quota: &Quota) -> (u32, ProtoUnit) {
 /// A policy name from a descriptor path (`domain.key_value.key`): control characters become
 /// `_`, and a name longer than a policy name may be, or one already taken, is cut and given a
 /// hash of the full path.
+/// Time from `now` to the end of its fixed window of length `window`, windows aligned on the
+/// Unix epoch (as envoyproxy/ratelimit's and Tollgate's fixed windows are): a full window at
+/// its very start, never zero.
+pub(crate) fn until_window_end(now: Timestamp, window: Duration) -> Duration {
+    let window = u64::try_from(window.as_micros()).unwrap_or(u64::MAX);
+    if window == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_micros(window - now.as_micros() % window)
+}
+
 pub(crate) fn policy_name(path: &str, names: &mut HashSet<String>) -> String {
     let clean: String = path
         .chars()

@@ -5,14 +5,14 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::HeaderName;
-use tollgate::{Clock, Limiter, MemoryStore, Policy, Quota, Store, SystemClock};
+use tollgate::{Clock, Limiter, MemoryStore, OnError, Policy, Quota, Store, SystemClock};
 
 use crate::client_ip::{ForwardedHeader, client_ip};
 use crate::headers::PolicyHeaders;
 use crate::key::CredentialHasher;
 use crate::{ConfigError, HeaderConfig, JwtVerifier, KeySelector, RequestInfo, TrustedProxies};
 
-use super::{Action, Compiled, Engine, FailMode, HttpPolicy, Inner, Overrides, ResolveIp};
+use super::{Action, Compiled, Engine, HttpPolicy, Inner, Overrides, ResolveIp};
 
 /// Builds an [`Engine`].
 pub struct EngineBuilder<S, C> {
@@ -25,7 +25,7 @@ pub struct EngineBuilder<S, C> {
     ipv6_prefix: u8,
     jwt: Option<JwtVerifier>,
     key_secret: Vec<u8>,
-    fail_mode: FailMode,
+    on_error: OnError,
 }
 
 impl<S, C> fmt::Debug for EngineBuilder<S, C> {
@@ -49,7 +49,7 @@ impl Engine {
             ipv6_prefix: 64,
             jwt: None,
             key_secret: Vec::new(),
-            fail_mode: FailMode::default(),
+            on_error: OnError::default(),
         }
     }
 }
@@ -67,7 +67,7 @@ impl<S, C> EngineBuilder<S, C> {
             ipv6_prefix: self.ipv6_prefix,
             jwt: self.jwt,
             key_secret: self.key_secret,
-            fail_mode: self.fail_mode,
+            on_error: self.on_error,
         }
     }
 
@@ -83,7 +83,7 @@ impl<S, C> EngineBuilder<S, C> {
             ipv6_prefix: self.ipv6_prefix,
             jwt: self.jwt,
             key_secret: self.key_secret,
-            fail_mode: self.fail_mode,
+            on_error: self.on_error,
         }
     }
 
@@ -136,9 +136,9 @@ impl<S, C> EngineBuilder<S, C> {
         self
     }
 
-    /// What to do when the store fails (default [`FailMode::Allow`]).
-    pub fn fail_mode(mut self, mode: FailMode) -> Self {
-        self.fail_mode = mode;
+    /// What to do when the store fails (default [`OnError::Allow`]).
+    pub fn on_error(mut self, mode: OnError) -> Self {
+        self.on_error = mode;
         self
     }
 
@@ -189,7 +189,7 @@ impl<S, C> EngineBuilder<S, C> {
                 jwt: self.jwt,
                 hasher: CredentialHasher::new(&self.key_secret),
                 ipv6_prefix: self.ipv6_prefix,
-                fail_mode: self.fail_mode,
+                on_error: self.on_error,
                 resolve_ip,
                 overrides: Overrides::default(),
             }),

@@ -170,8 +170,8 @@ impl<S: Store, C: Clock> Outcome<S, C> {
     }
 
     /// Whether the store failed, so the request was let through
-    /// ([`FailMode::Allow`](crate::FailMode::Allow)) or answered 503
-    /// ([`FailMode::Deny`](crate::FailMode::Deny)) undecided.
+    /// ([`OnError::Allow`](tollgate::OnError::Allow)) or answered 503
+    /// ([`OnError::Deny`](tollgate::OnError::Deny)) undecided.
     pub fn store_failed(&self) -> bool {
         self.store_failed
     }

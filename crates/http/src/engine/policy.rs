@@ -1,5 +1,5 @@
 //! What an HTTP policy is: a core [`Policy`] with the request-side choices around it (keys,
-//! route, cost, what to do on a denial) and what the engine does when the store fails.
+//! route, cost, what to do on a denial).
 
 use std::fmt;
 use std::str::FromStr;
@@ -79,29 +79,6 @@ impl fmt::Display for Action {
             Action::Delay { max_delay } => write!(f, "delay (max {max_delay:?})"),
             Action::Shadow => f.write_str("shadow"),
             Action::Queue => f.write_str("queue"),
-        }
-    }
-}
-
-/// What the engine does when the store fails (after the store's own timeout and fallback).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum FailMode {
-    /// Let the request through without rate-limit headers and log a warning (the default:
-    /// an outage of the limiter should not become an outage of the API).
-    #[default]
-    Allow,
-    /// Answer 503 with a generic problem+json body and `Retry-After: 1`.
-    Deny,
-}
-
-impl FromStr for FailMode {
-    type Err = ConfigError;
-
-    fn from_str(input: &str) -> Result<Self, ConfigError> {
-        match input.trim() {
-            "allow" => Ok(FailMode::Allow),
-            "deny" => Ok(FailMode::Deny),
-            _ => Err(ConfigError::new(input, "use \"allow\" or \"deny\"")),
         }
     }
 }

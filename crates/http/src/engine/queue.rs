@@ -94,8 +94,8 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// all-or-nothing check. `Ok`: the rate-limit headers for the caller's `202` (the queue
     /// policy's denial and the others' admissions; no `Retry-After`). `Err`: what to answer
     /// instead, as a request denied by those policies (429 and its `Retry-After`) or, when the
-    /// store fails under [`FailMode::Deny`](crate::FailMode::Deny), 503. Under
-    /// [`FailMode::Allow`](crate::FailMode::Allow) a failed store lets the request be queued
+    /// store fails under [`OnError::Deny`](tollgate::OnError::Deny), 503. Under
+    /// [`OnError::Allow`](tollgate::OnError::Allow) a failed store lets the request be queued
     /// uncharged, as it would let it through.
     pub async fn admit_queued(
         &self,

@@ -12,7 +12,7 @@ use tollgate::{Clock, Decision, Decisions, Error, ErrorKind, Store};
 use crate::headers::{HeaderList, PolicyHeaders, Retry, render, retry_after};
 use crate::problem;
 
-use super::{Action, Answer, Engine, Entry, FailMode, KeyOverride, Outcome, Verdict};
+use super::{Action, Answer, Engine, Entry, KeyOverride, Outcome, Verdict};
 
 impl<S: Store, C: Clock> Engine<S, C> {
     pub(super) fn render(&self, decisions: &Decisions, entries: &[Entry]) -> HeaderList {
@@ -124,23 +124,23 @@ impl<S: Store, C: Clock> Engine<S, C> {
                     .iter()
                     .map(|e| self.inner.policies[e.index].http.policy.name())
                     .collect();
-                tracing::warn!(%error, policies = ?names, fail_mode = ?self.inner.fail_mode, "rate limit store failed");
-                let mut outcome = match self.inner.fail_mode {
-                    FailMode::Allow => {
-                        self.outcome(Decisions::new(), HeaderList::new(), Verdict::Pass)
-                    }
-                    FailMode::Deny => {
-                        let answer = Answer::new(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            HeaderList::retry_soon(),
-                            problem::unavailable(),
-                        );
-                        self.outcome(
-                            Decisions::new(),
-                            HeaderList::new(),
-                            Verdict::Respond(answer),
-                        )
-                    }
+                tracing::warn!(%error, policies = ?names, on_error = ?self.inner.on_error, "rate limit store failed");
+                let mut outcome = if self.inner.on_error.admits() {
+                    // Fail open: no quota was counted, so none is reported.
+                    self.outcome(Decisions::new(), HeaderList::new(), Verdict::Pass)
+                } else {
+                    // Fail closed: unavailable, not "too many requests" (the client may be
+                    // well within its quota).
+                    let answer = Answer::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        HeaderList::retry_soon(),
+                        problem::unavailable(),
+                    );
+                    self.outcome(
+                        Decisions::new(),
+                        HeaderList::new(),
+                        Verdict::Respond(answer),
+                    )
                 };
                 outcome.store_failed = true;
                 outcome

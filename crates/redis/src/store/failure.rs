@@ -1,12 +1,11 @@
 //! When Redis fails: the circuit that spares a failed Redis every call's timeout, and the
-//! decisions `on_error` makes meanwhile.
+//! in-process store that decides meanwhile under `on_error = "local"`.
 
 use std::sync::atomic::Ordering;
 
-use tollgate::{Check, Decision, Decisions, StoreError, Timestamp, Verdict};
+use tollgate::{Check, Decision, Decisions, OnError, StoreError, Timestamp};
 
-use super::{DENY_RETRY, PROBE_INTERVAL, RedisStore};
-use crate::config::OnError;
+use super::{PROBE_INTERVAL, RedisStore};
 
 impl RedisStore {
     /// Whether this call may go to Redis: always while healthy; when the circuit is open, one
@@ -38,42 +37,23 @@ impl RedisStore {
             .compare_exchange(0, next, Ordering::AcqRel, Ordering::Relaxed);
     }
 
-    pub(super) async fn fallback(&self, now: Timestamp, checks: &[Check<'_>]) -> Decisions {
+    /// What a call Redis could not answer gets under `on_error`: the in-process store's
+    /// decisions with `local`; otherwise the error itself, so that the caller's one failure
+    /// rule decides (`tollgate::OnError`): a store that made up an "allowed" or "denied" here
+    /// would report a quota nobody counted.
+    pub(super) async fn fallback(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+        error: StoreError,
+    ) -> Result<Decisions, StoreError> {
         self.inner.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
         match self.inner.config.on_error {
-            OnError::Local => self.inner.memory.apply_now(now, checks),
-            OnError::Allow => checks
-                .iter()
-                .map(|c| {
-                    let limit = u64::from(c.policy.quota().limit());
-                    Verdict {
-                        allowed: true,
-                        limit,
-                        remaining: limit,
-                        reset_micros: 0,
-                        retry_after_micros: None,
-                        delay_micros: 0,
-                    }
-                    .into_decision(c.policy.shared_name())
-                })
-                .collect(),
-            OnError::Deny => checks
-                .iter()
-                .map(|c| {
-                    let retry = u64::try_from(DENY_RETRY.as_micros()).unwrap_or(u64::MAX);
-                    Verdict {
-                        allowed: false,
-                        limit: u64::from(c.policy.quota().limit()),
-                        remaining: 0,
-                        reset_micros: retry,
-                        retry_after_micros: Some(retry),
-                        delay_micros: 0,
-                    }
-                    .into_decision(c.policy.shared_name())
-                })
-                .collect(),
+            OnError::Local => Ok(self.inner.memory.apply_now(now, checks)),
+            OnError::Allow | OnError::Deny => Err(error),
         }
     }
+
     /// Counts a failed call; opens the circuit when Redis is unreachable or slow.
     pub(super) fn failed(&self, e: &StoreError) {
         self.inner.stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -82,23 +62,25 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn fallback_one(&self, now: Timestamp, check: &Check<'_>) -> Decision {
-        let mut d = self.fallback(now, std::slice::from_ref(check)).await;
-        d.as_slice().first().copied().unwrap_or_else(|| {
-            // The fallback answers every check; an empty answer would be a bug: deny.
-            d.push(
-                Verdict {
-                    allowed: false,
-                    limit: 0,
-                    remaining: 0,
-                    reset_micros: 0,
-                    retry_after_micros: None,
-                    delay_micros: 0,
-                }
-                .into_decision(check.policy.shared_name()),
-            );
-            d.as_slice()[0]
+    pub(super) async fn fallback_one(
+        &self,
+        now: Timestamp,
+        check: &Check<'_>,
+        error: StoreError,
+    ) -> Result<Decision, StoreError> {
+        let decisions = self
+            .fallback(now, std::slice::from_ref(check), error)
+            .await?;
+        decisions.into_first().ok_or_else(|| StoreError::Protocol {
+            reason: "the fallback store returned no decision".to_owned(),
         })
+    }
+}
+
+/// The error of a call the open circuit kept from Redis.
+pub(super) fn circuit_open() -> StoreError {
+    StoreError::Unavailable {
+        reason: "Redis failed recently; calls skip it until the next probe".to_owned(),
     }
 }
 

@@ -67,7 +67,9 @@ impl RedisStore {
         let renewal = Renewal::new(&slot);
         self.return_leftovers(now, evicted);
         if !self.may_call_redis() {
-            return Ok(self.fallback_one(now, check).await);
+            return self
+                .fallback_one(now, check, super::failure::circuit_open())
+                .await;
         }
         let key = key_name(
             &self.inner.config.key_prefix,
@@ -91,7 +93,7 @@ impl RedisStore {
                 if e.is_retryable() {
                     self.open_circuit();
                 }
-                return Ok(self.fallback_one(now, check).await);
+                return self.fallback_one(now, check, e).await;
             }
         };
         self.inner.probe_at.store(0, Ordering::Relaxed);

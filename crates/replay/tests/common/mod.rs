@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use time::OffsetDateTime;
 use time::macros::format_description;
+use tollgate_config::Config;
 use tollgate_replay::{Options, Summary};
-use tollgate_server::Config;
 
 /// 2024-03-01T00:00:00Z: a minute boundary, so fixed windows start with the log.
 pub const START: i64 = 1_709_251_200;

@@ -14,7 +14,7 @@
 //! # Threads and time
 //!
 //! Each policy has one pair of sketches (requests, denials) per metrics shard, picked per thread
-//! (`metrics::thread_shard`), so threads do not share a lock or a cache line on the decision
+//! (`sharded::thread_shard`), so threads do not share a lock or a cache line on the decision
 //! path; `/v1/top` merges the shards. Each pair belongs to a minute (Unix seconds / 60, set by
 //! [`TopKeys::tick`]); a shard keeps the current minute and the one before, and a read merges
 //! both: the last one to two minutes. Merging sketches `s` is exact about what each one saw: a
@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use smallvec::SmallVec;
 
-use crate::metrics::{SHARDS, thread_shard};
+use crate::sharded::{SHARDS, thread_shard};
 
 /// Counters per sketch.
 pub(crate) const CAPACITY: usize = 128;

@@ -11,6 +11,8 @@
 //! stopped instance held for longer than that, and on shutdown hands back what it holds.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -26,7 +28,6 @@ use super::{Queue, STATUS_KEPT, decode, now_ms};
 use crate::Shared;
 use crate::config::{Action, PolicyConfig, QueueSettings};
 use crate::engine::Engine;
-use crate::relay::{Delivered, Pool, deliver};
 
 /// How often an idle drainer looks for messages other instances pushed (a push on this
 /// instance wakes it at once).
@@ -35,6 +36,30 @@ const POLL: Duration = Duration::from_millis(200);
 const STORE_PAUSE: Duration = Duration::from_secs(1);
 /// How often the queue's gauges are read.
 const STATS_EVERY: Duration = Duration::from_secs(1);
+
+/// What became of one delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Delivered {
+    /// The upstream answered with this status.
+    Answered(u16),
+    /// It did not answer: why.
+    Failed(&'static str),
+}
+
+/// Sends one stored request (its head without the final empty line, and its body) to the
+/// upstream at `authority` with `id` as its idempotency key, within `timeout`. The server hands
+/// the relay's HTTP/1.1 client in ([`Shared`]), so the queue does not depend on the proxy that
+/// fills it.
+pub(crate) trait Deliver: std::fmt::Debug + Send + Sync + 'static {
+    /// Delivers once.
+    fn deliver<'a>(
+        &'a self,
+        authority: &'a Authority,
+        request: (&'a [u8], &'a [u8]),
+        id: &'a str,
+        timeout: Duration,
+    ) -> Pin<Box<dyn Future<Output = Delivered> + Send + 'a>>;
+}
 
 /// A message this instance holds, and when it may be tried next.
 struct Held {
@@ -71,7 +96,7 @@ struct Target {
 struct Drainer {
     shared: Arc<Shared>,
     queue: Arc<Queue>,
-    pool: Arc<Pool>,
+    upstream: Arc<dyn Deliver>,
     settings: QueueSettings,
     waiting: VecDeque<Held>,
     in_flight: JoinSet<(Held, Outcome)>,
@@ -98,9 +123,9 @@ pub(crate) async fn drain(
 ) {
     let now = Instant::now();
     let mut d = Drainer {
+        upstream: Arc::clone(&shared.upstream),
         shared,
         queue,
-        pool: Arc::new(Pool::default()),
         settings: QueueSettings::default(),
         waiting: VecDeque::new(),
         in_flight: JoinSet::new(),
@@ -284,7 +309,7 @@ impl Drainer {
     /// A delivery task: waits for its slot, counts the attempt, delivers.
     fn start(&mut self, held: Held, delay: Duration, target: &Target) {
         let backend = self.queue.backend.clone();
-        let pool = Arc::clone(&self.pool);
+        let upstream = Arc::clone(&self.upstream);
         let authority = target.authority.clone();
         let timeout = target.timeout;
         let entry = held.message.entry.clone();
@@ -299,7 +324,9 @@ impl Drainer {
             let outcome = match decode(&held.message.payload) {
                 Some(parts) => Outcome::Tried {
                     attempts,
-                    delivered: deliver(&pool, &authority, parts, &held.message.id, timeout).await,
+                    delivered: upstream
+                        .deliver(&authority, parts, &held.message.id, timeout)
+                        .await,
                 },
                 None => Outcome::Unreadable { attempts },
             };

@@ -232,7 +232,7 @@ impl Conn {
             return false;
         };
         let timeout = proxy.timeout;
-        if super::queue::is_status_request(&self.inbuf[..head_len], engine) {
+        if is_status_request(&self.inbuf[..head_len], engine) {
             return Box::pin(self.queue_status(client, head_len, timeout, stopping)).await;
         }
         let decided = self.decide(engine, head_len, &authority).await;
@@ -361,7 +361,7 @@ impl Conn {
             .with_peer(Some(self.peer.ip()));
         let (_, rate_limit, verdict, _) = engine.evaluate_parts(&info).await;
         match &verdict {
-            Verdict::Respond(a) if a.queue_ticket().is_some() => super::queue::write_queued_head(
+            Verdict::Respond(a) if a.queue_ticket().is_some() => head::write_queued_head(
                 &mut self.uphead,
                 &head,
                 req.headers,
@@ -432,4 +432,15 @@ fn skip_empty_lines(buf: &mut BytesMut) -> bool {
     }
     buf.advance(n);
     n > 0
+}
+
+/// Whether a head asks for a stored request's status: `GET /v1/queue/...`, on a proxy with a
+/// `queue` policy (otherwise the path is the upstream's, as any other).
+fn is_status_request(head: &[u8], engine: &Engine) -> bool {
+    head.starts_with(b"GET /v1/queue/")
+        && engine
+            .config()
+            .policies
+            .iter()
+            .any(|p| p.action == crate::config::Action::Queue)
 }

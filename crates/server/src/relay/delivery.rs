@@ -17,21 +17,31 @@ use super::conn::READ_CHUNK;
 use super::head::Version;
 use super::pool::{self, Pool};
 use super::response::{ForClient, response_head};
-
-/// How a delivery went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Delivered {
-    /// The upstream answered with this status.
-    Answered(u16),
-    /// It did not answer: why.
-    Failed(&'static str),
-}
+use crate::queue::{Deliver, Delivered};
 
 /// Why an exchange ended without a status.
 struct Failure {
     reason: &'static str,
     /// Nothing came back: on a reused connection, the upstream may have closed it first.
     nothing_received: bool,
+}
+
+/// The relay's HTTP/1.1 client for queued requests: [`deliver`] over its own connection pool.
+#[derive(Debug, Default)]
+pub(crate) struct Upstream {
+    pool: Pool,
+}
+
+impl Deliver for Upstream {
+    fn deliver<'a>(
+        &'a self,
+        authority: &'a Authority,
+        request: (&'a [u8], &'a [u8]),
+        id: &'a str,
+        timeout: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Delivered> + Send + 'a>> {
+        Box::pin(deliver(&self.pool, authority, request, id, timeout))
+    }
 }
 
 /// Delivers `head` (a stored head: request line and header lines, without the final empty

@@ -480,6 +480,34 @@ pub(super) fn write_upstream_head(
     out.extend_from_slice(b"\r\n\r\n");
 }
 
+/// The head stored for a queued request: the upstream head the relay writes (hop-by-hop
+/// headers dropped, `Host` and `X-Forwarded-For` as decided) without framing, without the
+/// client's `Idempotency-Key` and `Expect` (the delivery writes its own key and sends the body
+/// at once), and without the final empty line.
+pub(super) fn write_queued_head(
+    out: &mut Vec<u8>,
+    head: &RequestHead<'_>,
+    headers: &[httparse::Header<'_>],
+    upstream: &Authority,
+    client: &[u8],
+    protected: impl Fn(&str) -> bool,
+) {
+    let kept: Vec<httparse::Header<'_>> = headers
+        .iter()
+        .filter(|h| {
+            !h.name.eq_ignore_ascii_case("idempotency-key")
+                && !h.name.eq_ignore_ascii_case("expect")
+        })
+        .copied()
+        .collect();
+    let mut bare = head.clone();
+    bare.framing = Framing::None;
+    write_upstream_head(out, &bare, &kept, upstream, client, protected);
+    if out.ends_with(b"\r\n\r\n") {
+        out.truncate(out.len() - 2);
+    }
+}
+
 #[cfg(test)]
 #[path = "head_tests.rs"]
 mod tests;

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use bytes::Buf;
 use hyper::StatusCode;
-use hyper::http::uri::Authority;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::Quota;
@@ -17,9 +16,9 @@ use tollgate_redis::stream_queue::{NewMessage, Pushed};
 use super::body::{BodyCopy, Encoding, Framing, Trailers};
 use super::conn::{Conn, Plan, READ_CHUNK};
 use super::deadline;
-use super::head::{self, MALFORMED, MALFORMED_BODY, Refusal, RequestHead, Version};
+use super::head::{self, MALFORMED, MALFORMED_BODY, Refusal, Version};
 use super::response::{write_answer, write_answer_as};
-use crate::config::{Action, PolicyConfig};
+use crate::config::PolicyConfig;
 use crate::engine::Engine;
 use crate::queue;
 
@@ -29,45 +28,6 @@ const JSON: &[u8] = b"application/json";
 
 /// The path prefix of a stored request's status.
 const STATUS_PATH: &str = "/v1/queue/";
-
-/// Whether a head asks for a stored request's status: `GET /v1/queue/...`, on a proxy with a
-/// `queue` policy (otherwise the path is the upstream's, as any other).
-pub(super) fn is_status_request(head: &[u8], engine: &Engine) -> bool {
-    head.starts_with(b"GET /v1/queue/")
-        && engine
-            .config()
-            .policies
-            .iter()
-            .any(|p| p.action == Action::Queue)
-}
-
-/// The head stored for a queued request: the upstream head the relay writes (hop-by-hop
-/// headers dropped, `Host` and `X-Forwarded-For` as decided) without framing, without the
-/// client's `Idempotency-Key` and `Expect` (the delivery writes its own key and sends the body
-/// at once), and without the final empty line.
-pub(super) fn write_queued_head(
-    out: &mut Vec<u8>,
-    head: &RequestHead<'_>,
-    headers: &[httparse::Header<'_>],
-    upstream: &Authority,
-    client: &[u8],
-    protected: impl Fn(&str) -> bool,
-) {
-    let kept: Vec<httparse::Header<'_>> = headers
-        .iter()
-        .filter(|h| {
-            !h.name.eq_ignore_ascii_case("idempotency-key")
-                && !h.name.eq_ignore_ascii_case("expect")
-        })
-        .copied()
-        .collect();
-    let mut bare = head.clone();
-    bare.framing = Framing::None;
-    head::write_upstream_head(out, &bare, &kept, upstream, client, protected);
-    if out.ends_with(b"\r\n\r\n") {
-        out.truncate(out.len() - 2);
-    }
-}
 
 /// Why a queued request's body could not be read.
 enum BodyProblem {

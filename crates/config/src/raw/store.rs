@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::fields::{count, duration, one_of};
 use super::{Errors, RawStore, S};
-use crate::config::{OnError, Secret, StoreClock, StoreConfig, StoreKind};
+use crate::{OnError, Secret, StoreClock, StoreConfig, StoreKind};
 
 /// The store with no `[store]` table: in memory, failing open.
 pub(crate) fn default_store() -> StoreConfig {

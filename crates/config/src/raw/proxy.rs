@@ -7,7 +7,7 @@ use tollgate_http::{Cidr, ForwardedHeader};
 
 use super::fields::{addr, duration, one_of};
 use super::{Errors, RawProxy, S};
-use crate::config::ProxyConfig;
+use crate::ProxyConfig;
 
 /// `[proxy]`; `listen` and `upstream` are required.
 pub(super) fn validate(p: S<RawProxy>, errs: &mut Errors<'_>) -> Option<ProxyConfig> {
@@ -75,8 +75,8 @@ pub(super) fn validate(p: S<RawProxy>, errs: &mut Errors<'_>) -> Option<ProxyCon
 }
 
 /// `upstream`: an `http://HOST:PORT` base, with no path.
-fn upstream(v: &S<String>, errs: &mut Errors<'_>) -> Option<hyper::Uri> {
-    match v.get_ref().parse::<hyper::Uri>() {
+fn upstream(v: &S<String>, errs: &mut Errors<'_>) -> Option<http::Uri> {
+    match v.get_ref().parse::<http::Uri>() {
         Ok(u)
             if u.scheme_str() == Some("http")
                 && u.authority().is_some()

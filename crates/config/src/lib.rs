@@ -1,13 +1,22 @@
-//! The configuration: TOML (SPEC §8 field names) read into raw serde structs, validated once into
-//! the domain types the server runs on. Every problem is reported with file, line and column, and
-//! all of them at once.
+//! Tollgate's configuration: the TOML file read into raw serde structs, then validated once
+//! into the domain types every crate below runs on (policies, keys, routes, stores, listeners),
+//! and [`http_engine`] that turns it into the engine that decides. Every problem is reported
+//! with file, line and column, and all of them at once.
+//!
+//! The server runs it; `tollgate replay` reads the same file and builds the same engine, without
+//! depending on the server.
 
+mod build;
 mod envoy;
 mod forward_auth;
+mod limits;
 mod log;
 mod queue;
 mod raw;
 mod schema;
+
+pub use build::{http_engine, key_hash_secret, memory_store, process_secret};
+pub use limits::Limits;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -93,9 +102,9 @@ pub enum StoreKind {
     Redis,
 }
 
-/// What to do when the store fails: the Redis store's own setting (`allow`, `deny`, `local`),
-/// which the HTTP engine's failure mode is derived from.
-pub use tollgate_redis::OnError;
+/// What every door answers when the store fails (`allow`, `deny`, `local`): the core's one
+/// failure rule.
+pub use tollgate::OnError;
 
 /// Whose clock a Redis store uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,7 +201,7 @@ pub struct ProxyConfig {
     /// `listen`.
     pub listen: SocketAddr,
     /// `upstream`, an `http://host:port` base.
-    pub upstream: hyper::Uri,
+    pub upstream: http::Uri,
     /// `trusted_proxies`: CIDRs whose `X-Forwarded-For` is believed.
     pub trusted_proxies: TrustedProxies,
     /// `forwarded_header`: `"x-forwarded-for"` (default) or `"forwarded"` (RFC 7239), the one
@@ -248,9 +257,9 @@ pub struct Envoy {
     pub config_dir: PathBuf,
     /// The domains read from it (at load time; a reload re-reads them).
     pub domains: Vec<tollgate_envoy::Domain>,
-    /// `failure_mode`: `allow` or `unavailable` when the store fails (default from
+    /// `failure_mode`: `allow` or `unavailable` (`deny`) when the store fails (default:
     /// `[store] on_error`).
-    pub failure_mode: tollgate_envoy::FailureMode,
+    pub failure_mode: OnError,
 }
 
 /// One `[[policy]]`, validated.
@@ -352,7 +361,7 @@ pub struct Config {
     pub ipv6_prefix: u8,
     /// What every listener bounds: `[server] header_read_timeout`, `max_header_bytes`,
     /// `max_connections` (per listener), and `[proxy] idle_timeout`.
-    pub limits: crate::Limits,
+    pub limits: Limits,
     /// `[admin] listen`.
     pub admin_listen: SocketAddr,
     /// `[admin] token`: a bearer token the admin endpoints require.
@@ -436,7 +445,7 @@ impl Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_listen: None,
             ipv6_prefix: 64,
-            limits: crate::Limits::default(),
+            limits: Limits::default(),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,
             store: raw::default_store(),

@@ -6,8 +6,6 @@
 //! so the few milliseconds between them never matter, and a run that crosses midnight UTC (a
 //! window boundary) is retried.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -233,12 +231,12 @@ async fn a_replay_decides_as_the_live_server_did() {
         if utc_day() != day {
             continue; // crossed midnight UTC, where every day-long window turns over: again
         }
-        let log = common::write_log(dir.path(), &format!("live-{round}.jsonl"), &lines);
+        let log = write_log(dir.path(), &format!("live-{round}.jsonl"), &lines);
         let decisions = dir.path().join(format!("decisions-{round}.jsonl"));
         let mut options = Options::new(config.clone(), vec![log]);
         options.format = Format::Json;
         options.decisions = Some(decisions.clone());
-        let summary = common::replay_with(options);
+        let summary = replay_with(options);
         let replayed = replayed_answers(&decisions);
         assert_eq!(replayed.len(), live.len());
         for (i, (l, r)) in live.iter().zip(&replayed).enumerate() {
@@ -267,4 +265,20 @@ async fn a_replay_decides_as_the_live_server_did() {
     assert!(compared, "both rounds crossed midnight UTC");
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+}
+
+/// Writes `lines` to `dir/name`.
+fn write_log(dir: &std::path::Path, name: &str, lines: &[String]) -> std::path::PathBuf {
+    let path = dir.join(name);
+    let mut text = lines.join("\n");
+    if !text.is_empty() {
+        text.push('\n');
+    }
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    path
+}
+
+/// Replays with `options`.
+fn replay_with(options: Options) -> tollgate_replay::Summary {
+    tollgate_replay::replay(&options, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"))
 }

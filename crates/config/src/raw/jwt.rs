@@ -4,7 +4,7 @@
 use tollgate_http::JwtVerifier;
 
 use super::{Errors, RawJwt, S};
-use crate::config::{Jwt, PolicyConfig};
+use crate::{Jwt, PolicyConfig};
 
 /// `[jwt]` (`Some(None)` when absent, `None` when refused), and whether every policy that keys
 /// by a claim has a key to verify it with.

@@ -21,7 +21,7 @@ fn builtin_default_is_valid() {
 #[test]
 fn spec_example_is_valid() {
     // PATH stands in for the JWT secret's variable: it is always set.
-    let text = include_str!("../../examples/tollgate.toml").replace("TOLLGATE_JWT_SECRET", "PATH");
+    let text = include_str!("../examples/tollgate.toml").replace("TOLLGATE_JWT_SECRET", "PATH");
     let c = Config::parse("examples/tollgate.toml", &text);
     assert!(c.is_ok(), "{c:?}");
 }
@@ -150,7 +150,7 @@ fn key_secret_comes_from_the_environment_and_is_never_printed() {
         !format!("{c:?}").contains(&path),
         "the secret leaked into Debug"
     );
-    assert_eq!(crate::store::key_hash_secret(&c.store), path.as_bytes());
+    assert_eq!(crate::key_hash_secret(&c.store), path.as_bytes());
 
     let e = errors("[store]\nkey_secret_env = \"TOLLGATE_TEST_SURELY_UNSET_VARIABLE\"\n");
     assert_eq!(e.len(), 1, "{e:?}");
@@ -170,10 +170,10 @@ fn key_secret_comes_from_the_environment_and_is_never_printed() {
 #[test]
 fn without_a_key_secret_memory_draws_one_per_process_and_redis_shares_the_builtin() {
     let memory = Config::builtin().store;
-    let first = crate::store::key_hash_secret(&memory);
+    let first = crate::key_hash_secret(&memory);
     assert_eq!(first.len(), 32);
     assert_eq!(
-        crate::store::key_hash_secret(&memory),
+        crate::key_hash_secret(&memory),
         first,
         "stable across reloads"
     );
@@ -183,7 +183,7 @@ fn without_a_key_secret_memory_draws_one_per_process_and_redis_shares_the_builti
         ..Config::builtin().store
     };
     assert_eq!(
-        crate::store::key_hash_secret(&redis),
+        crate::key_hash_secret(&redis),
         tollgate_redis::DEFAULT_KEY_SECRET,
         "instances sharing a Redis must hash alike"
     );

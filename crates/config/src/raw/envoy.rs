@@ -2,7 +2,7 @@
 //! from, and what it answers when the store fails.
 
 use super::{Errors, RawEnvoy, S};
-use crate::config::{Envoy, OnError, StoreConfig};
+use crate::{Envoy, OnError, StoreConfig};
 
 /// `[envoy]` (`Some(None)` when absent, `None` when refused), and whether it agrees with
 /// `[server] grpc_listen`: each needs the other, unless `--envoy-config` supplies the
@@ -56,7 +56,7 @@ fn validate(
         }
     };
     let failure_mode = match &e.failure_mode {
-        Some(v) => match v.get_ref().parse::<tollgate_envoy::FailureMode>() {
+        Some(v) => match tollgate_envoy::parse_failure_mode(v.get_ref()) {
             Ok(m) => m,
             Err(reason) => {
                 errs.at(
@@ -66,16 +66,14 @@ fn validate(
                 return None;
             }
         },
-        None => match store.map(|s| s.on_error) {
-            Some(OnError::Deny) => tollgate_envoy::FailureMode::Unavailable,
-            _ => tollgate_envoy::FailureMode::Allow,
-        },
+        // The one failure rule of every door, unless Envoy's own setting says otherwise.
+        None => store.map_or(OnError::Allow, |s| s.on_error),
     };
     // Compile once now, so descriptor errors surface in `validate`.
-    if let Err(err) = tollgate_envoy::RlsService::new(
-        tollgate::Limiter::builder().build().ok()?,
-        &tollgate_envoy::Config::new().domains(domains.clone()),
-    ) {
+    if let Err(err) = tollgate_envoy::Config::new()
+        .domains(domains.clone())
+        .validate()
+    {
         errs.at(
             dir.span().start,
             format!("[envoy] field \"config_dir\": {err}"),

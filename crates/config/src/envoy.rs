@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Config, ConfigError, Envoy, OnError};
+use super::{Config, ConfigError, Envoy};
 
 /// Where `tollgate serve --envoy-config DIR` serves Envoy's rate limit service when no
 /// `[server] grpc_listen` says otherwise: envoyproxy/ratelimit's port, on loopback like every
@@ -41,10 +41,9 @@ impl Config {
             .domains(domains.clone())
             .validate()
             .map_err(ConfigError::Envoy)?;
-        let failure_mode = match (&self.envoy, self.store.on_error) {
-            (Some(e), _) => e.failure_mode,
-            (None, OnError::Deny) => tollgate_envoy::FailureMode::Unavailable,
-            (None, _) => tollgate_envoy::FailureMode::Allow,
+        let failure_mode = match &self.envoy {
+            Some(e) => e.failure_mode,
+            None => self.store.on_error,
         };
         self.envoy = Some(Envoy {
             config_dir: dir.to_path_buf(),

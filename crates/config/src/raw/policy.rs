@@ -7,7 +7,7 @@ use tollgate_http::{KeyChain, KeySelector, RouteMatch, parse_method};
 
 use super::fields::{count, duration, one_of};
 use super::{Errors, RawMatch, RawPolicy};
-use crate::config::{Action, PolicyConfig, make_policy, parse_algorithm, parse_rate};
+use crate::{Action, PolicyConfig, make_policy, parse_algorithm, parse_rate};
 
 /// What a policy's validation needs at every step: where the table starts (for errors about a
 /// missing field), the message prefix naming the policy, and its algorithm.
@@ -81,7 +81,7 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
     };
     let (action, action_ok) = action(&p, &cx, errs);
     ok &= action_ok;
-    let queue_fields = crate::config::queue::RawQueueFields {
+    let queue_fields = crate::queue::RawQueueFields {
         max_body: p.queue_max_body.as_ref(),
         max_depth: p.queue_max_depth.as_ref(),
         attempts: p.queue_attempts.as_ref(),
@@ -89,7 +89,7 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
         claim_after: p.queue_claim_after.as_ref(),
         concurrency: p.queue_concurrency.as_ref(),
     };
-    let queue = crate::config::queue::validate(
+    let queue = crate::queue::validate(
         &queue_fields,
         action == Some(Action::Queue),
         &cx.prefix,

@@ -186,7 +186,7 @@ fn time(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, ConfigError};
+    use crate::{Config, ConfigError};
 
     const PROXY: &str = "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:3000\"\n";
 
@@ -240,7 +240,7 @@ mod tests {
 
     #[test]
     fn the_reference_configuration_documents_a_valid_queue_policy_with_the_defaults() {
-        let example = include_str!("../../examples/tollgate.toml");
+        let example = include_str!("../examples/tollgate.toml");
         let block: Vec<&str> = example
             .lines()
             .skip_while(|l| *l != "# [[policy]]")
