@@ -91,7 +91,11 @@ fn config() -> Config {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_limits_all_or_nothing_and_follows_its_on_error() {
     let mut redis = Redis::start();
-    let server = start_with(store(&redis.url(), OnError::Deny).await, config()).await;
+    let server = start_with(
+        store(&redis.url(), OnError::Deny).await,
+        config().failure_mode(OnError::Deny),
+    )
+    .await;
     let mut c = server.client().await;
     let both: &[&[(&str, &str)]] = &[&[("api_key", "k")], &[("path", "/p")]];
     for i in 0..4 {
@@ -103,16 +107,25 @@ async fn redis_store_limits_all_or_nothing_and_follows_its_on_error() {
     let r = c.should_rate_limit(request("edge", both)).await.unwrap();
     assert!(header(&r, "Retry-After").is_some());
 
-    // Redis gone: the store's on_error decides (Deny: over limit; Allow: OK).
+    // Redis gone: the one failure rule decides. Deny: UNAVAILABLE, for Envoy's
+    // failure_mode_deny (never OVER_LIMIT: nobody knows the quota); Allow: OK with no limits.
     redis.stop();
-    let r = c
+    let status = c
         .should_rate_limit(request("edge", &[&[("api_key", "new")]]))
         .await
-        .unwrap();
-    assert_eq!(r.overall_code, OVER);
+        .err();
+    assert_eq!(
+        status.map(|s| s.code()),
+        Some(tonic::Code::Unavailable),
+        "fail closed"
+    );
     drop(server);
     let redis = Redis::start();
-    let allow = start_with(store(&redis.url(), OnError::Allow).await, config()).await;
+    let allow = start_with(
+        store(&redis.url(), OnError::Allow).await,
+        config().failure_mode(OnError::Allow),
+    )
+    .await;
     drop(redis);
     let mut c = allow.client().await;
     let r = c
@@ -120,4 +133,6 @@ async fn redis_store_limits_all_or_nothing_and_follows_its_on_error() {
         .await
         .unwrap();
     assert_eq!(r.overall_code, OK);
+    // Nothing was counted, so no quota is reported.
+    assert!(r.response_headers_to_add.is_empty(), "{r:?}");
 }

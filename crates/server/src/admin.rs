@@ -19,7 +19,7 @@ use tollgate::Quota;
 
 use crate::Shared;
 use crate::config::PolicyConfig;
-use crate::engine::Engine;
+use crate::generation::Generation;
 use crate::response::{Body, json_response, problem, text};
 
 pub(crate) async fn handle(
@@ -90,7 +90,7 @@ pub(crate) async fn handle(
 /// The admin token check: `Some(refusal)` when the request may not go on. With a token, every
 /// request but the dashboard's assets must carry it; without one, writes are refused unless the
 /// admin listener is loopback-only.
-fn authorize(engine: &Engine, req: &Request<Incoming>, read: bool) -> Option<Response<Body>> {
+fn authorize(engine: &Generation, req: &Request<Incoming>, read: bool) -> Option<Response<Body>> {
     if let Some(token) = &engine.config().admin_token {
         let given = req
             .headers()
@@ -121,7 +121,7 @@ fn authorize(engine: &Engine, req: &Request<Incoming>, read: bool) -> Option<Res
 }
 
 /// `GET /v1/policies`: every policy with its quota, key chain and route, and its overrides.
-fn policies_response(shared: &Shared, engine: &Engine) -> Response<Body> {
+fn policies_response(shared: &Shared, engine: &Generation) -> Response<Body> {
     let now = top::unix_secs();
     let overrides = shared.overrides.list(now);
     let list: Vec<Value> = engine
@@ -145,7 +145,7 @@ fn policies_response(shared: &Shared, engine: &Engine) -> Response<Body> {
 }
 
 /// `GET /v1/top?policy=NAME&n=20`: without `policy`, every policy.
-fn top_response(shared: &Shared, engine: &Engine, query: &str) -> Response<Body> {
+fn top_response(shared: &Shared, engine: &Generation, query: &str) -> Response<Body> {
     let mut policy = None;
     let mut n = 20;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -248,7 +248,7 @@ fn key_text(key: &[u8]) -> String {
 
 /// `GET /v1/stats`: what the dashboard polls: decision counters per policy, store health, and
 /// how many overrides there are.
-async fn stats(shared: &Shared, engine: &Engine) -> Response<Body> {
+async fn stats(shared: &Shared, engine: &Generation) -> Response<Body> {
     let counts = shared.metrics.decision_counts();
     let policies: Vec<Value> = engine
         .config()

@@ -18,7 +18,7 @@ use tollgate_http::RequestInfo;
 
 use crate::Shared;
 use crate::config::Action;
-use crate::engine::{Engine, KeyCheck, Verdict};
+use crate::generation::{Generation, KeyCheck, Verdict};
 use crate::response::{Body, decision_json, full, json_response, problem, text};
 
 /// The largest `/v1/check` body accepted.
@@ -58,7 +58,7 @@ fn bad_request(detail: &str) -> Response<Body> {
     problem(StatusCode::BAD_REQUEST, "Bad request", Some(detail))
 }
 
-async fn check(engine: &Engine, req: Request<Incoming>) -> Response<Body> {
+async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return bad_request("the body could not be read or exceeds 64 KiB"),
@@ -79,7 +79,10 @@ async fn check(engine: &Engine, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
-async fn check_by_policy(engine: &Engine, obj: &serde_json::Map<String, Value>) -> Response<Body> {
+async fn check_by_policy(
+    engine: &Generation,
+    obj: &serde_json::Map<String, Value>,
+) -> Response<Body> {
     let Some(name) = obj.get("policy").and_then(Value::as_str) else {
         return bad_request("\"policy\" must be a string");
     };
@@ -243,7 +246,7 @@ fn attributes(obj: &serde_json::Map<String, Value>) -> Result<Attributes<'_>, St
 }
 
 async fn check_by_attributes(
-    engine: &Engine,
+    engine: &Generation,
     obj: &serde_json::Map<String, Value>,
 ) -> Response<Body> {
     let Attributes {

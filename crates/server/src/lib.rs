@@ -15,7 +15,7 @@
 mod admin;
 mod api;
 pub use tollgate_config as config;
-mod engine;
+mod generation;
 pub mod metrics;
 mod queue;
 mod relay;
@@ -36,7 +36,9 @@ use tokio::sync::watch;
 use tollgate::{Clock, SystemClock};
 
 pub use config::{Config, ConfigError, Diagnostic, Diagnostics};
-pub use engine::{Engine, KeyCheck, http_engine};
+pub use tollgate_config::http_engine;
+
+use crate::generation::Generation;
 pub use serve::Limits;
 
 use crate::admin::overrides::registry::{self, Backend, Registry};
@@ -156,7 +158,7 @@ impl Listeners {
 #[derive(Debug)]
 pub(crate) struct Shared {
     /// The running engine: read without a lock on every request, replaced whole on reload.
-    engine: ArcSwap<Engine>,
+    engine: ArcSwap<Generation>,
     store: AnyStore,
     metrics: Arc<Metrics>,
     /// Envoy's rate limit service, kept so a reload can swap its descriptors in place.
@@ -170,7 +172,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn engine(&self) -> Arc<Engine> {
+    pub(crate) fn engine(&self) -> Arc<Generation> {
         self.engine.load_full()
     }
 
@@ -222,7 +224,7 @@ impl Shared {
         if !same_limits(&old.limits, &config.limits) {
             tracing::warn!("reload: listener limit changes take effect on restart");
         }
-        let engine = Engine::new(
+        let engine = Generation::new(
             Arc::new(config),
             self.store.clone(),
             Arc::clone(&self.metrics),
@@ -285,7 +287,7 @@ pub async fn run_with(
     };
     let envoy_handle = envoy.as_ref().map(|(service, _)| service.clone());
     let queues = queue::Queues::new(&config.store);
-    let engine = Engine::new(Arc::new(config), store.clone(), Arc::clone(&metrics))?;
+    let engine = Generation::new(Arc::new(config), store.clone(), Arc::clone(&metrics))?;
     let overrides = Registry::new(match &store {
         AnyStore::Memory(_) => Backend::Memory,
         AnyStore::Redis(r) => Backend::Redis(r.clone()),

@@ -196,7 +196,7 @@ pub(crate) fn sharing(shared: &Shared) -> &'static str {
 /// One override as the API shows it: its fields, the quota it makes under the running
 /// configuration, and whether it applies.
 pub(crate) fn record_json(
-    engine: &crate::engine::Engine,
+    engine: &crate::generation::Generation,
     r: &Record,
     inactive: Option<String>,
 ) -> Value {

@@ -16,7 +16,7 @@ use hyper::header::{HeaderName, HeaderValue};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use tollgate_http::{RequestInfo, TrustedProxies};
 
-use crate::engine::{Engine, Verdict};
+use crate::generation::{Generation, Verdict};
 use crate::response::{Body, full, problem};
 
 /// How a denial is answered.
@@ -72,7 +72,7 @@ const NOT_ADDRESS: &str = "must end with the client's address, as the proxy appe
 
 /// Answers a forward-auth request from `peer`.
 pub(crate) async fn handle(
-    engine: &Engine,
+    engine: &Generation,
     peer: SocketAddr,
     req: Request<Incoming>,
     flavor: Flavor,

@@ -27,7 +27,7 @@ use super::backend::Burial;
 use super::{Queue, STATUS_KEPT, decode, now_ms};
 use crate::Shared;
 use crate::config::{Action, PolicyConfig, QueueSettings};
-use crate::engine::Engine;
+use crate::generation::Generation;
 
 /// How often an idle drainer looks for messages other instances pushed (a push on this
 /// instance wakes it at once).
@@ -276,7 +276,7 @@ impl Drainer {
 
     /// Asks the bucket for a slot for every message that may go now, in order, and starts the
     /// deliveries that have one.
-    async fn schedule(&mut self, engine: &Engine, pc: &PolicyConfig, target: &Target) {
+    async fn schedule(&mut self, engine: &Generation, pc: &PolicyConfig, target: &Target) {
         let now = Instant::now();
         if now < self.paused_until {
             return;
@@ -465,7 +465,7 @@ fn settled(status: u16) -> bool {
 }
 
 /// Asks the policy's bucket for a delivery's slot, as a live request of `key` would be.
-async fn slot(engine: &Engine, pc: &PolicyConfig, key: &[u8]) -> Slot {
+async fn slot(engine: &Generation, pc: &PolicyConfig, key: &[u8]) -> Slot {
     let store = engine.store();
     // A decision from the store's failure mode (Redis away) says nothing about the shared
     // rate: `on_error = "allow"` would let every held message go at once.

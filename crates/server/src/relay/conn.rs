@@ -19,7 +19,7 @@ use super::head::{self, HeadScan, Host, MALFORMED, Refusal, RequestHead, Version
 use super::pool::Pool;
 use super::response::write_answer;
 use crate::Shared;
-use crate::engine::{Engine, Verdict};
+use crate::generation::{Generation, Verdict};
 use crate::serve::Limits;
 
 /// Headers parsed on the stack; a request with more is parsed again with room for
@@ -54,7 +54,7 @@ pub(super) struct Conn {
     /// The headers the engine reads (keys, JWT, forwarding headers), refilled per request.
     pub(super) map: HeaderMap,
     /// The engine this connection last used (out of here during an exchange).
-    pub(super) engine: Option<Arc<Engine>>,
+    pub(super) engine: Option<Arc<Generation>>,
 }
 
 /// What the relay keeps of a request head once its bytes are gone.
@@ -96,7 +96,7 @@ impl Conn {
     /// (give it back with [`Conn::put_engine`]): looked up again only after a reload, and
     /// never cloned per request, as a reference count both cores update would bounce between
     /// them.
-    fn take_engine(&mut self) -> Arc<Engine> {
+    fn take_engine(&mut self) -> Arc<Generation> {
         // arc-swap's load borrows the running engine without touching its reference count;
         // a pointer comparison tells whether a reload replaced it.
         let running = self.shared.engine.load();
@@ -208,7 +208,7 @@ impl Conn {
     async fn exchange(
         &mut self,
         client: &mut TcpStream,
-        engine: &Engine,
+        engine: &Generation,
         head_len: usize,
         stopping: bool,
     ) -> bool {
@@ -307,7 +307,7 @@ impl Conn {
     /// the upstream head needs.
     async fn decide(
         &mut self,
-        engine: &Engine,
+        engine: &Generation,
         head_len: usize,
         authority: &hyper::http::uri::Authority,
     ) -> Result<(Plan, tollgate_http::RateLimitHeaders, Verdict), (Refusal, Version)> {
@@ -436,7 +436,7 @@ fn skip_empty_lines(buf: &mut BytesMut) -> bool {
 
 /// Whether a head asks for a stored request's status: `GET /v1/queue/...`, on a proxy with a
 /// `queue` policy (otherwise the path is the upstream's, as any other).
-fn is_status_request(head: &[u8], engine: &Engine) -> bool {
+fn is_status_request(head: &[u8], engine: &Generation) -> bool {
     head.starts_with(b"GET /v1/queue/")
         && engine
             .config()

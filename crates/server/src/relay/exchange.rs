@@ -61,7 +61,7 @@ impl Conn {
         authority: &Authority,
         plan: Plan,
         rate_limit: &RateLimitHeaders,
-        hold: Option<crate::engine::Hold>,
+        hold: Option<crate::generation::Hold>,
         timeout: Duration,
         stopping: bool,
     ) -> bool {

@@ -19,7 +19,7 @@ use super::deadline;
 use super::head::{self, MALFORMED, MALFORMED_BODY, Refusal, Version};
 use super::response::{write_answer, write_answer_as};
 use crate::config::PolicyConfig;
-use crate::engine::Engine;
+use crate::generation::Generation;
 use crate::queue;
 
 /// The content types of the answers here.
@@ -43,7 +43,7 @@ impl Conn {
     pub(super) async fn enqueue(
         &mut self,
         client: &mut TcpStream,
-        engine: &Engine,
+        engine: &Generation,
         answer: Box<Answer>,
         plan: Plan,
         timeout: Duration,
@@ -307,7 +307,7 @@ struct QueueReply {
 /// Stores a request the engine admitted to the queue: `202` with its status URL, or `429`
 /// (the queue is full) or `503` (its store failed) with the policy's quota given back.
 async fn store(
-    engine: &Engine,
+    engine: &Generation,
     queue: &queue::Queue,
     ticket: &QueueTicket,
     policy: Option<&PolicyConfig>,

@@ -14,7 +14,7 @@ use tollgate::{Rate, StoreError, Timestamp, parse_duration};
 use tollgate_http::{OverrideError, QuotaFields};
 use tollgate_redis::RedisStore;
 
-use crate::engine::Engine;
+use crate::generation::Generation;
 
 /// The most overrides at once, over every policy: each costs a policy of its own in every
 /// engine, and interned header text for each distinct quota.
@@ -150,7 +150,7 @@ impl Registry {
 
     /// Installs the records into `engine`, then runs `publish` (which makes `engine` the one
     /// requests use) before any change can slip in between.
-    pub(crate) fn install_then(&self, engine: &Engine, publish: impl FnOnce()) {
+    pub(crate) fn install_then(&self, engine: &Generation, publish: impl FnOnce()) {
         let mut state = self.lock();
         install(&mut state, engine);
         publish();
@@ -171,7 +171,7 @@ impl Registry {
     pub(crate) async fn put(
         &self,
         record: Record,
-        current: impl Fn() -> std::sync::Arc<Engine>,
+        current: impl Fn() -> std::sync::Arc<Generation>,
     ) -> Result<(), ChangeError> {
         let id = (record.policy.clone(), record.key.clone());
         {
@@ -205,7 +205,7 @@ impl Registry {
         &self,
         policy: &str,
         key: &str,
-        current: impl Fn() -> std::sync::Arc<Engine>,
+        current: impl Fn() -> std::sync::Arc<Generation>,
     ) -> Result<bool, ChangeError> {
         match &self.backend {
             Backend::Memory => {
@@ -230,7 +230,7 @@ impl Registry {
     pub(crate) async fn poll(
         &self,
         unix_secs: u64,
-        current: impl Fn() -> std::sync::Arc<Engine>,
+        current: impl Fn() -> std::sync::Arc<Generation>,
     ) -> Result<(), StoreError> {
         match &self.backend {
             Backend::Memory => {
@@ -257,7 +257,7 @@ impl Registry {
     async fn refresh(
         &self,
         store: &RedisStore,
-        current: &impl Fn() -> std::sync::Arc<Engine>,
+        current: &impl Fn() -> std::sync::Arc<Generation>,
     ) -> Result<(), StoreError> {
         let (version, pairs) = store.load_overrides().await?;
         let mut records = BTreeMap::new();
@@ -304,7 +304,7 @@ impl Registry {
 
 /// Compiles every record that has not expired against `engine` and installs them; the others
 /// are noted as inactive, with why.
-fn install(state: &mut State, engine: &Engine) {
+fn install(state: &mut State, engine: &Generation) {
     let now = crate::admin::top::unix_secs();
     let mut compiled = Vec::with_capacity(state.records.len());
     let mut inactive = HashMap::new();

@@ -50,11 +50,9 @@ fn long_key_digest() -> &'static KeyDigest {
     &DIGEST
 }
 
-pub use tollgate_config::http_engine;
-
 /// One configuration generation.
 #[derive(Debug)]
-pub struct Engine {
+pub struct Generation {
     config: Arc<Config>,
     http: HttpEngine,
     metrics: Arc<Metrics>,
@@ -84,13 +82,13 @@ pub enum KeyCheck {
     NeverAdmissible(Quota),
 }
 
-impl Engine {
+impl Generation {
     /// An engine for `config` over `store` (the same store across reloads).
     pub fn new(
         config: Arc<Config>,
         store: AnyStore,
         metrics: Arc<Metrics>,
-    ) -> Result<Engine, tollgate_http::ConfigError> {
+    ) -> Result<Generation, tollgate_http::ConfigError> {
         let stats = config
             .policies
             .iter()
@@ -100,9 +98,9 @@ impl Engine {
                 top: metrics.top.policy(pc.name()),
             })
             .collect();
-        Ok(Engine {
+        Ok(Generation {
             stats,
-            http: http_engine(&config, store, SystemClock::new())?,
+            http: tollgate_config::http_engine(&config, store, SystemClock::new())?,
             config,
             metrics,
         })
@@ -159,7 +157,7 @@ impl Engine {
         }
     }
 
-    /// [`Engine::evaluate`] with the rate-limit headers as the HTTP engine gives them, to be
+    /// [`Generation::evaluate`] with the rate-limit headers as the HTTP engine gives them, to be
     /// moved straight into a response (the proxy's path: no map of their own).
     pub(crate) async fn evaluate_parts(
         &self,
