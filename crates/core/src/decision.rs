@@ -44,6 +44,60 @@ impl Verdict {
     }
 }
 
+/// How one policy treated one request, as every door counts it in its metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Admitted.
+    Allowed,
+    /// Refused (over the limit).
+    Denied,
+    /// A shadow policy would have refused it; it went on.
+    Shadow,
+    /// The store failed and the request went on undecided ([`OnError::Allow`](crate::OnError)).
+    FailOpen,
+    /// The store failed and the request was refused as unavailable
+    /// ([`OnError::Deny`](crate::OnError)).
+    FailClosed,
+}
+
+impl Outcome {
+    /// Every outcome, in the order of their [`index`](Self::index).
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Allowed,
+        Outcome::Denied,
+        Outcome::Shadow,
+        Outcome::FailOpen,
+        Outcome::FailClosed,
+    ];
+
+    /// The metrics label: `allowed`, `denied`, `shadow`, `fail_open` or `fail_closed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+            Outcome::Shadow => "shadow",
+            Outcome::FailOpen => "fail_open",
+            Outcome::FailClosed => "fail_closed",
+        }
+    }
+
+    /// Its place in [`Outcome::ALL`], for counters kept in an array.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// What a decision of a policy counts as: a refusal by a shadow policy is [`Shadow`].
+    ///
+    /// [`Shadow`]: Outcome::Shadow
+    pub fn of(decision: &Decision, shadow: bool) -> Outcome {
+        match (decision.allowed, shadow) {
+            (true, _) => Outcome::Allowed,
+            (false, true) => Outcome::Shadow,
+            (false, false) => Outcome::Denied,
+        }
+    }
+}
+
 /// A policy's answer for one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decision {

@@ -53,7 +53,7 @@ pub mod store;
 pub mod testing;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp, TokioClock};
-pub use decision::{Decision, Decisions, Verdict};
+pub use decision::{Decision, Decisions, Outcome, Verdict};
 pub use error::{Error, ErrorKind, QuotaError, StoreError};
 pub use lease::{DEFAULT_LEASE_TTL, Lease};
 pub use limiter::{Limiter, LimiterBuilder};

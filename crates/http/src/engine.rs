@@ -25,15 +25,15 @@ use crate::route::{NormalizedPath, PathTooDeep};
 use crate::{HeaderConfig, JwtVerifier, RequestInfo, problem};
 
 mod builder;
-mod outcome;
+mod evaluation;
 pub(crate) mod overrides;
 mod policy;
 mod queue;
 mod respond;
 
 pub use builder::EngineBuilder;
-pub use outcome::{Answer, Hold, Outcome, Prepared, RateLimitHeaders, Verdict};
-use outcome::{Entry, RefundGuard, Refusal};
+pub use evaluation::{Answer, Disposition, Evaluation, Hold, Prepared, RateLimitHeaders};
+use evaluation::{Entry, RefundGuard, Refusal};
 pub use policy::{Action, HttpPolicy};
 pub use queue::QueueTicket;
 
@@ -231,79 +231,81 @@ impl<S: Store, C: Clock> Engine<S, C> {
     }
 
     /// Matches, selects keys and decides.
-    pub async fn evaluate(&self, info: &RequestInfo<'_>) -> Outcome<S, C> {
+    pub async fn evaluate(&self, info: &RequestInfo<'_>) -> Evaluation<S, C> {
         let prepared = self.prepare(info);
         self.decide(prepared).await
     }
 
     /// Decides a prepared request: one all-or-nothing `check_all` over every matching policy.
-    pub async fn decide(&self, prepared: Prepared) -> Outcome<S, C> {
+    pub async fn decide(&self, prepared: Prepared) -> Evaluation<S, C> {
         self.decide_ref(&prepared).await
     }
 
     /// [`decide`](Self::decide), leaving the prepared request with the caller, who can read its
     /// [`keys`](Prepared::keys) next to the decisions (the server's top-keys sketches do).
-    pub async fn decide_prepared(&self, prepared: &Prepared) -> Outcome<S, C> {
+    pub async fn decide_prepared(&self, prepared: &Prepared) -> Evaluation<S, C> {
         self.decide_ref(prepared).await
     }
 
     /// Decides a prepared request without awaiting, when the store answers at once (the memory
     /// store, see [`Store::is_immediate`]); hands the request back for [`decide`](Self::decide)
-    /// otherwise. The outcome is the one `decide` would give. A caller on a hot path saves the
+    /// otherwise. The evaluation is the one `decide` would give. A caller on a hot path saves the
     /// future it would otherwise have to keep (and usually box) across the store call.
     // Both sides are moved once, on the stack; boxing either would add the allocation per
     // request this function exists to avoid.
     #[allow(clippy::result_large_err)]
-    pub fn decide_now(&self, prepared: Prepared) -> Result<Outcome<S, C>, Prepared> {
+    pub fn decide_now(&self, prepared: Prepared) -> Result<Evaluation<S, C>, Prepared> {
         match self.decide_now_ref(&prepared) {
-            Some(outcome) => Ok(outcome),
+            Some(evaluation) => Ok(evaluation),
             None => Err(prepared),
         }
     }
 
     /// [`decide_now`](Self::decide_now) without taking the request: `None` when the store
     /// does not answer at once.
-    fn decide_now_ref(&self, prepared: &Prepared) -> Option<Outcome<S, C>> {
+    fn decide_now_ref(&self, prepared: &Prepared) -> Option<Evaluation<S, C>> {
         if !self.inner.limiter.store().is_immediate() {
             return None;
         }
         Some(match self.decide_one_now(prepared) {
-            Some(Ok((decision, headers))) => {
-                self.outcome(std::iter::once(decision).collect(), headers, Verdict::Pass)
-            }
-            Some(Err(outcome)) => outcome,
+            Some(Ok((decision, headers))) => self.evaluation(
+                std::iter::once(decision).collect(),
+                headers,
+                Disposition::Pass,
+            ),
+            Some(Err(evaluation)) => evaluation,
             None => self.decide_polled(prepared),
         })
     }
 
     /// What the tower layer needs of [`decide_now`](Self::decide_now): the headers and the
-    /// verdict, without the decisions. The request stays with the caller, and an admitted
-    /// request (most) returns 136 bytes where an outcome is 328: both are moves the layer
+    /// disposition, without the decisions. The request stays with the caller, and an admitted
+    /// request (most) returns 136 bytes where an evaluation is 328: both are moves the layer
     /// pays on every request.
-    pub(crate) fn verdict_now(
+    pub(crate) fn disposition_now(
         &self,
         prepared: &Prepared,
-    ) -> Option<(RateLimitHeaders, Verdict<S, C>)> {
+    ) -> Option<(RateLimitHeaders, Disposition<S, C>)> {
         if !self.inner.limiter.store().is_immediate() {
             return None;
         }
-        let outcome = match self.decide_one_now(prepared) {
-            Some(Ok((_, headers))) => return Some((RateLimitHeaders(headers), Verdict::Pass)),
-            Some(Err(outcome)) => outcome,
+        let evaluation = match self.decide_one_now(prepared) {
+            Some(Ok((_, headers))) => return Some((RateLimitHeaders(headers), Disposition::Pass)),
+            Some(Err(evaluation)) => evaluation,
             None => self.decide_polled(prepared),
         };
-        let (_, headers, verdict) = outcome.into_parts();
-        Some((headers, verdict))
+        let (_, headers, disposition) = evaluation.into_parts();
+        Some((headers, disposition))
     }
 
     /// The general path, polled once on an immediate store.
-    fn decide_polled(&self, prepared: &Prepared) -> Outcome<S, C> {
+    fn decide_polled(&self, prepared: &Prepared) -> Evaluation<S, C> {
         let decided = {
             let future = std::pin::pin!(self.decide_ref(prepared));
             future.poll(&mut Context::from_waker(Waker::noop()))
         };
         match decided {
-            Poll::Ready(outcome) => outcome,
+            Poll::Ready(evaluation) => evaluation,
             // The store broke its promise; what it was doing is dropped unfinished.
             Poll::Pending => self.failed(pending_immediate_store(), &prepared.entries),
         }
@@ -312,14 +314,14 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// The common request, one rejecting policy, decided by an immediate store: one poll of the
     /// store's single-check future and the headers of one decision, without the general path's
     /// lists and state machine (a tenth of what the layer adds to a request). `Ok` with the
-    /// decision and its headers when admitted, `Err` with the outcome otherwise; `None` for any
+    /// decision and its headers when admitted, `Err` with the evaluation otherwise; `None` for any
     /// other request, before anything is decided.
     #[inline]
     #[allow(clippy::result_large_err)]
     fn decide_one_now(
         &self,
         prepared: &Prepared,
-    ) -> Option<Result<(Decision, HeaderList), Outcome<S, C>>> {
+    ) -> Option<Result<(Decision, HeaderList), Evaluation<S, C>>> {
         let [entry] = prepared.entries.as_slice() else {
             return None;
         };
@@ -349,12 +351,12 @@ impl<S: Store, C: Clock> Engine<S, C> {
         Some(Ok((decision, headers)))
     }
 
-    async fn decide_ref(&self, prepared: &Prepared) -> Outcome<S, C> {
+    async fn decide_ref(&self, prepared: &Prepared) -> Evaluation<S, C> {
         if let Some(refusal) = &prepared.refusal {
             return self.refused(refusal);
         }
         if prepared.entries.is_empty() {
-            return self.outcome(Decisions::new(), HeaderList::new(), Verdict::Pass);
+            return self.evaluation(Decisions::new(), HeaderList::new(), Disposition::Pass);
         }
         let entries = &prepared.entries;
         let checks: SmallVec<[Check<'_>; 4]> = entries.iter().map(|e| self.check(e)).collect();
@@ -380,7 +382,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 // must count it, in their own all-or-nothing call.
                 match self.count_enforced(decisions, entries).await {
                     Ok((counted, admitted)) => (decisions, consumed) = (counted, admitted),
-                    Err(outcome) => return outcome,
+                    Err(evaluation) => return evaluation,
                 }
             }
         }
@@ -393,7 +395,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
 
     /// The answer to a request refused before any count: 401 without a required key, 400 for
     /// a key field sent twice, 414 for a path too deep to normalise.
-    fn refused(&self, refusal: &Refusal) -> Outcome<S, C> {
+    fn refused(&self, refusal: &Refusal) -> Evaluation<S, C> {
         let policies = &self.inner.policies;
         let (status, body) = match refusal {
             Refusal::MissingKey(index) => {
@@ -417,21 +419,21 @@ impl<S: Store, C: Clock> Engine<S, C> {
             }
         };
         let answer = Answer::new(status, HeaderList::new(), body);
-        self.outcome(
+        self.evaluation(
             Decisions::new(),
             HeaderList::new(),
-            Verdict::Respond(answer),
+            Disposition::Respond(answer),
         )
     }
 
     /// When only shadow policies denied: the enforcing policies count the request in their own
     /// all-or-nothing call. Their decisions replace the first ones (shadow ones stay), with
-    /// whether they admitted; `Err` is the outcome to answer at once.
+    /// whether they admitted; `Err` is the evaluation to answer at once.
     async fn count_enforced(
         &self,
         decisions: Decisions,
         entries: &[Entry],
-    ) -> Result<(Decisions, bool), Outcome<S, C>> {
+    ) -> Result<(Decisions, bool), Evaluation<S, C>> {
         let enforced: SmallVec<[Check<'_>; 4]> = entries
             .iter()
             .filter(|e| !self.is_shadow(e))
@@ -439,7 +441,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             .collect();
         if enforced.is_empty() {
             let headers = self.render(&decisions, entries);
-            return Err(self.outcome(decisions, headers, Verdict::Pass));
+            return Err(self.evaluation(decisions, headers, Disposition::Pass));
         }
         let again = match self.check_all(&enforced).await {
             Ok(d) => d,
@@ -471,7 +473,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         decisions: Decisions,
         headers: HeaderList,
         entries: &[Entry],
-    ) -> Outcome<S, C> {
+    ) -> Evaluation<S, C> {
         let delay = decisions
             .as_slice()
             .iter()
@@ -493,22 +495,22 @@ impl<S: Store, C: Clock> Engine<S, C> {
                         armed: true,
                     }),
                 };
-                self.outcome(decisions, headers, Verdict::Hold(hold))
+                self.evaluation(decisions, headers, Disposition::Hold(hold))
             }
-            _ => self.outcome(decisions, headers, Verdict::Pass),
+            _ => self.evaluation(decisions, headers, Disposition::Pass),
         }
     }
 
-    fn outcome(
+    fn evaluation(
         &self,
         decisions: Decisions,
         headers: HeaderList,
-        verdict: Verdict<S, C>,
-    ) -> Outcome<S, C> {
-        Outcome {
+        disposition: Disposition<S, C>,
+    ) -> Evaluation<S, C> {
+        Evaluation {
             decisions,
             headers,
-            verdict,
+            disposition,
             store_failed: false,
         }
     }

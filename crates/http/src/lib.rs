@@ -76,8 +76,8 @@ pub use cidr::{Cidr, TrustedProxies};
 pub use client_ip::ForwardedHeader;
 pub use engine::overrides::{KeyOverride, OverrideError, QuotaFields};
 pub use engine::{
-    ANONYMOUS_KEY, Action, Answer, DEFAULT_MAX_DELAY, Engine, EngineBuilder, Hold, HttpPolicy,
-    Outcome, Prepared, QueueTicket, RateLimitHeaders, Verdict,
+    ANONYMOUS_KEY, Action, Answer, DEFAULT_MAX_DELAY, Disposition, Engine, EngineBuilder,
+    Evaluation, Hold, HttpPolicy, Prepared, QueueTicket, RateLimitHeaders,
 };
 pub use error::ConfigError;
 pub use headers::{HeaderConfig, ResetFormat, RetryAfterFormat};

@@ -305,8 +305,8 @@ async fn store_failure_fails_open_by_default() {
         .unwrap();
     let headers = http::HeaderMap::new();
     let info = tollgate_http::RequestInfo::new(&http::Method::GET, "/", &headers);
-    let outcome = engine.evaluate(&info).await;
-    assert!(outcome.allowed() && outcome.store_failed());
+    let evaluation = engine.evaluate(&info).await;
+    assert!(evaluation.allowed() && evaluation.store_failed());
     for _ in 0..3 {
         let r = send(&app, get("/", "1.1.1.1", &[])).await;
         assert_eq!(r.status(), StatusCode::OK);

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use proptest::prelude::*;
-use tollgate_http::{ForwardedHeader, JwtVerifier, RequestInfo, TrustedProxies, Verdict};
+use tollgate_http::{Disposition, ForwardedHeader, JwtVerifier, RequestInfo, TrustedProxies};
 
 fn header_name() -> impl Strategy<Value = &'static str> {
     prop::sample::select(vec![
@@ -61,8 +61,8 @@ proptest! {
         };
         let method = Method::GET;
         let info = RequestInfo::new(&method, &target, &map).with_peer(Some(peer));
-        let outcome = rt.block_on(engine.evaluate(&info));
-        if let Verdict::Respond(answer) = outcome.verdict() {
+        let evaluation = rt.block_on(engine.evaluate(&info));
+        if let Disposition::Respond(answer) = evaluation.disposition() {
             let s = answer.status().as_u16();
             // 400 only for a key field that came more than once (a repeated header, or a
             // query that could name `k` twice); the 40-byte paths never reach the depth bound.

@@ -257,14 +257,14 @@ async fn engine_outcome_matches_the_headers() {
     let method = Method::POST;
     let info = RequestInfo::new(&method, "/v1/export/7?x=1", &headers)
         .with_client_ip(Some("203.0.113.9".parse().unwrap()));
-    let outcome = engine.evaluate(&info).await;
-    assert!(outcome.allowed());
-    let ds = outcome.decisions();
+    let evaluation = engine.evaluate(&info).await;
+    assert!(evaluation.allowed());
+    let ds = evaluation.decisions();
     assert_eq!(ds.len(), 2);
     let worst = ds.most_restrictive().unwrap();
     assert_eq!(worst.policy, "b");
     let mut map = http::HeaderMap::new();
-    outcome.apply_headers(&mut map);
+    evaluation.apply_headers(&mut map);
     assert_eq!(
         map["x-ratelimit-remaining"],
         worst.remaining.to_string().as_str()

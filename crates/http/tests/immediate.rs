@@ -215,11 +215,11 @@ async fn a_store_that_breaks_the_immediate_promise_fails_like_a_down_store() {
     let request = get("/api/a", "192.0.2.7", &[]);
     let info =
         tollgate_http::RequestInfo::from_request(&request, Some("192.0.2.7".parse().unwrap()));
-    let outcome = engine
+    let evaluation = engine
         .decide_now(engine.prepare(&info))
         .unwrap_or_else(|_| panic!("an immediate store is decided now"));
-    assert!(outcome.store_failed());
-    assert!(outcome.allowed(), "fail open by default");
+    assert!(evaluation.store_failed());
+    assert!(evaluation.allowed(), "fail open by default");
     // Through the layer: let through without rate-limit headers, never a 500.
     let app = app(engine);
     let r = send(&app, get("/api/a", "192.0.2.7", &[])).await;

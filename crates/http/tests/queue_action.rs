@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use common::*;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use tollgate::{ManualClock, MemoryStore, Policy, Quota};
-use tollgate_http::{Action, Engine, HttpPolicy, KeyChain, RequestInfo, Verdict};
+use tollgate_http::{Action, Disposition, Engine, HttpPolicy, KeyChain, RequestInfo};
 
 fn engine(clock: ManualClock, other_limit: u32) -> Engine<MemoryStore, ManualClock> {
     let hooks = Policy::new(
@@ -40,7 +40,7 @@ fn tenant(name: &str) -> HeaderMap {
     h
 }
 
-/// The remaining quota of policy `name` in an outcome's headers, as `RateLimit-Policy` lists
+/// The remaining quota of policy `name` in an evaluation's headers, as `RateLimit-Policy` lists
 /// the policies: read from a fresh check instead, through the limiter.
 async fn remaining(engine: &Engine<MemoryStore, ManualClock>, key: &[u8]) -> u64 {
     let p = engine.limiter().policy("per-tenant").unwrap().clone();
@@ -61,10 +61,10 @@ async fn a_queue_only_denial_carries_a_ticket_and_admitting_it_charges_the_other
     let info = RequestInfo::new(&Method::POST, "/hooks/a", &headers).with_peer(Some(peer));
     // Under the rate: passes, both policies count it.
     let first = engine.evaluate(&info).await;
-    assert!(matches!(first.verdict(), Verdict::Pass));
+    assert!(matches!(first.disposition(), Disposition::Pass));
     // Over the rate of the queue policy only: a 429 with a ticket, nothing consumed.
     let second = engine.evaluate(&info).await;
-    let Verdict::Respond(answer) = second.verdict() else {
+    let Disposition::Respond(answer) = second.disposition() else {
         panic!("expected a 429")
     };
     assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -102,11 +102,11 @@ async fn a_denial_by_another_policy_has_no_ticket_and_admitting_can_be_refused()
     let info = RequestInfo::new(&Method::POST, "/hooks/a", &headers)
         .with_peer(Some("10.0.0.2".parse().unwrap()));
     assert!(matches!(
-        engine.evaluate(&info).await.verdict(),
-        Verdict::Pass
+        engine.evaluate(&info).await.disposition(),
+        Disposition::Pass
     ));
     let queued = engine.evaluate(&info).await;
-    let Verdict::Respond(answer) = queued.verdict() else {
+    let Disposition::Respond(answer) = queued.disposition() else {
         panic!("expected a 429")
     };
     let ticket = answer.queue_ticket().expect("a ticket").clone();
@@ -121,7 +121,7 @@ async fn a_denial_by_another_policy_has_no_ticket_and_admitting_can_be_refused()
     // get it past the window).
     clock.advance(std::time::Duration::from_secs(5));
     let after = engine.evaluate(&info).await;
-    let Verdict::Respond(answer) = after.verdict() else {
+    let Disposition::Respond(answer) = after.disposition() else {
         panic!("expected a 429")
     };
     assert!(answer.queue_ticket().is_none());

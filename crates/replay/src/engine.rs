@@ -9,7 +9,7 @@ use http::StatusCode;
 use tollgate::store::Check;
 use tollgate::{Decision, Decisions, ManualClock, MemoryStore, Store, StoreError, Timestamp};
 use tollgate_config::Config;
-use tollgate_http::{RequestInfo, Verdict};
+use tollgate_http::{Disposition, RequestInfo};
 
 use crate::stats::RunStats;
 
@@ -131,7 +131,7 @@ impl Run {
         self.engine.limiter().store()
     }
 
-    /// Decides one request at `now` (the clock already reads it) and counts the outcome.
+    /// Decides one request at `now` (the clock already reads it) and counts the evaluation.
     ///
     /// Must run outside any tokio runtime: a request the `delay` action holds is dropped
     /// unwaited, and only outside a runtime does that leave its slot consumed, as a held and
@@ -152,29 +152,29 @@ impl Run {
             return 200;
         }
         self.stats.matched += 1;
-        let Ok(outcome) = self.engine.decide_now(prepared) else {
+        let Ok(evaluation) = self.engine.decide_now(prepared) else {
             // The memory store always answers at once; were it ever not to, say so.
             self.stats.undecided += 1;
             return 503;
         };
-        let status = match outcome.verdict() {
-            Verdict::Respond(a) => a.status().as_u16(),
+        let status = match evaluation.disposition() {
+            Disposition::Respond(a) => a.status().as_u16(),
             _ => 200,
         };
-        match outcome.verdict() {
-            Verdict::Respond(a) if a.status() == StatusCode::TOO_MANY_REQUESTS => {
+        match evaluation.disposition() {
+            Disposition::Respond(a) if a.status() == StatusCode::TOO_MANY_REQUESTS => {
                 self.stats.denied += 1;
             }
-            Verdict::Respond(a) if a.status() == StatusCode::UNAUTHORIZED => {
+            Disposition::Respond(a) if a.status() == StatusCode::UNAUTHORIZED => {
                 self.stats.unauthorized += 1;
             }
-            Verdict::Respond(_) => self.stats.undecided += 1,
-            Verdict::Hold(_) => self.stats.delayed += 1,
-            Verdict::Pass => {}
+            Disposition::Respond(_) => self.stats.undecided += 1,
+            Disposition::Hold(_) => self.stats.delayed += 1,
+            Disposition::Pass => {}
         }
         // The engine's field alone, so the statistics can be borrowed beside it.
         let seen = self.engine.limiter().store().seen();
-        for d in outcome.decisions() {
+        for d in evaluation.decisions() {
             let Some((key, cost)) = seen.find(d.policy) else {
                 continue;
             };

@@ -18,7 +18,7 @@ use tollgate_http::RequestInfo;
 
 use crate::Shared;
 use crate::config::Action;
-use crate::generation::{Generation, KeyCheck, Verdict};
+use crate::generation::{Disposition, Generation, KeyCheck};
 use crate::response::{Body, decision_json, full, json_response, problem, text};
 
 /// The largest `/v1/check` body accepted.
@@ -265,17 +265,17 @@ async fn check_by_attributes(
         .with_client_ip(ip);
     let eval = engine.evaluate(&info).await;
     let status = match eval.verdict {
-        Verdict::Respond(a) if a.status() != StatusCode::TOO_MANY_REQUESTS => {
+        Disposition::Respond(a) if a.status() != StatusCode::TOO_MANY_REQUESTS => {
             // 401 (no key for a require_key policy) or 503 (store down, on_error = "deny").
             return a.into_response().map(full);
         }
-        Verdict::Respond(_) => StatusCode::TOO_MANY_REQUESTS,
-        Verdict::Hold(hold) => {
+        Disposition::Respond(_) => StatusCode::TOO_MANY_REQUESTS,
+        Disposition::Hold(hold) => {
             // The caller holds the request; keep its slot rather than give it back.
             tokio::spawn(hold.wait());
             StatusCode::OK
         }
-        Verdict::Pass => StatusCode::OK,
+        Disposition::Pass => StatusCode::OK,
     };
     let (enforced, shadow): (Vec<&Decision>, Vec<&Decision>) = eval
         .decisions

@@ -20,7 +20,7 @@ use crate::response::policy_name;
 use crate::store::AnyStore;
 
 /// What to do with a request, as the HTTP engine says.
-pub(crate) type Verdict = tollgate_http::Verdict<AnyStore, SystemClock>;
+pub(crate) type Disposition = tollgate_http::Disposition<AnyStore, SystemClock>;
 
 /// A request held for its slot (leaky bucket `delay`).
 pub(crate) type Hold = tollgate_http::Hold<AnyStore, SystemClock>;
@@ -36,7 +36,7 @@ pub struct Evaluation {
     /// The rate-limit headers for the response.
     pub headers: HeaderMap,
     /// Pass, hold, or answer (429/401/503) instead.
-    pub verdict: Verdict,
+    pub verdict: Disposition,
     /// The store failed and the request was let through undecided.
     pub fail_open: bool,
 }
@@ -162,7 +162,7 @@ impl Generation {
     pub(crate) async fn evaluate_parts(
         &self,
         info: &RequestInfo<'_>,
-    ) -> (Decisions, RateLimitHeaders, Verdict, bool) {
+    ) -> (Decisions, RateLimitHeaders, Disposition, bool) {
         let prepared = self.http.prepare(info);
         let matched = !prepared.is_empty();
         let started = Instant::now();
@@ -171,7 +171,7 @@ impl Generation {
             self.metrics.latency(started.elapsed());
         }
         let (decisions, headers, verdict) = outcome.into_parts();
-        let fail_open = matched && decisions.is_empty() && matches!(verdict, Verdict::Pass);
+        let fail_open = matched && decisions.is_empty() && matches!(verdict, Disposition::Pass);
         if fail_open {
             self.metrics.store_error();
             let path = NormalizedPath::new(info.path).unwrap_or_default();
@@ -182,13 +182,13 @@ impl Generation {
             }
         }
         match &verdict {
-            Verdict::Respond(a) if a.status() == hyper::StatusCode::UNAUTHORIZED => {
+            Disposition::Respond(a) if a.status() == hyper::StatusCode::UNAUTHORIZED => {
                 self.metrics.missing_key();
             }
-            Verdict::Respond(a) if a.status() == hyper::StatusCode::SERVICE_UNAVAILABLE => {
+            Disposition::Respond(a) if a.status() == hyper::StatusCode::SERVICE_UNAVAILABLE => {
                 self.metrics.store_error();
             }
-            Verdict::Hold(_) => self.metrics.delayed(),
+            Disposition::Hold(_) => self.metrics.delayed(),
             _ => {}
         }
         self.count(&decisions, prepared.keys());

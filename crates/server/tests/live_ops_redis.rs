@@ -214,7 +214,7 @@ async fn a_change_is_applied_by_the_next_poll_within_one_second_of_the_clock() {
 }
 
 fn limit_header<S: tollgate::Store, C: tollgate::Clock>(
-    o: &tollgate_http::Outcome<S, C>,
+    o: &tollgate_http::Evaluation<S, C>,
 ) -> Option<hyper::header::HeaderValue> {
     o.headers()
         .find(|(h, _)| h == "x-ratelimit-limit")

@@ -15,7 +15,9 @@ use smallvec::SmallVec;
 use tollgate::{Clock, Decision, Decisions, Store};
 
 use super::overrides::KeyOverride;
-use super::{Action, Answer, Engine, Entry, RateLimitHeaders, RefundGuard, Verdict, miscounted};
+use super::{
+    Action, Answer, Disposition, Engine, Entry, RateLimitHeaders, RefundGuard, miscounted,
+};
 use crate::key::KeyBuf;
 
 /// A request that only `queue` policies denied: the first of them (whose queue it joins),
@@ -110,7 +112,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         if !ticket.others.is_empty() {
             let checks: SmallVec<[tollgate::Check<'_>; 4]> =
                 ticket.others.iter().map(|e| self.check(e)).collect();
-            let outcome = match self.check_all(&checks).await {
+            let evaluation = match self.check_all(&checks).await {
                 Ok(d) if d.len() != ticket.others.len() => {
                     self.failed(miscounted(), &ticket.others)
                 }
@@ -130,13 +132,13 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 }
                 Err(e) => self.failed(e, &ticket.others),
             };
-            return match outcome.verdict {
-                Verdict::Respond(mut answer) => {
+            return match evaluation.disposition {
+                Disposition::Respond(mut answer) => {
                     // Denied by the others: answered, not queued again.
                     answer.queue = None;
                     Err(answer)
                 }
-                Verdict::Pass | Verdict::Hold(_) => Ok(RateLimitHeaders::default()),
+                Disposition::Pass | Disposition::Hold(_) => Ok(RateLimitHeaders::default()),
             };
         }
         Ok(RateLimitHeaders(

@@ -12,7 +12,7 @@ use tollgate::{Clock, Decision, Decisions, Error, ErrorKind, Store};
 use crate::headers::{HeaderList, PolicyHeaders, Retry, render, retry_after};
 use crate::problem;
 
-use super::{Action, Answer, Engine, Entry, KeyOverride, Outcome, Verdict};
+use super::{Action, Answer, Disposition, Engine, Entry, Evaluation, KeyOverride};
 
 impl<S: Store, C: Clock> Engine<S, C> {
     pub(super) fn render(&self, decisions: &Decisions, entries: &[Entry]) -> HeaderList {
@@ -87,7 +87,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         decisions: Decisions,
         mut headers: HeaderList,
         entries: &[Entry],
-    ) -> Outcome<S, C> {
+    ) -> Evaluation<S, C> {
         let indexes: SmallVec<[usize; 4]> = entries.iter().map(|e| e.index).collect();
         let retry = self.retry_after_at(&decisions, &headers, &indexes);
         let violated = decisions
@@ -103,20 +103,20 @@ impl<S: Store, C: Clock> Engine<S, C> {
         }
         let mut answer = Answer::new(StatusCode::TOO_MANY_REQUESTS, headers.clone(), body);
         answer.queue = self.queue_ticket(&decisions, entries);
-        self.outcome(decisions, headers, Verdict::Respond(answer))
+        self.evaluation(decisions, headers, Disposition::Respond(answer))
     }
 
-    pub(super) fn failed(&self, error: Error, entries: &[Entry]) -> Outcome<S, C> {
+    pub(super) fn failed(&self, error: Error, entries: &[Entry]) -> Evaluation<S, C> {
         match error.kind() {
             ErrorKind::CostExceedsQuota { policy, .. } => {
                 // Cannot happen for configured costs (the builder refuses them); answered as
                 // the SPEC says: 429 with no Retry-After, since waiting never helps.
                 let body = problem::quota_exceeded([policy.as_str()].into_iter(), None);
                 let answer = Answer::new(StatusCode::TOO_MANY_REQUESTS, HeaderList::new(), body);
-                self.outcome(
+                self.evaluation(
                     Decisions::new(),
                     HeaderList::new(),
-                    Verdict::Respond(answer),
+                    Disposition::Respond(answer),
                 )
             }
             _ => {
@@ -125,9 +125,9 @@ impl<S: Store, C: Clock> Engine<S, C> {
                     .map(|e| self.inner.policies[e.index].http.policy.name())
                     .collect();
                 tracing::warn!(%error, policies = ?names, on_error = ?self.inner.on_error, "rate limit store failed");
-                let mut outcome = if self.inner.on_error.admits() {
+                let mut evaluation = if self.inner.on_error.admits() {
                     // Fail open: no quota was counted, so none is reported.
-                    self.outcome(Decisions::new(), HeaderList::new(), Verdict::Pass)
+                    self.evaluation(Decisions::new(), HeaderList::new(), Disposition::Pass)
                 } else {
                     // Fail closed: unavailable, not "too many requests" (the client may be
                     // well within its quota).
@@ -136,14 +136,14 @@ impl<S: Store, C: Clock> Engine<S, C> {
                         HeaderList::retry_soon(),
                         problem::unavailable(),
                     );
-                    self.outcome(
+                    self.evaluation(
                         Decisions::new(),
                         HeaderList::new(),
-                        Verdict::Respond(answer),
+                        Disposition::Respond(answer),
                     )
                 };
-                outcome.store_failed = true;
-                outcome
+                evaluation.store_failed = true;
+                evaluation
             }
         }
     }

@@ -9,7 +9,7 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::{BodyShape, PeerFn, WrapBody};
-use crate::{Answer, Engine, Hold, Prepared, RateLimitHeaders, RequestInfo, Verdict};
+use crate::{Answer, Disposition, Engine, Hold, Prepared, RateLimitHeaders, RequestInfo};
 
 /// The rate-limited service. Clones share the engine (and so the counters). `K` is how
 /// response bodies are made ([`BodyShape`]).
@@ -91,15 +91,15 @@ where
         }
         // The memory store decides here and now: the inner service, which was polled ready,
         // takes the request directly and nothing is boxed.
-        let later = match self.engine.verdict_now(&prepared) {
-            Some((headers, verdict)) => match verdict {
-                Verdict::Pass => {
+        let later = match self.engine.disposition_now(&prepared) {
+            Some((headers, disposition)) => match disposition {
+                Disposition::Pass => {
                     return ResponseFuture::admitted(self.inner.call(request), headers);
                 }
-                Verdict::Respond(response) => {
+                Disposition::Respond(response) => {
                     return ResponseFuture::answered(answer::<K, ResBody>(*response));
                 }
-                Verdict::Hold(hold) => Later::Hold(hold, headers),
+                Disposition::Hold(hold) => Later::Hold(hold, headers),
             },
             None => Later::Decide(prepared),
         };
@@ -116,11 +116,13 @@ where
                     headers
                 }
                 Later::Decide(prepared) => {
-                    let (_, headers, verdict) = engine.decide(prepared).await.into_parts();
-                    match verdict {
-                        Verdict::Respond(response) => return Ok(answer::<K, ResBody>(*response)),
-                        Verdict::Hold(hold) => hold.wait().await,
-                        Verdict::Pass => {}
+                    let (_, headers, disposition) = engine.decide(prepared).await.into_parts();
+                    match disposition {
+                        Disposition::Respond(response) => {
+                            return Ok(answer::<K, ResBody>(*response));
+                        }
+                        Disposition::Hold(hold) => hold.wait().await,
+                        Disposition::Pass => {}
                     }
                     headers
                 }
@@ -143,6 +145,6 @@ fn answer<K: BodyShape<B>, B>(answer: Answer) -> Response<K::Body> {
 enum Later<S: Store, C: Clock> {
     /// Wait out the hold, then pass the request on with these headers.
     Hold(Hold<S, C>, RateLimitHeaders),
-    /// Ask the store (which answers asynchronously), then act on its verdict.
+    /// Ask the store (which answers asynchronously), then act on its disposition.
     Decide(Prepared),
 }

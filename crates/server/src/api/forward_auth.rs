@@ -16,7 +16,7 @@ use hyper::header::{HeaderName, HeaderValue};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use tollgate_http::{RequestInfo, TrustedProxies};
 
-use crate::generation::{Generation, Verdict};
+use crate::generation::{Disposition, Generation};
 use crate::response::{Body, full, problem};
 
 /// How a denial is answered.
@@ -97,7 +97,7 @@ pub(crate) async fn handle(
         .with_client_ip(Some(described.client));
     let eval = engine.evaluate(&info).await;
     match eval.verdict {
-        Verdict::Respond(answer) => {
+        Disposition::Respond(answer) => {
             let mut res = answer.into_response();
             if flavor == Flavor::Nginx && res.status() == StatusCode::TOO_MANY_REQUESTS {
                 *res.status_mut() = StatusCode::FORBIDDEN;
@@ -110,7 +110,7 @@ pub(crate) async fn handle(
             res.map(full)
         }
         verdict => {
-            if let Verdict::Hold(hold) = verdict {
+            if let Disposition::Hold(hold) = verdict {
                 hold.wait().await;
             }
             let mut res = Response::new(full(Bytes::new()));

@@ -68,7 +68,7 @@ struct Held {
 }
 
 /// What a delivery task did.
-enum Outcome {
+enum Attempt {
     /// Nothing: the attempt could not be counted (the store failed).
     NotTried,
     /// Attempt number `attempts` was made.
@@ -99,7 +99,7 @@ struct Drainer {
     upstream: Arc<dyn Deliver>,
     settings: QueueSettings,
     waiting: VecDeque<Held>,
-    in_flight: JoinSet<(Held, Outcome)>,
+    in_flight: JoinSet<(Held, Attempt)>,
     /// The stream entry of each delivery task.
     in_flight_entries: HashMap<Id, String>,
     /// Entries another instance claimed while this one was delivering them.
@@ -319,16 +319,16 @@ impl Drainer {
             }
             let attempts = match backend.attempt(&held.message.id, now_ms()).await {
                 Ok(n) => n,
-                Err(_) => return (held, Outcome::NotTried),
+                Err(_) => return (held, Attempt::NotTried),
             };
             let outcome = match decode(&held.message.payload) {
-                Some(parts) => Outcome::Tried {
+                Some(parts) => Attempt::Tried {
                     attempts,
                     delivered: upstream
                         .deliver(&authority, parts, &held.message.id, timeout)
                         .await,
                 },
-                None => Outcome::Unreadable { attempts },
+                None => Attempt::Unreadable { attempts },
             };
             (held, outcome)
         });
@@ -360,7 +360,7 @@ impl Drainer {
     }
 
     /// Settles a finished delivery task.
-    async fn settle(&mut self, done: Result<(Id, (Held, Outcome)), tokio::task::JoinError>) {
+    async fn settle(&mut self, done: Result<(Id, (Held, Attempt)), tokio::task::JoinError>) {
         let (held, outcome) = match done {
             Ok((id, result)) => {
                 self.in_flight_entries.remove(&id);
@@ -380,17 +380,17 @@ impl Drainer {
         // The attempt number, the upstream's status or the error, and whether retrying is
         // pointless whatever the attempts left.
         let (attempts, status, error, hopeless) = match outcome {
-            Outcome::NotTried => {
+            Attempt::NotTried => {
                 if !lost {
                     self.paused_until = Instant::now() + STORE_PAUSE;
                     self.waiting.push_front(held);
                 }
                 return;
             }
-            Outcome::Unreadable { attempts } => {
+            Attempt::Unreadable { attempts } => {
                 (attempts, None, "the stored request cannot be read", true)
             }
-            Outcome::Tried {
+            Attempt::Tried {
                 attempts,
                 delivered,
             } => match delivered {

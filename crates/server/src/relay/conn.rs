@@ -19,7 +19,7 @@ use super::head::{self, HeadScan, Host, MALFORMED, Refusal, RequestHead, Version
 use super::pool::Pool;
 use super::response::write_answer;
 use crate::Shared;
-use crate::generation::{Generation, Verdict};
+use crate::generation::{Disposition, Generation};
 use crate::serve::Limits;
 
 /// Headers parsed on the stack; a request with more is parsed again with room for
@@ -248,17 +248,17 @@ impl Conn {
         };
         let verdict = match verdict {
             // Only `queue` policies denied it: stored for later, unless no queue takes it.
-            Verdict::Respond(answer) if answer.queue_ticket().is_some() => {
+            Disposition::Respond(answer) if answer.queue_ticket().is_some() => {
                 match Box::pin(self.enqueue(client, engine, answer, plan, timeout, stopping)).await
                 {
                     Ok(go_on) => return go_on,
-                    Err(answer) => Verdict::Respond(answer),
+                    Err(answer) => Disposition::Respond(answer),
                 }
             }
             other => other,
         };
         let hold = match verdict {
-            Verdict::Respond(answer) => {
+            Disposition::Respond(answer) => {
                 // The refused request's body is skipped when it is already here; otherwise the
                 // connection closes after the answer rather than read it.
                 let body_here = match plan.framing {
@@ -287,8 +287,8 @@ impl Conn {
                         .is_some_and(|r| r.is_ok());
                 return written && !close;
             }
-            Verdict::Hold(hold) => Some(hold),
-            Verdict::Pass => None,
+            Disposition::Hold(hold) => Some(hold),
+            Disposition::Pass => None,
         };
         self.forward(
             client,
@@ -310,7 +310,7 @@ impl Conn {
         engine: &Generation,
         head_len: usize,
         authority: &hyper::http::uri::Authority,
-    ) -> Result<(Plan, tollgate_http::RateLimitHeaders, Verdict), (Refusal, Version)> {
+    ) -> Result<(Plan, tollgate_http::RateLimitHeaders, Disposition), (Refusal, Version)> {
         let bytes = &self.inbuf[..head_len];
         let mut stack = [httparse::EMPTY_HEADER; STACK_HEADERS];
         let mut heap;
@@ -361,7 +361,7 @@ impl Conn {
             .with_peer(Some(self.peer.ip()));
         let (_, rate_limit, verdict, _) = engine.evaluate_parts(&info).await;
         match &verdict {
-            Verdict::Respond(a) if a.queue_ticket().is_some() => head::write_queued_head(
+            Disposition::Respond(a) if a.queue_ticket().is_some() => head::write_queued_head(
                 &mut self.uphead,
                 &head,
                 req.headers,
@@ -369,7 +369,7 @@ impl Conn {
                 &self.peer_text,
                 |name| engine.header_read(name).is_some(),
             ),
-            Verdict::Respond(_) => {}
+            Disposition::Respond(_) => {}
             _ => head::write_upstream_head(
                 &mut self.uphead,
                 &head,

@@ -1,4 +1,4 @@
-//! What an evaluation gives back: the prepared request, the verdict (pass, hold, answer),
+//! What an evaluation gives back: the prepared request, the disposition (pass, hold, answer),
 //! the answer a caller writes, the rate-limit headers, a held request and the refund that
 //! gives a held or queued request's quota back when it is dropped.
 
@@ -55,7 +55,7 @@ impl Prepared {
 
     /// Each matching policy (its index among the engine's policies, in order) with the key the
     /// request is counted under, as the store sees it: credentials appear as their keyed hash.
-    /// In the order of the outcome's decisions.
+    /// In the order of the evaluation's decisions.
     pub fn keys(&self) -> impl Iterator<Item = (usize, &[u8])> {
         self.entries.iter().map(|e| (e.index, &e.key[..]))
     }
@@ -63,15 +63,15 @@ impl Prepared {
 
 /// What to do with a request.
 #[derive(Debug)]
-pub enum Verdict<S: Store, C: Clock> {
-    /// Pass it on now, adding the outcome's headers to the response.
+pub enum Disposition<S: Store, C: Clock> {
+    /// Pass it on now, adding the evaluation's headers to the response.
     Pass,
     /// Hold it for [`Hold::delay`], then pass it on. Dropping the hold before it completes
     /// gives the request's quota back.
     Hold(Hold<S, C>),
     /// Answer with this response (429, 401, 400, 414 or 503) instead of passing it on. It already carries
-    /// the outcome's headers. Boxed: the admitted requests, which are most, then move a small
-    /// verdict around, and a refusal allocates once.
+    /// the evaluation's headers. Boxed: the admitted requests, which are most, then move a small
+    /// disposition around, and a refusal allocates once.
     Respond(Box<Answer>),
 }
 
@@ -155,14 +155,14 @@ impl Answer {
 
 /// The result of evaluating a request.
 #[derive(Debug)]
-pub struct Outcome<S: Store, C: Clock> {
+pub struct Evaluation<S: Store, C: Clock> {
     pub(super) decisions: Decisions,
     pub(super) headers: HeaderList,
-    pub(super) verdict: Verdict<S, C>,
+    pub(super) disposition: Disposition<S, C>,
     pub(super) store_failed: bool,
 }
 
-impl<S: Store, C: Clock> Outcome<S, C> {
+impl<S: Store, C: Clock> Evaluation<S, C> {
     /// One decision per matching policy, in policy order; empty when none matched, the key was
     /// missing or the store failed.
     pub fn decisions(&self) -> &Decisions {
@@ -178,7 +178,7 @@ impl<S: Store, C: Clock> Outcome<S, C> {
 
     /// Whether the request goes on (now or after a hold).
     pub fn allowed(&self) -> bool {
-        !matches!(self.verdict, Verdict::Respond(_))
+        !matches!(self.disposition, Disposition::Respond(_))
     }
 
     /// The rate-limit headers for the response (each value made as it is asked for).
@@ -196,17 +196,21 @@ impl<S: Store, C: Clock> Outcome<S, C> {
     }
 
     /// What to do.
-    pub fn verdict(&self) -> &Verdict<S, C> {
-        &self.verdict
+    pub fn disposition(&self) -> &Disposition<S, C> {
+        &self.disposition
     }
 
     /// The decisions, the headers and what to do, by value.
-    pub fn into_parts(self) -> (Decisions, RateLimitHeaders, Verdict<S, C>) {
-        (self.decisions, RateLimitHeaders(self.headers), self.verdict)
+    pub fn into_parts(self) -> (Decisions, RateLimitHeaders, Disposition<S, C>) {
+        (
+            self.decisions,
+            RateLimitHeaders(self.headers),
+            self.disposition,
+        )
     }
 }
 
-/// The rate-limit headers of an outcome, to add to the response once there is one.
+/// The rate-limit headers of an evaluation, to add to the response once there is one.
 #[derive(Clone, Debug, Default)]
 pub struct RateLimitHeaders(pub(super) HeaderList);
 
@@ -275,7 +279,7 @@ impl<S: Store, C: Clock> Hold<S, C> {
 #[derive(Debug)]
 pub(super) struct RefundGuard<S: Store, C: Clock> {
     pub(super) engine: Engine<S, C>,
-    // Only held requests get here: a Vec keeps `Verdict` small for all the others.
+    // Only held requests get here: a Vec keeps `Disposition` small for all the others.
     pub(super) entries: Vec<Entry>,
     pub(super) armed: bool,
 }
