@@ -208,6 +208,12 @@ impl<'a> IntoIterator for &'a Decisions {
     }
 }
 
+impl Extend<Decision> for Decisions {
+    fn extend<I: IntoIterator<Item = Decision>>(&mut self, iter: I) {
+        self.items.extend(iter);
+    }
+}
+
 impl FromIterator<Decision> for Decisions {
     fn from_iter<I: IntoIterator<Item = Decision>>(iter: I) -> Self {
         Decisions {

@@ -1,6 +1,7 @@
-//! The long-key rule (SPEC §4), defined once for every way into Tollgate: a key longer than
+//! The long-key rule, defined once for every way into Tollgate: a key longer than
 //! [`MAX_RAW_KEY`] bytes is stored as a fixed-length keyed hash of itself, so a client cannot
-//! make the store hold (or the server copy) arbitrarily long keys.
+//! make the store hold (or the server copy) arbitrarily long keys. [`KeyDigest::write_key`]
+//! writes every key a caller names the way stores count it (and `/v1/top` shows it).
 //!
 //! The hash is HMAC-SHA256 (RFC 2104, the `hmac` crate) cut to 128 bits: keyed, so with a
 //! secret a store dump does not let anyone test guesses, and collision-resistant even when the
@@ -59,6 +60,19 @@ impl KeyDigest {
         out
     }
 
+    /// Appends the key a store counts `value` under: `value` itself when it is at most
+    /// [`MAX_RAW_KEY`] bytes long and does not begin with `#`; otherwise `#` and the 32 hex
+    /// digits of its [`digest`](Self::digest). A value written as itself never begins with
+    /// `#`, so no value can pass for another's digest.
+    pub fn write_key(&self, value: &[u8], out: &mut impl Extend<u8>) {
+        if value.len() <= MAX_RAW_KEY && value.first() != Some(&b'#') {
+            out.extend(value.iter().copied());
+        } else {
+            out.extend([b'#']);
+            self.write_hex(value, out);
+        }
+    }
+
     /// Appends [`digest`](Self::digest) of `value` to `out` as 32 lowercase hex digits.
     pub fn write_hex(&self, value: &[u8], out: &mut impl Extend<u8>) {
         const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -74,6 +88,24 @@ impl KeyDigest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_are_themselves_unless_long_or_marked() {
+        let d = KeyDigest::new(b"s");
+        let key = |v: &[u8]| {
+            let mut out = Vec::new();
+            d.write_key(v, &mut out);
+            out
+        };
+        assert_eq!(key(b"customer-42"), b"customer-42");
+        let long = vec![b'x'; MAX_RAW_KEY + 1];
+        let hashed = key(&long);
+        assert_eq!((hashed.len(), hashed[0]), (33, b'#'));
+        assert_eq!(key(&long[..MAX_RAW_KEY]), &long[..MAX_RAW_KEY]);
+        // A value that looks like a digest is hashed too, so it never shares the long key's count.
+        assert_ne!(key(&hashed), hashed);
+        assert_eq!(key(&hashed)[0], b'#');
+    }
 
     fn hex(value: &[u8], secret: &[u8]) -> String {
         let mut out = Vec::new();

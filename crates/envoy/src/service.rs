@@ -297,7 +297,8 @@ fn drop_replaced(matched: &mut SmallVec<[(usize, LeafRef<'_>); 4]>) {
 
 /// The store key of a descriptor: its entries, each key and value length-prefixed so that no
 /// two descriptors share a key, a `share_threshold` wildcard standing for the value it
-/// matched; longer than [`MAX_RAW_KEY`] bytes, its 128-bit [`KeyDigest`] after `#h`.
+/// matched; then the core's long-key rule ([`KeyDigest::write_key`]), so a descriptor longer
+/// than [`MAX_RAW_KEY`] bytes is counted under its 128-bit digest.
 fn store_key(descriptor: &RateLimitDescriptor, shared: &[Option<Box<str>>]) -> Key {
     let mut key = Key::new();
     for (i, e) in descriptor.entries.iter().enumerate() {
@@ -310,15 +311,13 @@ fn store_key(descriptor: &RateLimitDescriptor, shared: &[Option<Box<str>>]) -> K
             key.extend_from_slice(part.as_bytes());
         }
     }
-    if key.len() <= MAX_RAW_KEY {
+    if key.len() <= MAX_RAW_KEY && key.first() != Some(&b'#') {
         return key;
     }
-    // The core's long-key rule: a 128-bit keyed digest, collision-resistant even under the
-    // public (empty) secret used here, so no one can craft a long value that shares another's
-    // count. `#h` keeps it apart from every length-prefixed key.
+    // A public (empty) secret: every instance sharing a store counts a long descriptor under
+    // the same name, and the digest is collision-resistant even so.
     static LONG_KEYS: LazyLock<KeyDigest> = LazyLock::new(|| KeyDigest::new(b""));
     let mut hashed = Key::new();
-    hashed.extend_from_slice(b"#h");
-    hashed.extend_from_slice(&LONG_KEYS.digest(&key));
+    LONG_KEYS.write_key(&key, &mut hashed);
     hashed
 }

@@ -1,5 +1,6 @@
 //! Who the client is: the peer address, or, when the peer is a trusted proxy, the address the
-//! proxies report in `X-Forwarded-For` or `Forwarded` (RFC 7239), walked right to left.
+//! proxies report in `X-Forwarded-For` or `Forwarded` (RFC 7239), walked right to left. The
+//! one walk every door uses.
 //!
 //! Only the hops a trusted proxy appended can be believed: everything to their left was written
 //! by the client. So the walk starts at the right, skips trusted proxies, and stops at the first
@@ -12,7 +13,7 @@ use http::HeaderMap;
 use http::header::{FORWARDED, HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
-use crate::TrustedProxies;
+use crate::{Refusal, TrustedProxies};
 
 /// Which header trusted proxies report the client in.
 ///
@@ -32,16 +33,28 @@ const MAX_HOPS: usize = 32;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-/// The client's address, given the peer (the socket's remote address) and the headers.
-pub(crate) fn client_ip(
+/// The client's address: the peer (the socket's remote address) unless it is a trusted proxy;
+/// then the one forwarding header `which`, walked right to left past trusted hops, to the first
+/// address that is not one.
+///
+/// Every door reads the client this way (the proxy and the tower layer from their peer,
+/// forward-auth from the proxy that calls it), so a request keyed by its address counts under
+/// one key whichever door it comes through. The right-most element is what the trusted peer
+/// itself appended: if it cannot be read the request is refused, naming the header, rather
+/// than counted under the proxy's address (every client would then share one count). Further
+/// left, an element that cannot be read (written by the client, or in `Forwarded` an `unknown`
+/// or obfuscated identifier, which a proxy may also write right-most) ends the walk at the last
+/// trusted hop, so garbage never makes up an identity. A
+/// trusted peer that sends no forwarding header is the client itself.
+pub fn client_address(
     peer: IpAddr,
     headers: &HeaderMap,
     trusted: &TrustedProxies,
     which: ForwardedHeader,
-) -> IpAddr {
+) -> Result<IpAddr, Refusal> {
     let peer = peer.to_canonical();
     if trusted.is_empty() || !trusted.contains(peer) {
-        return peer;
+        return Ok(peer);
     }
     let name = match which {
         ForwardedHeader::XForwardedFor => &X_FORWARDED_FOR,
@@ -58,24 +71,45 @@ pub(crate) fn client_ip(
         for entry in line.as_bytes().rsplit(|&b| b == b',') {
             hops += 1;
             if hops > MAX_HOPS {
-                return last_trusted;
+                return Ok(last_trusted);
             }
             let node = std::str::from_utf8(entry).ok().and_then(|e| match which {
                 ForwardedHeader::XForwardedFor => Some(e.trim()),
                 ForwardedHeader::Forwarded => forwarded_for(e),
             });
             let Some(ip) = node.and_then(parse_node) else {
-                return last_trusted;
+                if hops == 1 && !(which == ForwardedHeader::Forwarded && node.is_some_and(hidden)) {
+                    return Err(Refusal::bad_field(
+                        header_name(which),
+                        "must end with the client's address, as the proxy appends it",
+                    ));
+                }
+                return Ok(last_trusted);
             };
             if trusted.contains(ip) {
                 last_trusted = ip;
             } else {
-                return ip;
+                return Ok(ip);
             }
         }
     }
     // Every hop is a trusted proxy: the left-most one is as close to the client as we know.
-    last_trusted
+    Ok(last_trusted)
+}
+
+/// How the header is named in refusals.
+fn header_name(which: ForwardedHeader) -> &'static str {
+    match which {
+        ForwardedHeader::XForwardedFor => "X-Forwarded-For",
+        ForwardedHeader::Forwarded => "Forwarded",
+    }
+}
+
+/// A node a proxy writes on purpose instead of an address: `unknown`, or an obfuscated
+/// identifier (`_hidden`, RFC 7239 section 6.3).
+fn hidden(node: &str) -> bool {
+    let node = node.trim().trim_matches('"');
+    node.eq_ignore_ascii_case("unknown") || node.starts_with('_')
 }
 
 /// The `for=` parameter of one `Forwarded` element (`for=1.2.3.4;proto=https`).
@@ -142,12 +176,13 @@ mod tests {
     fn untrusted_peer_is_the_client() -> Result<(), crate::ConfigError> {
         let trusted = TrustedProxies::parse(["10.0.0.0/8"])?;
         let h = headers("x-forwarded-for", &["6.6.6.6"]);
-        let got = client_ip(
+        let got = client_address(
             ip("203.0.113.9"),
             &h,
             &trusted,
             ForwardedHeader::XForwardedFor,
-        );
+        )
+        .unwrap();
         assert_eq!(got, ip("203.0.113.9"));
         Ok(())
     }
@@ -156,7 +191,8 @@ mod tests {
     fn walks_right_to_left_past_trusted_hops() -> Result<(), crate::ConfigError> {
         let trusted = TrustedProxies::parse(["10.0.0.0/8"])?;
         let h = headers("x-forwarded-for", &["6.6.6.6, 198.51.100.1", "10.0.0.2"]);
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        let got =
+            client_address(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor).unwrap();
         assert_eq!(got, ip("198.51.100.1"));
         // A client's unreadable bytes spoil only its own element, left of the real hops.
         let mut h = HeaderMap::new();
@@ -164,13 +200,16 @@ mod tests {
             "x-forwarded-for",
             HeaderValue::from_bytes(b"\xe9, 198.51.100.77").unwrap(),
         );
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        let got =
+            client_address(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor).unwrap();
         assert_eq!(got, ip("198.51.100.77"));
         h.append("x-forwarded-for", HeaderValue::from_static("10.0.0.4"));
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        let got =
+            client_address(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor).unwrap();
         assert_eq!(got, ip("198.51.100.77"));
         let h = headers("x-forwarded-for", &["garbage, 10.0.0.3"]);
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        let got =
+            client_address(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor).unwrap();
         assert_eq!(got, ip("10.0.0.3"));
         Ok(())
     }
@@ -182,10 +221,10 @@ mod tests {
             "forwarded",
             &["for=6.6.6.6, for=\"[2001:db8::7]:4711\";proto=https, for=10.1.1.1:80"],
         );
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        let got = client_address(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded).unwrap();
         assert_eq!(got, ip("2001:db8::7"));
         let h = headers("forwarded", &["for=unknown"]);
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        let got = client_address(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded).unwrap();
         assert_eq!(got, ip("10.0.0.1"));
         Ok(())
     }

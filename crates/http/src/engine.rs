@@ -22,7 +22,7 @@ use tollgate::{
 use crate::headers::{HeaderList, PolicyHeaders, render};
 use crate::key::{CredentialHasher, KeyBuf, KeyContext};
 use crate::route::{NormalizedPath, PathTooDeep};
-use crate::{HeaderConfig, JwtVerifier, RequestInfo, problem};
+use crate::{HeaderConfig, JwtVerifier, Refusal, RequestInfo, normalize};
 
 mod builder;
 mod evaluation;
@@ -33,7 +33,7 @@ mod respond;
 
 pub use builder::EngineBuilder;
 pub use evaluation::{Answer, Disposition, Evaluation, Hold, Prepared, RateLimitHeaders};
-use evaluation::{Entry, RefundGuard, Refusal};
+use evaluation::{Entry, RefundGuard};
 pub use policy::{Action, HttpPolicy};
 pub use queue::QueueTicket;
 
@@ -55,7 +55,7 @@ struct Compiled {
 
 /// Finds a client address from the request; the engine's default reads the peer and, from
 /// trusted proxies, the forwarding header.
-type ResolveIp = dyn Fn(&RequestInfo<'_>) -> Option<IpAddr> + Send + Sync;
+type ResolveIp = dyn Fn(&RequestInfo<'_>) -> Result<Option<IpAddr>, Refusal> + Send + Sync;
 
 struct Inner<S, C> {
     limiter: Limiter<S, C>,
@@ -177,7 +177,9 @@ impl<S: Store, C: Clock> Engine<S, C> {
             match NormalizedPath::new(info.path) {
                 Ok(path) => path,
                 Err(PathTooDeep) => {
-                    prepared.refusal = Some(Refusal::PathTooDeep);
+                    let refusal = Refusal::new(StatusCode::URI_TOO_LONG, "URI Too Long", "")
+                        .with_detail(format!("The request {PathTooDeep}."));
+                    prepared.refusal = Some(Box::new(refusal));
                     return prepared;
                 }
             }
@@ -200,15 +202,15 @@ impl<S: Store, C: Clock> Engine<S, C> {
             let mut key = KeyBuf::new();
             let found = match cx.key(&http.keys, &self.inner.hasher, &mut key) {
                 Ok(found) => found,
-                Err(field) => {
-                    prepared.refusal = Some(Refusal::DuplicateField(field));
+                Err(refusal) => {
+                    prepared.refusal = Some(Box::new(refusal));
                     prepared.entries.clear();
                     return prepared;
                 }
             };
             if !found {
                 if http.require_key {
-                    prepared.refusal = Some(Refusal::MissingKey(index));
+                    prepared.refusal = Some(Box::new(key_required(http.policy.name())));
                     prepared.entries.clear();
                     return prepared;
                 }
@@ -216,9 +218,61 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 key.extend_from_slice(ANONYMOUS_KEY);
             }
             let over = self.live_override(index, &key);
-            prepared.entries.push(Entry { index, key, over });
+            let cost = http.cost;
+            prepared.entries.push(Entry {
+                index,
+                key,
+                cost,
+                over,
+            });
+        }
+        // A host the upstream could read otherwise than the routes do is refused, as at every
+        // door; looked up only for a request some policy counts (a door that read the host
+        // for its routes has it already).
+        if !prepared.entries.is_empty() {
+            let host = info.host.map(str::as_bytes).or_else(|| {
+                info.headers
+                    .get(http::header::HOST)
+                    .map(http::HeaderValue::as_bytes)
+            });
+            if let Some(Err(refusal)) = host.map(|h| normalize::authority(h, "Host")) {
+                prepared.refusal = Some(Box::new(refusal));
+                prepared.entries.clear();
+            }
         }
         prepared
+    }
+
+    /// Prepares a check of `key` under the policy named `policy` for `cost`, as the doors that
+    /// name a policy do (`/v1/check` by policy, the Redis-protocol door): the key is counted as
+    /// [`store_key`](Self::store_key) writes it, under its override when it has one, and
+    /// decided like any request (the same failure rule, headers and 429). `None` for a policy
+    /// this engine does not have.
+    pub fn prepare_key(&self, policy: &str, key: &[u8], cost: u32) -> Option<Prepared> {
+        let index = self
+            .inner
+            .policies
+            .iter()
+            .position(|p| p.http.policy.name() == policy)?;
+        let mut stored = KeyBuf::new();
+        self.store_key(key, &mut stored);
+        let over = self.live_override(index, &stored);
+        let mut prepared = Prepared::default();
+        prepared.entries.push(Entry {
+            index,
+            key: stored,
+            cost,
+            over,
+        });
+        Some(prepared)
+    }
+
+    /// Appends the key a store counts a caller's `key` under (a key given by name rather than
+    /// selected from a request): the core's long-key rule
+    /// ([`KeyDigest::write_key`](tollgate::key_digest::KeyDigest::write_key)) under the
+    /// engine's key secret. This is the form `/v1/top` shows and overrides and lists take.
+    pub fn store_key(&self, key: &[u8], out: &mut impl Extend<u8>) {
+        self.inner.hasher.write_key(key, out);
     }
 
     /// The override of `key` under the policy at `index`, if one applies now. The clock is
@@ -394,31 +448,11 @@ impl<S: Store, C: Clock> Engine<S, C> {
     }
 
     /// The answer to a request refused before any count: 401 without a required key, 400 for
-    /// a key field sent twice, 414 for a path too deep to normalise.
+    /// a field the request cannot be read by (a key field sent twice, a client address a trusted
+    /// proxy reported unreadably), 414 for a path too deep to normalise.
     fn refused(&self, refusal: &Refusal) -> Evaluation<S, C> {
-        let policies = &self.inner.policies;
-        let (status, body) = match refusal {
-            Refusal::MissingKey(index) => {
-                let name = policies.get(*index).map_or("", |p| p.http.policy.name());
-                tracing::debug!(
-                    policy = name,
-                    "request without a key for a policy that requires one"
-                );
-                (StatusCode::UNAUTHORIZED, problem::key_required(name))
-            }
-            Refusal::DuplicateField(field) => {
-                tracing::debug!(%field, "request refused: a key field sent more than once");
-                (
-                    StatusCode::BAD_REQUEST,
-                    problem::duplicate_field(&field.to_string()),
-                )
-            }
-            Refusal::PathTooDeep => {
-                tracing::debug!("request refused: path too deep to normalise");
-                (StatusCode::URI_TOO_LONG, problem::path_too_deep())
-            }
-        };
-        let answer = Answer::new(status, HeaderList::new(), body);
+        tracing::debug!(%refusal, "request refused before any policy counted it");
+        let answer = Answer::new(refusal.status(), HeaderList::new(), refusal.body());
         self.evaluation(
             Decisions::new(),
             HeaderList::new(),
@@ -529,7 +563,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
     fn check<'e>(&'e self, entry: &'e Entry) -> Check<'e> {
         let http = &self.inner.policies[entry.index].http;
         let policy = entry.over.as_ref().map_or(&http.policy, |o| &o.policy);
-        Check::new(policy, &entry.key, http.cost)
+        Check::new(policy, &entry.key, entry.cost)
     }
 
     /// The header text of the quota `entry` is decided under: its override's, or its policy's.
@@ -547,6 +581,15 @@ impl<S: Store, C: Clock> Engine<S, C> {
     fn is_shadow(&self, entry: &Entry) -> bool {
         self.action(entry) == Action::Shadow
     }
+}
+
+/// The 401 of a request without a key for `policy`, which requires one.
+fn key_required(policy: &str) -> Refusal {
+    let mut detail =
+        String::from("This request needs a key (API key, token or identity) for policy ");
+    // The name inside quotes, as JSON would escape it.
+    detail.push_str(&serde_json::Value::from(policy).to_string());
+    Refusal::new(StatusCode::UNAUTHORIZED, "Unauthorized", "").with_detail(detail)
 }
 
 /// A store that answered a different number of decisions than it was asked for is broken: its

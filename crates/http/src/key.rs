@@ -18,9 +18,9 @@ use siphasher::sip128::SipHasher24;
 use smallvec::SmallVec;
 use tollgate::key_digest::KeyDigest;
 
-use crate::ConfigError;
 use crate::jwt::{Claims, JwtVerifier, claim_bytes};
 use crate::request::{RequestInfo, query_params};
+use crate::{ConfigError, Refusal};
 
 /// Values longer than this are hashed before they become store keys (SPEC §4): the core's one
 /// long-key rule.
@@ -224,10 +224,10 @@ impl CredentialHasher {
         out.extend_from_slice(&hex);
     }
 
-    /// Appends the core's long-key digest of `value` (32 hex characters) to `out`: for a
-    /// value longer than [`MAX_RAW_KEY`] that is not a credential.
-    pub(crate) fn append_long(&self, value: &[u8], out: &mut KeyBuf) {
-        self.long_keys.write_hex(value, out);
+    /// Appends the key a store counts a value that is not a credential under: the core's
+    /// long-key rule ([`KeyDigest::write_key`]) under this hasher's secret.
+    pub(crate) fn write_key(&self, value: &[u8], out: &mut impl Extend<u8>) {
+        self.long_keys.write_key(value, out);
     }
 }
 
@@ -237,29 +237,21 @@ pub(crate) struct KeyContext<'r> {
     pub(crate) info: &'r RequestInfo<'r>,
     pub(crate) jwt: Option<&'r JwtVerifier>,
     pub(crate) claims: OnceCell<Option<Claims>>,
-    pub(crate) client_ip: OnceCell<Option<IpAddr>>,
-    pub(crate) resolve_ip: &'r dyn Fn(&RequestInfo<'_>) -> Option<IpAddr>,
+    pub(crate) client_ip: OnceCell<Result<Option<IpAddr>, Box<Refusal>>>,
+    pub(crate) resolve_ip: &'r dyn Fn(&RequestInfo<'_>) -> Result<Option<IpAddr>, Refusal>,
     pub(crate) ipv6_prefix: u8,
 }
 
-/// A request field that a key is read from, sent more than once: which of the values the
-/// upstream reads is its own choice, so the request is refused rather than counted under one
-/// value while the upstream acts on another.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum DuplicateField {
-    /// A header (`x-api-key`, `authorization`).
-    Header(HeaderName),
-    /// A query-string parameter.
-    Query(String),
-}
-
-impl fmt::Display for DuplicateField {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DuplicateField::Header(name) => write!(f, "header {name}"),
-            DuplicateField::Query(name) => write!(f, "query parameter {name}"),
-        }
-    }
+/// The refusal of a request that sends a field a key is read from more than once (`field`:
+/// `header x-api-key`, `query parameter api_key`): which of the values the upstream reads is its
+/// own choice, so the request is refused rather than counted under one value while the upstream
+/// acts on another.
+fn repeated(field: String) -> Refusal {
+    Refusal::bad_field(
+        field,
+        "appears more than once; send it once (the limiter and the upstream could read \
+         different values)",
+    )
 }
 
 impl KeyContext<'_> {
@@ -270,7 +262,7 @@ impl KeyContext<'_> {
         chain: &KeyChain,
         hasher: &CredentialHasher,
         out: &mut KeyBuf,
-    ) -> Result<bool, DuplicateField> {
+    ) -> Result<bool, Refusal> {
         for selector in &chain.selectors {
             if self.select(selector, hasher, out)? {
                 return Ok(true);
@@ -286,14 +278,14 @@ impl KeyContext<'_> {
         selector: &KeySelector,
         hasher: &CredentialHasher,
         out: &mut KeyBuf,
-    ) -> Result<bool, DuplicateField> {
+    ) -> Result<bool, Refusal> {
         out.clear();
         match selector {
             KeySelector::Header(name) => self.select_header(name, hasher, out),
             KeySelector::Query(name) => self.select_query(name, hasher, out),
             KeySelector::User => Ok(self.select_user(hasher, out)),
             KeySelector::Jwt(claim) => self.select_jwt(claim, hasher, out),
-            KeySelector::Ip => Ok(self.select_ip(out)),
+            KeySelector::Ip => self.select_ip(out),
         }
     }
 
@@ -304,13 +296,13 @@ impl KeyContext<'_> {
         name: &HeaderName,
         hasher: &CredentialHasher,
         out: &mut KeyBuf,
-    ) -> Result<bool, DuplicateField> {
+    ) -> Result<bool, Refusal> {
         let mut values = self.info.headers.get_all(name).iter();
         let Some(value) = values.next() else {
             return Ok(false);
         };
         if values.next().is_some() {
-            return Err(DuplicateField::Header(name.clone()));
+            return Err(repeated(format!("header {name}")));
         }
         let value = trim(value.as_bytes());
         if value.is_empty() {
@@ -330,7 +322,7 @@ impl KeyContext<'_> {
         name: &str,
         hasher: &CredentialHasher,
         out: &mut KeyBuf,
-    ) -> Result<bool, DuplicateField> {
+    ) -> Result<bool, Refusal> {
         let Some(query) = self.info.query else {
             return Ok(false);
         };
@@ -339,7 +331,7 @@ impl KeyContext<'_> {
             return Ok(false);
         };
         if values.next().is_some() {
-            return Err(DuplicateField::Query(name.to_owned()));
+            return Err(repeated(format!("query parameter {name}")));
         }
         if value.is_empty() {
             return Ok(false);
@@ -351,7 +343,8 @@ impl KeyContext<'_> {
         Ok(true)
     }
 
-    /// `user:<id>` from the [`UserId`] extension (`user#:<digest>` past [`MAX_RAW_KEY`]).
+    /// `user:<id>` from the [`UserId`] extension, the id as the long-key rule writes it
+    /// (`user:#<digest>` past [`MAX_RAW_KEY`]).
     #[inline]
     fn select_user(&self, hasher: &CredentialHasher, out: &mut KeyBuf) -> bool {
         let Some(UserId(id)) = self.info.extensions.and_then(|e| e.get::<UserId>()) else {
@@ -360,14 +353,8 @@ impl KeyContext<'_> {
         if id.is_empty() {
             return false;
         }
-        if id.len() > MAX_RAW_KEY {
-            // A distinct prefix: a raw id can never equal a hashed one.
-            out.extend_from_slice(b"user#:");
-            hasher.append_long(id.as_bytes(), out);
-        } else {
-            out.extend_from_slice(b"user:");
-            out.extend_from_slice(id.as_bytes());
-        }
+        out.extend_from_slice(b"user:");
+        hasher.write_key(id.as_bytes(), out);
         true
     }
 
@@ -378,7 +365,7 @@ impl KeyContext<'_> {
         claim: &str,
         hasher: &CredentialHasher,
         out: &mut KeyBuf,
-    ) -> Result<bool, DuplicateField> {
+    ) -> Result<bool, Refusal> {
         let Some(verifier) = self.jwt else {
             return Ok(false);
         };
@@ -390,7 +377,7 @@ impl KeyContext<'_> {
             .nth(1)
             .is_some()
         {
-            return Err(DuplicateField::Header(AUTHORIZATION));
+            return Err(repeated(format!("header {AUTHORIZATION}")));
         }
         let claims = self
             .claims
@@ -405,15 +392,21 @@ impl KeyContext<'_> {
         Ok(true)
     }
 
-    /// `ip:<client address>` (its network for IPv6).
+    /// `ip:<client address>` (its network for IPv6); refused when a trusted proxy's report
+    /// of the client cannot be read.
     #[inline]
-    fn select_ip(&self, out: &mut KeyBuf) -> bool {
-        let ip = *self.client_ip.get_or_init(|| (self.resolve_ip)(self.info));
-        let Some(ip) = ip else {
-            return false;
-        };
-        write_ip(ip, self.ipv6_prefix, out);
-        true
+    fn select_ip(&self, out: &mut KeyBuf) -> Result<bool, Refusal> {
+        let ip = self
+            .client_ip
+            .get_or_init(|| (self.resolve_ip)(self.info).map_err(Box::new));
+        match ip {
+            Ok(Some(ip)) => {
+                write_ip(*ip, self.ipv6_prefix, out);
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(refusal) => Err(Refusal::clone(refusal)),
+        }
     }
 }
 

@@ -67,13 +67,15 @@ mod error;
 pub mod headers;
 mod jwt;
 mod key;
+pub mod normalize;
 pub mod problem;
 pub mod rate_limit;
+mod refusal;
 mod request;
 mod route;
 
 pub use cidr::{Cidr, TrustedProxies};
-pub use client_ip::ForwardedHeader;
+pub use client_ip::{ForwardedHeader, client_address};
 pub use engine::overrides::{KeyOverride, OverrideError, QuotaFields};
 pub use engine::{
     ANONYMOUS_KEY, Action, Answer, DEFAULT_MAX_DELAY, Disposition, Engine, EngineBuilder,
@@ -84,6 +86,7 @@ pub use headers::{HeaderConfig, ResetFormat, RetryAfterFormat};
 pub use jwt::{JwtVerifier, MAX_TOKEN_LEN};
 pub use key::{KeyChain, KeySelector, MAX_RAW_KEY, UserId};
 pub use rate_limit::{BodyShape, InnerBody, PeerAddr, RateLimitLayer, RateLimitService, WrapBody};
+pub use refusal::Refusal;
 pub use request::RequestInfo;
 pub use route::{
     HostPattern, MAX_PATH_SEGMENTS, NormalizedPath, PathPattern, PathTooDeep, RouteMatch,

@@ -1,6 +1,7 @@
 //! The bodies of the responses the engine answers itself, as RFC 9457 problem details: 429 for
-//! a denial (exactly the SPEC §5 shape), 401 when a policy requires a key the request lacks,
-//! 503 when the store fails and the engine is set to deny. None of them carries internals.
+//! a denial (with `violated-policies` and `retry_after`), 503 when the store fails and the
+//! engine fails closed; refusals write their own ([`Refusal`](crate::Refusal)). None of them
+//! carries internals.
 
 use bytes::Bytes;
 use http::header::HeaderValue;
@@ -43,50 +44,6 @@ pub(crate) fn quota_exceeded<'a>(
     Bytes::from(body)
 }
 
-/// The 401 body for a request that has no key for a policy with `require_key`.
-pub(crate) fn key_required(policy: &str) -> Bytes {
-    let mut body = String::with_capacity(160);
-    body.push_str(
-        "{\"type\":\"about:blank\",\"title\":\"Unauthorized\",\"status\":401,\
-         \"detail\":\"This request needs a key (API key, token or identity) for policy ",
-    );
-    // The policy name goes inside the detail string: escape it as part of that string.
-    let mut quoted = String::new();
-    push_json_string(&mut quoted, &format!("\"{policy}\""));
-    body.push_str(&quoted[1..quoted.len() - 1]);
-    body.push_str("\"}");
-    Bytes::from(body)
-}
-
-/// The 400 body for a request that sends a field a key is read from more than once (`field`
-/// says which, e.g. `header x-api-key`).
-pub(crate) fn duplicate_field(field: &str) -> Bytes {
-    let mut body = String::with_capacity(200);
-    body.push_str("{\"type\":\"about:blank\",\"title\":\"Bad Request\",\"status\":400,\"detail\":");
-    push_json_string(
-        &mut body,
-        &format!("The request carries {field} more than once; send it once."),
-    );
-    body.push_str(",\"field\":");
-    push_json_string(&mut body, field);
-    body.push('}');
-    Bytes::from(body)
-}
-
-/// The 414 body for a path too deep to normalise.
-pub(crate) fn path_too_deep() -> Bytes {
-    let mut body = String::with_capacity(160);
-    body.push_str(
-        "{\"type\":\"about:blank\",\"title\":\"URI Too Long\",\"status\":414,\"detail\":",
-    );
-    push_json_string(
-        &mut body,
-        &format!("The request {}.", crate::route::PathTooDeep),
-    );
-    body.push('}');
-    Bytes::from(body)
-}
-
 /// The 503 body when the store fails and the engine fails closed.
 pub(crate) fn unavailable() -> Bytes {
     Bytes::from_static(
@@ -95,7 +52,7 @@ pub(crate) fn unavailable() -> Bytes {
     )
 }
 
-fn push_json_string(out: &mut String, s: &str) {
+pub(crate) fn push_json_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -127,17 +84,6 @@ mod tests {
         assert_eq!(v["status"], 429);
         assert_eq!(v["violated-policies"][1], "we\"ird");
         assert_eq!(v["retry_after"], 23);
-        let v: serde_json::Value = serde_json::from_slice(&key_required("a\"b")).unwrap();
-        assert_eq!(v["status"], 401);
-        assert!(v["detail"].as_str().unwrap().ends_with("\"a\"b\""));
-        let v: serde_json::Value =
-            serde_json::from_slice(&duplicate_field("header x-api-key")).unwrap();
-        assert_eq!(
-            (v["status"].as_u64(), v["field"].as_str()),
-            (Some(400), Some("header x-api-key"))
-        );
-        let v: serde_json::Value = serde_json::from_slice(&path_too_deep()).unwrap();
-        assert_eq!(v["status"], 414);
         let v: serde_json::Value = serde_json::from_slice(&unavailable()).unwrap();
         assert_eq!(v["status"], 503);
     }

@@ -258,12 +258,13 @@ async fn stats(shared: &Shared, engine: &Generation) -> Response<Body> {
             let c = counts
                 .iter()
                 .find(|(name, _)| name == p.name())
-                .map_or([0; 4], |(_, c)| *c);
+                .map_or([0; 5], |(_, c)| *c);
             json!({
                 "name": p.name(),
                 "action": p.action.as_str(),
                 "quota": p.policy.quota().to_string(),
                 "allowed": c[0], "denied": c[1], "shadow": c[2], "fail_open": c[3],
+                "fail_closed": c[4],
             })
         })
         .collect();

@@ -13,13 +13,13 @@ use hyper::header::{HOST, HeaderName, HeaderValue};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
-use tollgate::Decision;
-use tollgate_http::RequestInfo;
+use tollgate::Decisions;
+use tollgate_http::{Refusal, RequestInfo, normalize};
 
 use crate::Shared;
 use crate::config::Action;
-use crate::generation::{Disposition, Generation, KeyCheck};
-use crate::response::{Body, decision_json, full, json_response, problem, text};
+use crate::generation::{Disposition, Generation};
+use crate::response::{Body, decision_json, full, json_response, problem, problem_response, text};
 
 /// The largest `/v1/check` body accepted.
 const MAX_BODY: usize = 64 * 1024;
@@ -96,7 +96,10 @@ async fn check_by_policy(
             None => return bad_request("\"cost\" must be a whole number from 0 to 4294967295"),
         },
     };
-    let Some(pc) = engine.policy(name) else {
+    let (Some(pc), Some(eval)) = (
+        engine.policy(name),
+        engine.check_key(name, key.as_bytes(), cost).await,
+    ) else {
         let known: Vec<&str> = engine.config().policies.iter().map(|p| p.name()).collect();
         return problem(
             StatusCode::NOT_FOUND,
@@ -108,32 +111,43 @@ async fn check_by_policy(
             )),
         );
     };
-    let (decisions, headers) = match engine.check_one(pc, key.as_bytes(), cost).await {
-        Ok(KeyCheck::Decided(d, headers)) => (d, headers),
-        Ok(KeyCheck::NeverAdmissible(q)) => {
-            // Never admissible: denied, and no retry_after, which would lie.
-            let body = json!({"allowed": false, "policy": pc.name(), "limit": q.limit(),
-                "remaining": 0, "reset": q.window().as_secs(), "retry_after": null,
-                "delay": null, "action": pc.action.as_str(),
-                "detail": format!("cost {cost} exceeds what the quota can ever admit ({})", q.max_cost())});
-            let status = if pc.action == Action::Shadow {
-                StatusCode::OK
-            } else {
-                StatusCode::TOO_MANY_REQUESTS
-            };
-            return json_response(status, &body);
+    let shadow = pc.action == Action::Shadow;
+    let fail_open = eval.store_failed() && eval.allowed();
+    let (decisions, headers, disposition) = eval.into_parts();
+    match disposition {
+        // Refused before any count, or the store failed closed: the engine's own answer.
+        Disposition::Respond(a) if a.status() != StatusCode::TOO_MANY_REQUESTS => {
+            return a.into_response().map(full);
         }
-        Err(e) => return store_failed(&e),
+        // The caller holds the request; keep its slot rather than give it back.
+        Disposition::Hold(hold) => drop(tokio::spawn(hold.wait())),
+        _ => {}
+    }
+    let mut body = match decisions.as_slice().first() {
+        Some(d) => decision_json(d),
+        // Failed open: admitted, with no quota to report, since none was counted.
+        None => json!({"allowed": true, "policy": pc.name(), "limit": null, "remaining": null,
+            "reset": null, "retry_after": null, "delay": null}),
     };
-    let Some(d) = decisions.as_slice().first() else {
-        return store_failed(&tollgate::ErrorKind::UnknownPolicy(name.to_owned()).into());
-    };
-    let mut body = decision_json(d);
+    let allowed = decisions.allowed();
     if let Some(obj) = body.as_object_mut() {
         obj.insert("action".into(), Value::from(pc.action.as_str()));
+        obj.insert("fail_open".into(), Value::from(fail_open));
+        if let Some(d) = decisions.as_slice().first()
+            && !d.allowed
+            && d.retry_after.is_none()
+        {
+            // Never admissible: denied, and no retry_after, which would lie.
+            obj.insert(
+                "detail".into(),
+                Value::from(format!(
+                    "cost {cost} exceeds what the quota can ever admit ({})",
+                    d.limit
+                )),
+            );
+        }
     }
-    let shadow = pc.action == Action::Shadow;
-    let status = if d.allowed || shadow {
+    let status = if allowed || shadow {
         StatusCode::OK
     } else {
         StatusCode::TOO_MANY_REQUESTS
@@ -142,18 +156,6 @@ async fn check_by_policy(
     if !shadow {
         headers.apply(res.headers_mut());
     }
-    res
-}
-
-fn store_failed(e: &tollgate::Error) -> Response<Body> {
-    tracing::warn!(error = %e, "decision failed");
-    let mut res = problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "Rate limiter unavailable",
-        Some("the store could not decide; retry shortly"),
-    );
-    res.headers_mut()
-        .insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
     res
 }
 
@@ -166,30 +168,27 @@ struct Attributes<'a> {
     ip: Option<IpAddr>,
 }
 
-/// Reads the attributes, refusing what the limiter could not read the way an upstream would: a
-/// target or host outside printable ASCII, or one header given twice (in any case).
-fn attributes(obj: &serde_json::Map<String, Value>) -> Result<Attributes<'_>, String> {
+/// Reads the attributes through the readings every door shares (`tollgate_http::normalize`),
+/// refusing what the limiter could not read the way an upstream would: a target or host outside
+/// visible ASCII, a fragment, an empty port, or one header given twice (in any case).
+fn attributes(obj: &serde_json::Map<String, Value>) -> Result<Attributes<'_>, Refusal> {
     let method = match obj.get("method") {
         None | Some(Value::Null) => Method::GET,
-        Some(Value::String(m)) => Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-            .map_err(|_| String::from("\"method\" is not an HTTP method"))?,
-        Some(_) => return Err(String::from("\"method\" must be a string")),
+        Some(Value::String(m)) => normalize::method(m.as_bytes(), "\"method\"")?,
+        Some(_) => return Err(Refusal::bad_field("\"method\"", "must be a string")),
     };
     let Some(target) = obj.get("path").and_then(Value::as_str) else {
-        return Err(String::from(
-            "send {\"policy\", \"key\", \"cost\"} or request attributes with at least \"path\"",
+        return Err(Refusal::bad_field(
+            "\"path\"",
+            "is required: send {\"policy\", \"key\", \"cost\"} or request attributes with at \
+             least \"path\"",
         ));
     };
-    let target = forward_auth::origin_form(target.as_bytes()).ok_or_else(|| {
-        String::from(
-            "\"path\" must be a path starting with '/', in printable ASCII (percent-encode other \
-             bytes), as in the request line",
-        )
-    })?;
+    let target = normalize::target(target.as_bytes(), "\"path\"")?;
     let host = match obj.get("host") {
         None | Some(Value::Null) => None,
-        Some(Value::String(h)) => Some(h.as_str()),
-        Some(_) => return Err(String::from("\"host\" must be a string")),
+        Some(Value::String(h)) => Some(normalize::authority(h.as_bytes(), "\"host\"")?),
+        Some(_) => return Err(Refusal::bad_field("\"host\"", "must be a string")),
     };
     let mut headers = HeaderMap::new();
     match obj.get("headers") {
@@ -197,45 +196,50 @@ fn attributes(obj: &serde_json::Map<String, Value>) -> Result<Attributes<'_>, St
         Some(Value::Object(map)) => {
             for (k, v) in map {
                 let Some(v) = v.as_str() else {
-                    return Err(String::from("\"headers\" values must be strings"));
+                    return Err(Refusal::bad_field("\"headers\"", "values must be strings"));
                 };
                 let (Ok(name), Ok(value)) = (
                     HeaderName::from_bytes(k.as_bytes()),
                     HeaderValue::from_str(v),
                 ) else {
-                    return Err(String::from(
-                        "\"headers\" holds an invalid header name or value",
+                    return Err(Refusal::bad_field(
+                        "\"headers\"",
+                        "holds an invalid header name or value",
                     ));
                 };
                 if headers.contains_key(&name) {
-                    return Err(format!(
-                        "\"headers\" names {name} more than once: a request with two values of \
-                         one header is refused, since the limiter and the upstream could read \
-                         different ones"
+                    return Err(Refusal::bad_field(
+                        "\"headers\"",
+                        format!(
+                            "names {name} more than once: a request with two values of one \
+                             header is refused, since the limiter and the upstream could read \
+                             different ones"
+                        ),
                     ));
                 }
                 headers.append(name, value);
             }
         }
-        Some(_) => return Err(String::from("\"headers\" must be an object of strings")),
+        Some(_) => {
+            return Err(Refusal::bad_field(
+                "\"headers\"",
+                "must be an object of strings",
+            ));
+        }
+    }
+    if host.is_none()
+        && let Some(h) = headers.get(HOST)
+    {
+        normalize::authority(h.as_bytes(), "\"headers\" Host")?;
     }
     let ip = match obj.get("ip") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(
             s.parse::<IpAddr>()
-                .map_err(|_| String::from("\"ip\" is not an IP address"))?,
+                .map_err(|_| Refusal::bad_field("\"ip\"", "is not an IP address"))?,
         ),
-        Some(_) => return Err(String::from("\"ip\" must be a string")),
+        Some(_) => return Err(Refusal::bad_field("\"ip\"", "must be a string")),
     };
-    // "host", or else the Host header: checked alike.
-    let named_host = host
-        .map(str::as_bytes)
-        .or_else(|| headers.get(HOST).map(HeaderValue::as_bytes));
-    if named_host.is_some_and(|h| forward_auth::authority(h).is_none()) {
-        return Err(String::from(
-            "the host must be a host name or address with an optional port, in ASCII",
-        ));
-    }
     Ok(Attributes {
         method,
         target,
@@ -257,16 +261,18 @@ async fn check_by_attributes(
         ip,
     } = match attributes(obj) {
         Ok(a) => a,
-        Err(detail) => return bad_request(&detail),
+        Err(refusal) => return problem_response(&refusal),
     };
     let host = host.or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()));
     let info = RequestInfo::new(&method, target, &headers)
         .with_host(host)
         .with_client_ip(ip);
     let eval = engine.evaluate(&info).await;
-    let status = match eval.verdict {
+    let fail_open = eval.store_failed() && eval.allowed();
+    let (decisions, rate_limit, disposition) = eval.into_parts();
+    let status = match disposition {
         Disposition::Respond(a) if a.status() != StatusCode::TOO_MANY_REQUESTS => {
-            // 401 (no key for a require_key policy) or 503 (store down, on_error = "deny").
+            // 400/401/414 (refused before any count) or 503 (the store failed closed).
             return a.into_response().map(full);
         }
         Disposition::Respond(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -277,28 +283,21 @@ async fn check_by_attributes(
         }
         Disposition::Pass => StatusCode::OK,
     };
-    let (enforced, shadow): (Vec<&Decision>, Vec<&Decision>) = eval
-        .decisions
-        .as_slice()
-        .iter()
-        .partition(|d| engine.enforced(d));
+    let (enforced, shadow): (Decisions, Decisions) = decisions
+        .into_iter()
+        .partition(|d| engine.enforced(d.policy));
     let allowed = status == StatusCode::OK;
-    // As SPEC §5 picks it: a denial first, then the lowest remaining, then the latest reset.
-    let top = enforced.iter().copied().min_by(|a, b| {
-        a.allowed
-            .cmp(&b.allowed)
-            .then(a.remaining.cmp(&b.remaining))
-            .then(b.reset.cmp(&a.reset))
-    });
-    let mut body = match top {
+    // The core's one choice of the decision that headers and bodies report.
+    let mut body = match enforced.most_restrictive() {
         Some(d) => decision_json(d),
         None => json!({"policy": null, "limit": null, "remaining": null, "reset": null,
             "retry_after": null, "delay": null}),
     };
+    let mut headers = HeaderMap::new();
+    rate_limit.apply(&mut headers);
     if let Some(o) = body.as_object_mut() {
         o.insert("allowed".into(), Value::from(allowed));
-        let retry = eval
-            .headers
+        let retry = headers
             .get(hyper::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
@@ -307,20 +306,29 @@ async fn check_by_attributes(
             "decisions".into(),
             Value::from(
                 enforced
+                    .as_slice()
                     .iter()
-                    .map(|d| decision_json(d))
+                    .map(decision_json)
                     .collect::<Vec<_>>(),
             ),
         );
         o.insert(
             "shadow".into(),
-            Value::from(shadow.iter().map(|d| decision_json(d)).collect::<Vec<_>>()),
+            Value::from(
+                shadow
+                    .as_slice()
+                    .iter()
+                    .map(decision_json)
+                    .collect::<Vec<_>>(),
+            ),
         );
-        o.insert("fail_open".into(), Value::from(eval.fail_open));
+        o.insert("fail_open".into(), Value::from(fail_open));
     }
     let mut res = json_response(status, &body);
-    for (name, value) in &eval.headers {
-        res.headers_mut().insert(name.clone(), value.clone());
-    }
+    *res.headers_mut() = {
+        let mut all = std::mem::take(res.headers_mut());
+        all.extend(headers);
+        all
+    };
     res
 }

@@ -13,20 +13,12 @@ use crate::admin::top::TopKeys;
 pub use crate::sharded::Sharded;
 pub use queue::QueueCounters;
 
-/// How a policy treated a request, as the `outcome` label says it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Admitted.
-    Allowed,
-    /// Refused.
-    Denied,
-    /// A shadow policy would have refused it.
-    Shadow,
-    /// The store failed and `on_error = "allow"` let it through.
-    FailOpen,
-}
+/// How a policy treated a request, as the `outcome` label says it: the core's one list, the
+/// same for every door (Envoy's service included).
+pub use tollgate::Outcome;
 
-const OUTCOMES: [&str; 4] = ["allowed", "denied", "shadow", "fail_open"];
+/// How many outcomes there are.
+const OUTCOMES: usize = Outcome::ALL.len();
 
 /// Upper bounds of the decision latency histogram, in seconds.
 const BUCKETS: [f64; 12] = [
@@ -34,7 +26,7 @@ const BUCKETS: [f64; 12] = [
 ];
 
 /// One policy's decision counters, by [`Outcome`].
-pub type PolicyCounters = Sharded<4>;
+pub type PolicyCounters = Sharded<OUTCOMES>;
 
 /// Per-bucket (not cumulative) counts, the last one for +Inf, then the sum in nanoseconds:
 /// one bucket and the sum change per decision; `/metrics` adds them up.
@@ -68,7 +60,7 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// Counts one decision of `policy`.
     pub fn decision(&self, policy: &str, outcome: Outcome) {
-        self.policy_counters(policy).add(outcome as usize, 1);
+        self.policy_counters(policy).add(outcome.index(), 1);
     }
 
     /// The counters of `policy`, created on first use: an engine looks them up once per
@@ -135,13 +127,13 @@ impl Metrics {
         self.missing_key.fetch_add(1, Relaxed);
     }
 
-    /// The decision counters of every policy seen so far, by name: (allowed, denied, shadow,
-    /// fail_open).
-    pub fn decision_counts(&self) -> Vec<(String, [u64; 4])> {
+    /// The decision counters of every policy seen so far, by name, in the order of
+    /// [`Outcome::ALL`].
+    pub fn decision_counts(&self) -> Vec<(String, [u64; OUTCOMES])> {
         let Ok(map) = self.decisions.read() else {
             return Vec::new();
         };
-        let mut list: Vec<(String, [u64; 4])> = map
+        let mut list: Vec<(String, [u64; OUTCOMES])> = map
             .iter()
             .map(|(name, c)| (name.clone(), std::array::from_fn(|i| c.get(i))))
             .collect();
@@ -239,7 +231,7 @@ impl Metrics {
             names.sort();
             for name in names {
                 if let Some(c) = map.get(name) {
-                    for (i, outcome) in OUTCOMES.iter().enumerate() {
+                    for (i, outcome) in Outcome::ALL.iter().map(|o| o.as_str()).enumerate() {
                         let _ = writeln!(
                             out,
                             "tollgate_decisions_total{{policy=\"{}\",outcome=\"{outcome}\"}} {}",
@@ -355,7 +347,7 @@ mod tests {
                     m.latency(Duration::from_micros(200));
                     m.latency(Duration::from_secs(2));
                     m.decision("api", Outcome::Allowed);
-                    m.policy_counters("api").add(Outcome::Denied as usize, 2);
+                    m.policy_counters("api").add(Outcome::Denied.index(), 2);
                 })
             })
             .collect();

@@ -44,6 +44,17 @@ pub(crate) fn problem(status: StatusCode, title: &str, detail: Option<&str>) -> 
     res
 }
 
+/// A request refused before any policy counted it, as every door refuses it.
+pub(crate) fn problem_response(refusal: &tollgate_http::Refusal) -> Response<Body> {
+    let mut res = Response::new(full(refusal.body()));
+    *res.status_mut() = refusal.status();
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    res
+}
+
 /// The JSON of an RFC 9457 problem (the proxy's relay writes it without a `Response`).
 pub(crate) fn problem_body(status: StatusCode, title: &str, detail: Option<&str>) -> String {
     let mut body = json!({

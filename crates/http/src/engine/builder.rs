@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::HeaderName;
 use tollgate::{Clock, Limiter, MemoryStore, OnError, Policy, Quota, Store, SystemClock};
 
-use crate::client_ip::{ForwardedHeader, client_ip};
+use crate::client_ip::{ForwardedHeader, client_address};
 use crate::headers::PolicyHeaders;
 use crate::key::CredentialHasher;
 use crate::{ConfigError, HeaderConfig, JwtVerifier, KeySelector, RequestInfo, TrustedProxies};
@@ -168,10 +168,11 @@ impl<S, C> EngineBuilder<S, C> {
         let forwarded = self.forwarded;
         let resolve_ip: Box<ResolveIp> = Box::new(move |info: &RequestInfo<'_>| {
             if let Some(ip) = info.client_ip {
-                return Some(ip.to_canonical());
+                return Ok(Some(ip.to_canonical()));
             }
             info.resolved_peer()
-                .map(|peer| client_ip(peer, info.headers, &trusted, forwarded))
+                .map(|peer| client_address(peer, info.headers, &trusted, forwarded))
+                .transpose()
         });
         let reads_path = compiled.iter().any(|c| c.http.route.reads_path());
         let reads_host = compiled

@@ -11,9 +11,8 @@ use smallvec::SmallVec;
 use tollgate::{Check, Clock, Decisions, Store};
 
 use crate::headers::{HeaderList, write_lines};
-use crate::key::DuplicateField;
 use crate::key::KeyBuf;
-use crate::problem;
+use crate::{Refusal, problem};
 
 use super::{Engine, KeyOverride, QueueTicket};
 
@@ -22,6 +21,9 @@ use super::{Engine, KeyOverride, QueueTicket};
 pub(super) struct Entry {
     pub(super) index: usize,
     pub(super) key: KeyBuf,
+    /// What the request costs under this policy: the policy's cost, or a caller's own (a
+    /// check by policy name).
+    pub(super) cost: u32,
     /// The key's override of the policy's quota, when it has one.
     pub(super) over: Option<Arc<KeyOverride>>,
 }
@@ -33,18 +35,7 @@ pub struct Prepared {
     // Inline room for the usual one or two matching policies; the future that carries this
     // across the store call is moved around whole.
     pub(super) entries: SmallVec<[Entry; 2]>,
-    pub(super) refusal: Option<Refusal>,
-}
-
-/// Why a prepared request is answered before any policy counts it.
-#[derive(Clone, Debug)]
-pub(super) enum Refusal {
-    /// No key for the policy at this index, which requires one: 401.
-    MissingKey(usize),
-    /// A field a key is read from came more than once: 400.
-    DuplicateField(DuplicateField),
-    /// The path cannot be normalised within the bound: 414.
-    PathTooDeep,
+    pub(super) refusal: Option<Box<Refusal>>,
 }
 
 impl Prepared {

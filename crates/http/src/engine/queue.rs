@@ -85,7 +85,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         Some(Box::new(QueueTicket {
             index: entry.index,
             key: entry.key.clone(),
-            cost: self.inner.policies[entry.index].http.cost,
+            cost: entry.cost,
             decision: *decision,
             over: entry.over.clone(),
             others,

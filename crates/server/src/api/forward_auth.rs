@@ -7,17 +7,17 @@
 //! match the wrong policies). The client's address comes from `X-Forwarded-For` only when the
 //! caller is in `[forward_auth] trusted_proxies`.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
-use tollgate_http::{RequestInfo, TrustedProxies};
+use tollgate_http::{ForwardedHeader, Refusal, RequestInfo, TrustedProxies, normalize};
 
 use crate::generation::{Disposition, Generation};
-use crate::response::{Body, full, problem};
+use crate::response::{Body, full, problem_response};
 
 /// How a denial is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,34 +41,10 @@ const X_ORIGINAL_URI: &str = "x-original-uri";
 const X_FORWARDED_HOST: &str = "x-forwarded-host";
 const X_FORWARDED_FOR: &str = "x-forwarded-for";
 
-/// How far the `X-Forwarded-For` walk goes: a longer chain of trusted proxies is not a real
-/// deployment.
-const MAX_HOPS: usize = 32;
-
-/// Why a forward-auth request (or a request described to `/v1/check`) is refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    #[error(
-        "{0} is missing: the proxy must send X-Forwarded-Method, X-Forwarded-Uri, X-Forwarded-Host \
-         and X-Forwarded-For (see docs/forward-auth.md)"
-    )]
-    Missing(&'static str),
-    #[error(
-        "{0} appears more than once: a request with two values of a field that identifies it is \
-         refused, since the limiter and the upstream could read different ones"
-    )]
-    Repeated(&'static str),
-    #[error("send the request target in X-Forwarded-Uri or in X-Original-URI, not both")]
-    TwoTargets,
-    #[error("{0} {1}")]
-    Unreadable(&'static str, &'static str),
-}
-
-const NOT_ORIGIN_FORM: &str = "must be a path starting with '/', in printable ASCII (percent-encode \
-     other bytes), as in the request line";
-const NOT_HOST: &str = "must be a host name or address with an optional port, in ASCII";
-const NOT_METHOD: &str = "is not an HTTP method";
-const NOT_ADDRESS: &str = "must end with the client's address, as the proxy appends it";
+const MISSING: &str = "is missing: the proxy must send X-Forwarded-Method, X-Forwarded-Uri, \
+     X-Forwarded-Host and X-Forwarded-For (see docs/forward-auth.md)";
+const REPEATED: &str = "appears more than once: a request with two values of a field that \
+     identifies it is refused, since the limiter and the upstream could read different ones";
 
 /// Answers a forward-auth request from `peer`.
 pub(crate) async fn handle(
@@ -84,19 +60,13 @@ pub(crate) async fn handle(
         &engine.config().forward_auth.trusted_proxies,
     ) {
         Ok(d) => d,
-        Err(refusal) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                "Bad request",
-                Some(&refusal.to_string()),
-            );
-        }
+        Err(refusal) => return refused(&refusal),
     };
     let info = RequestInfo::new(&described.method, described.target, headers)
         .with_host(Some(described.host))
         .with_client_ip(Some(described.client));
-    let eval = engine.evaluate(&info).await;
-    match eval.verdict {
+    let (_, rate_limit, disposition) = engine.evaluate(&info).await.into_parts();
+    match disposition {
         Disposition::Respond(answer) => {
             let mut res = answer.into_response();
             if flavor == Flavor::Nginx && res.status() == StatusCode::TOO_MANY_REQUESTS {
@@ -109,12 +79,12 @@ pub(crate) async fn handle(
             }
             res.map(full)
         }
-        verdict => {
-            if let Disposition::Hold(hold) = verdict {
+        disposition => {
+            if let Disposition::Hold(hold) = disposition {
                 hold.wait().await;
             }
             let mut res = Response::new(full(Bytes::new()));
-            *res.headers_mut() = eval.headers;
+            rate_limit.apply(res.headers_mut());
             res
         }
     }
@@ -130,35 +100,33 @@ struct Described<'h> {
 }
 
 impl<'h> Described<'h> {
+    /// The request `headers` describe, through the readings every door shares
+    /// (`tollgate_http::normalize`, `tollgate_http::client_address`).
     fn read(
         headers: &'h HeaderMap,
         peer: IpAddr,
         trusted: &TrustedProxies,
     ) -> Result<Self, Refusal> {
         let method = single(headers, X_FORWARDED_METHOD, "X-Forwarded-Method")?
-            .ok_or(Refusal::Missing("X-Forwarded-Method"))?;
-        // Method names are case-sensitive, but a lower-case one must not slip past a policy
-        // that names the upper-case method.
-        let method = method
-            .to_str()
-            .ok()
-            .and_then(|m| Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes()).ok())
-            .ok_or(Refusal::Unreadable("X-Forwarded-Method", NOT_METHOD))?;
+            .ok_or_else(|| Refusal::bad_field("X-Forwarded-Method", MISSING))?;
+        let method = normalize::method(method.as_bytes(), "X-Forwarded-Method")?;
         let target = match (
             single(headers, X_FORWARDED_URI, "X-Forwarded-Uri")?,
             single(headers, X_ORIGINAL_URI, "X-Original-URI")?,
         ) {
-            (Some(_), Some(_)) => return Err(Refusal::TwoTargets),
-            (Some(v), None) => origin_form(v.as_bytes())
-                .ok_or(Refusal::Unreadable("X-Forwarded-Uri", NOT_ORIGIN_FORM))?,
-            (None, Some(v)) => origin_form(v.as_bytes())
-                .ok_or(Refusal::Unreadable("X-Original-URI", NOT_ORIGIN_FORM))?,
-            (None, None) => return Err(Refusal::Missing("X-Forwarded-Uri")),
+            (Some(_), Some(_)) => {
+                return Err(Refusal::bad_field(
+                    "X-Forwarded-Uri",
+                    "and X-Original-URI both name the target: send one",
+                ));
+            }
+            (Some(v), None) => normalize::target(v.as_bytes(), "X-Forwarded-Uri")?,
+            (None, Some(v)) => normalize::target(v.as_bytes(), "X-Original-URI")?,
+            (None, None) => return Err(Refusal::bad_field("X-Forwarded-Uri", MISSING)),
         };
         let host = single(headers, X_FORWARDED_HOST, "X-Forwarded-Host")?
-            .ok_or(Refusal::Missing("X-Forwarded-Host"))?;
-        let host =
-            authority(host.as_bytes()).ok_or(Refusal::Unreadable("X-Forwarded-Host", NOT_HOST))?;
+            .ok_or_else(|| Refusal::bad_field("X-Forwarded-Host", MISSING))?;
+        let host = normalize::authority(host.as_bytes(), "X-Forwarded-Host")?;
         let client = client_address(peer, headers, trusted)?;
         Ok(Described {
             method,
@@ -178,43 +146,26 @@ fn single<'h>(
     let mut values = headers.get_all(name).iter();
     let first = values.next();
     if values.next().is_some() {
-        return Err(Refusal::Repeated(display));
+        return Err(Refusal::bad_field(display, REPEATED));
     }
     Ok(first)
-}
-
-/// A request target in origin form (`/path?query`), printable ASCII only: a byte the limiter
-/// cannot read is refused, never matched as some other path.
-pub(crate) fn origin_form(target: &[u8]) -> Option<&str> {
-    if target.first() != Some(&b'/') || !target.iter().all(|b| (0x21..=0x7e).contains(b)) {
-        return None;
-    }
-    std::str::from_utf8(target).ok()
-}
-
-/// A `Host` value: a name or address and an optional port, nothing else.
-pub(crate) fn authority(host: &[u8]) -> Option<&str> {
-    let text = std::str::from_utf8(host).ok()?;
-    let parsed = text.parse::<hyper::http::uri::Authority>().ok()?;
-    (!text.is_empty() && !text.contains('@') && parsed.as_str() == text).then_some(text)
 }
 
 /// Set once an untrusted caller's `X-Forwarded-For` was ignored, so the warning is logged once.
 static UNTRUSTED_WARNED: AtomicBool = AtomicBool::new(false);
 
-/// The client: the caller itself unless it is a trusted proxy; then `X-Forwarded-For` walked
-/// right to left, element by element, past trusted hops. An element that cannot be read ends
-/// the walk at the last trusted hop, so garbage never gives a client another's key; the last
-/// element, which the caller itself appended, must be readable.
+/// The client: the caller itself unless it is a trusted proxy; then `X-Forwarded-For` by the
+/// walk every door shares. A trusted caller must send it: it is how the proxy says who the
+/// client is.
 fn client_address(
     peer: IpAddr,
     headers: &HeaderMap,
     trusted: &TrustedProxies,
 ) -> Result<IpAddr, Refusal> {
     let peer = peer.to_canonical();
-    let lines = headers.get_all(X_FORWARDED_FOR);
+    let sent = headers.contains_key(X_FORWARDED_FOR);
     if !trusted.contains(peer) {
-        if lines.iter().next().is_some() && !UNTRUSTED_WARNED.swap(true, Ordering::Relaxed) {
+        if sent && !UNTRUSTED_WARNED.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 caller = %peer,
                 "/v1/forward-auth: X-Forwarded-For from a caller outside [forward_auth] \
@@ -224,54 +175,15 @@ fn client_address(
         }
         return Ok(peer);
     }
-    if lines.iter().next().is_none() {
-        return Err(Refusal::Missing("X-Forwarded-For"));
+    if !sent {
+        return Err(Refusal::bad_field("X-Forwarded-For", MISSING));
     }
-    let mut last_trusted = peer;
-    let mut hops = 0;
-    for line in lines.iter().rev() {
-        for element in line.as_bytes().rsplit(|&b| b == b',') {
-            hops += 1;
-            let hop = if hops > MAX_HOPS {
-                None
-            } else {
-                parse_hop(element)
-            };
-            let Some(ip) = hop else {
-                return if hops == 1 {
-                    Err(Refusal::Unreadable("X-Forwarded-For", NOT_ADDRESS))
-                } else {
-                    Ok(last_trusted)
-                };
-            };
-            if !trusted.contains(ip) {
-                return Ok(ip);
-            }
-            last_trusted = ip;
-        }
-    }
-    // Every hop is trusted: the left-most one is as close to the client as anyone knows.
-    Ok(last_trusted)
+    tollgate_http::client_address(peer, headers, trusted, ForwardedHeader::XForwardedFor)
 }
 
-/// One `X-Forwarded-For` element: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1` or
-/// `[2001:db8::1]:80`.
-fn parse_hop(element: &[u8]) -> Option<IpAddr> {
-    let text = std::str::from_utf8(element.trim_ascii()).ok()?;
-    if let Some(rest) = text.strip_prefix('[') {
-        let (v6, _port) = rest.split_once(']')?;
-        return v6
-            .parse::<Ipv6Addr>()
-            .ok()
-            .map(|ip| IpAddr::V6(ip).to_canonical());
-    }
-    if let Ok(ip) = text.parse::<IpAddr>() {
-        return Some(ip.to_canonical());
-    }
-    let (host, port) = text.rsplit_once(':')?;
-    (!port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| host.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4))
-        .flatten()
+/// A refused description: 400 with the problem naming the field.
+fn refused(refusal: &Refusal) -> Response<Body> {
+    problem_response(refusal)
 }
 
 #[cfg(test)]

@@ -359,7 +359,7 @@ impl Conn {
         let info = RequestInfo::new(&method, &head.target, &self.map)
             .with_host(Some(host))
             .with_peer(Some(self.peer.ip()));
-        let (_, rate_limit, verdict, _) = engine.evaluate_parts(&info).await;
+        let (_, rate_limit, verdict) = engine.evaluate(&info).await.into_parts();
         match &verdict {
             Disposition::Respond(a) if a.queue_ticket().is_some() => head::write_queued_head(
                 &mut self.uphead,

@@ -32,6 +32,11 @@ const COMPLETE: &[(&str, &[u8])] = &[
     ("x-forwarded-for", b"198.51.100.7"),
 ];
 
+/// The field a refusal names.
+fn field<T>(got: Result<T, Refusal>) -> Option<String> {
+    got.err().and_then(|r| r.field().map(str::to_owned))
+}
+
 fn read_with(
     extra: &[(&str, &[u8])],
     without: &str,
@@ -70,9 +75,14 @@ fn each_missing_header_is_named() {
         ("x-forwarded-for", "X-Forwarded-For"),
     ] {
         let got = read_with(&[], name);
-        assert_eq!(got, Err(Refusal::Missing(display)), "without {name}");
-        let text = Refusal::Missing(display).to_string();
-        assert!(text.starts_with(display), "{text}");
+        let refusal = got.err();
+        assert_eq!(
+            refusal.as_ref().and_then(|r| r.field()),
+            Some(display),
+            "without {name}"
+        );
+        let text = refusal.map(|r| r.detail().to_owned()).unwrap_or_default();
+        assert!(text.starts_with(&format!("{display} is missing")), "{text}");
     }
 }
 
@@ -81,7 +91,7 @@ fn x_original_uri_stands_in_for_x_forwarded_uri_but_not_beside_it() {
     let got = read_with(&[("x-original-uri", b"/search?q=1")], "x-forwarded-uri");
     assert_eq!(got.map(|g| g.1), Ok("/search?q=1".to_owned()));
     let got = read_with(&[("x-original-uri", b"/public")], "");
-    assert_eq!(got, Err(Refusal::TwoTargets));
+    assert_eq!(field(got), Some("X-Forwarded-Uri".to_owned()));
 }
 
 #[test]
@@ -96,7 +106,7 @@ fn repeated_identity_headers_are_refused_by_name() {
         ("x-forwarded-method", "X-Forwarded-Method", b"GET"),
     ] {
         let got = read_with(&[(name, value)], "");
-        assert_eq!(got, Err(Refusal::Repeated(display)), "{name}");
+        assert_eq!(field(got), Some(display.to_owned()), "{name}");
     }
     // X-Forwarded-For is a list: several lines are one list, in order.
     let got = read_with(&[("x-forwarded-for", b"203.0.113.5")], "");
@@ -114,19 +124,13 @@ fn an_unreadable_target_is_refused_never_read_as_root() {
         b"v1/items",
         b"http://other.example/v1",
         b"*",
+        b"/admin/x?y=1#f",
     ] {
         let got = read_with(&[("x-forwarded-uri", target)], "x-forwarded-uri");
-        assert_eq!(
-            got,
-            Err(Refusal::Unreadable("X-Forwarded-Uri", NOT_ORIGIN_FORM)),
-            "{target:?}"
-        );
+        assert_eq!(field(got), Some("X-Forwarded-Uri".to_owned()), "{target:?}");
     }
     let got = read_with(&[("x-original-uri", b"/\xff")], "x-forwarded-uri");
-    assert_eq!(
-        got,
-        Err(Refusal::Unreadable("X-Original-URI", NOT_ORIGIN_FORM))
-    );
+    assert_eq!(field(got), Some("X-Original-URI".to_owned()));
 }
 
 #[test]
@@ -137,22 +141,16 @@ fn an_unreadable_host_or_method_is_refused() {
         b"user@host",
         b"host/path",
         b"",
+        b"api.example.com:",
     ] {
         let got = read_with(&[("x-forwarded-host", host)], "x-forwarded-host");
-        assert_eq!(
-            got,
-            Err(Refusal::Unreadable("X-Forwarded-Host", NOT_HOST)),
-            "{host:?}"
-        );
+        assert_eq!(field(got), Some("X-Forwarded-Host".to_owned()), "{host:?}");
     }
     for host in [&b"[2001:db8::1]:443"[..], b"localhost", b"10.0.0.1:80"] {
         assert!(read_with(&[("x-forwarded-host", host)], "x-forwarded-host").is_ok());
     }
     let got = read_with(&[("x-forwarded-method", b"G(T")], "x-forwarded-method");
-    assert_eq!(
-        got,
-        Err(Refusal::Unreadable("X-Forwarded-Method", NOT_METHOD))
-    );
+    assert_eq!(field(got), Some("X-Forwarded-Method".to_owned()));
 }
 
 fn client(peer: &str, xff: &[&[u8]], trusted: &TrustedProxies) -> Result<IpAddr, Refusal> {
@@ -219,12 +217,12 @@ fn the_walk_goes_right_to_left_element_by_element() -> Result<(), tollgate_http:
     );
     // The element the caller itself appended must be an address.
     assert_eq!(
-        client("127.0.0.1", &[b"198.51.100.1, unknown"], &t),
-        Err(Refusal::Unreadable("X-Forwarded-For", NOT_ADDRESS))
+        field(client("127.0.0.1", &[b"198.51.100.1, unknown"], &t)),
+        Some("X-Forwarded-For".to_owned())
     );
     assert_eq!(
-        client("127.0.0.1", &[b""], &t),
-        Err(Refusal::Unreadable("X-Forwarded-For", NOT_ADDRESS))
+        field(client("127.0.0.1", &[b""], &t)),
+        Some("X-Forwarded-For".to_owned())
     );
     // All trusted: the left-most.
     assert_eq!(
