@@ -163,11 +163,11 @@ impl Conn {
                     return Some(end);
                 }
                 if self.inbuf.len() > self.limits.max_header_bytes {
-                    let refusal = Refusal {
-                        status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                        title: "Request header fields too large",
-                        detail: "the request head is larger than this server accepts",
-                    };
+                    let refusal = Refusal::new(
+                        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        "Request header fields too large",
+                        "the request head is larger than this server accepts",
+                    );
                     self.refuse(client, refusal, Version::Http11).await;
                     return None;
                 }
@@ -213,21 +213,21 @@ impl Conn {
         stopping: bool,
     ) -> bool {
         let Some(proxy) = engine.config().proxy.as_ref() else {
-            let refusal = Refusal {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                title: "Proxy disabled",
-                detail: "the running configuration has no [proxy] section",
-            };
+            let refusal = Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Proxy disabled",
+                "the running configuration has no [proxy] section",
+            );
             self.refuse(client, refusal, Version::Http11).await;
             return false;
         };
         let Some(authority) = proxy.upstream.authority().cloned() else {
             self.inbuf.advance(head_len);
-            let refusal = Refusal {
-                status: StatusCode::BAD_GATEWAY,
-                title: "Upstream unavailable",
-                detail: "the upstream has no authority",
-            };
+            let refusal = Refusal::new(
+                StatusCode::BAD_GATEWAY,
+                "Upstream unavailable",
+                "the upstream has no authority",
+            );
             self.refuse(client, refusal, Version::Http11).await;
             return false;
         };
@@ -330,11 +330,11 @@ impl Conn {
         match parsed {
             Ok(httparse::Status::Complete(_)) => {}
             Err(httparse::Error::TooManyHeaders) => {
-                let refusal = Refusal {
-                    status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                    title: "Request header fields too large",
-                    detail: "the request has more header lines than this server accepts",
-                };
+                let refusal = Refusal::new(
+                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    "Request header fields too large",
+                    "the request has more header lines than this server accepts",
+                );
                 return Err((refusal, version));
             }
             _ => return Err((MALFORMED, version)),
@@ -390,13 +390,12 @@ impl Conn {
         refusal: Refusal,
         version: Version,
     ) {
-        let body =
-            crate::response::problem_body(refusal.status, refusal.title, Some(refusal.detail));
+        let body = refusal.body();
         write_answer(
             &mut self.out,
-            refusal.status,
+            refusal.status(),
             |_| {},
-            body.as_bytes(),
+            &body,
             version,
             true,
         );

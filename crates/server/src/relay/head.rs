@@ -12,6 +12,8 @@ use std::borrow::Cow;
 use hyper::StatusCode;
 use hyper::http::uri::Authority;
 
+use tollgate_http::normalize;
+
 use super::body::Framing;
 
 /// Where a search for the end of a head goes on from, so that a head that arrives a byte at a
@@ -54,20 +56,11 @@ impl HeadScan {
     }
 }
 
-/// A request the relay answers itself instead of forwarding it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Refusal {
-    pub(super) status: StatusCode,
-    pub(super) title: &'static str,
-    pub(super) detail: &'static str,
-}
+/// A request the relay answers itself instead of forwarding it: the refusal every door gives.
+pub(super) use tollgate_http::Refusal;
 
 const fn refuse(status: StatusCode, title: &'static str, detail: &'static str) -> Refusal {
-    Refusal {
-        status,
-        title,
-        detail,
-    }
+    Refusal::new(status, title, detail)
 }
 
 const BAD_REQUEST: &str = "Bad Request";
@@ -266,13 +259,9 @@ impl<'b> HeaderFacts<'b> {
                     "an HTTP/1.1 request needs a Host header",
                 ));
             }
-            (Some(h), 1, _) if valid_authority(h) => Some(h),
+            (Some(h), 1, _) => Some(normalize::authority(h.as_bytes(), "Host")?),
             (_, 1, _) => {
-                return Err(refuse(
-                    StatusCode::BAD_REQUEST,
-                    BAD_REQUEST,
-                    "the Host header is not a valid host",
-                ));
+                return Err(Refusal::bad_field("Host", "is not UTF-8"));
             }
             _ => None,
         };
@@ -288,32 +277,32 @@ impl<'b> HeaderFacts<'b> {
 /// of bytes outside visible ASCII, with a fragment, or of another form is refused: it would be
 /// matched against the policies as one path and read by the upstream as another.
 fn origin_form(target: &str) -> Result<(Cow<'_, str>, Option<&str>), Refusal> {
-    const BAD_TARGET: Refusal = refuse(
-        StatusCode::BAD_REQUEST,
-        BAD_REQUEST,
-        "the request target is not an origin-form or absolute-form URI of visible ASCII",
-    );
-    // httparse has refused spaces and control characters; what is left to refuse is bytes
-    // past ASCII and a fragment.
-    if target.is_empty() || !target.is_ascii() || target.contains('#') {
-        return Err(BAD_TARGET);
-    }
+    const FIELD: &str = "the request target";
     if target.starts_with('/') {
-        return Ok((Cow::Borrowed(target), None));
+        return Ok((
+            Cow::Borrowed(normalize::target(target.as_bytes(), FIELD)?),
+            None,
+        ));
     }
     // Absolute-form: http(s)://authority[/path][?query].
+    let not_a_uri = || {
+        Refusal::bad_field(
+            FIELD,
+            "is not an origin-form or absolute-form URI of visible ASCII",
+        )
+    };
     let rest = strip_prefix_ignore_case(target, "http://")
         .or_else(|| strip_prefix_ignore_case(target, "https://"))
-        .ok_or(BAD_TARGET)?;
+        .ok_or_else(not_a_uri)?;
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, path) = rest.split_at(end);
-    if !valid_authority(authority) {
-        return Err(BAD_TARGET);
-    }
+    let authority = normalize::authority(authority.as_bytes(), FIELD).map_err(|_| not_a_uri())?;
     let path = if path.starts_with('/') {
-        Cow::Borrowed(path)
+        Cow::Borrowed(normalize::target(path.as_bytes(), FIELD)?)
     } else {
-        Cow::Owned(format!("/{path}"))
+        let path = format!("/{path}");
+        normalize::target(path.as_bytes(), FIELD)?;
+        Cow::Owned(path)
     };
     Ok((path, Some(authority)))
 }
@@ -322,43 +311,6 @@ fn strip_prefix_ignore_case<'a>(text: &'a str, prefix: &str) -> Option<&'a str> 
     let head = text.get(..prefix.len())?;
     head.eq_ignore_ascii_case(prefix)
         .then(|| &text[prefix.len()..])
-}
-
-/// The bytes of a host name: letters, digits, `-`, `.`, `_`.
-const HOST_NAME: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut b = 0;
-    while b < 256 {
-        let c = b as u8;
-        table[b] = c.is_ascii_alphanumeric() || c == b'-' || c == b'.' || c == b'_';
-        b += 1;
-    }
-    table
-};
-
-/// A `host[:port]` as servers route on it: a name of letters, digits, `-`, `.` and `_`, or an
-/// IPv6 literal in brackets, and an optional port of digits. Anything else (user information,
-/// percent-escapes, other punctuation) is read differently by different servers, so a host
-/// policy could miss a request its upstream serves. Checked by hand, without allocating.
-fn valid_authority(text: &str) -> bool {
-    let (host_ok, port) = match text.strip_prefix('[') {
-        Some(rest) => match rest.split_once(']') {
-            Some((v6, after)) => (
-                v6.parse::<std::net::Ipv6Addr>().is_ok(),
-                after.strip_prefix(':').or(after.is_empty().then_some("")),
-            ),
-            None => (false, None),
-        },
-        None => {
-            let (host, port) = text.split_once(':').unwrap_or((text, ""));
-            let name = |b: u8| HOST_NAME[usize::from(b)];
-            (
-                !host.is_empty() && host.bytes().all(name),
-                (text.len() == host.len() || !port.is_empty()).then_some(port),
-            )
-        }
-    };
-    host_ok && port.is_some_and(|p| p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 pub(super) fn parse_length(v: &[u8]) -> Option<u64> {

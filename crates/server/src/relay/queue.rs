@@ -124,11 +124,11 @@ impl Conn {
             BodyProblem::Malformed => MALFORMED_BODY,
             BodyProblem::TooLarge => {
                 queue.counters.too_large();
-                Refusal {
-                    status: StatusCode::PAYLOAD_TOO_LARGE,
-                    title: "Content too large",
-                    detail: "the request body is larger than this queue stores (queue_max_body)",
-                }
+                Refusal::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "Content too large",
+                    "the request body is larger than this queue stores (queue_max_body)",
+                )
             }
         };
         self.refuse(client, refusal, version).await;
@@ -280,11 +280,11 @@ fn status_target(bytes: &[u8]) -> Result<(String, Version, bool), (Refusal, Vers
     };
     let head = head::check(&req).map_err(|r| (r, version))?;
     if !matches!(head.framing, Framing::None | Framing::Length(0)) {
-        let refusal = Refusal {
-            status: StatusCode::BAD_REQUEST,
-            title: "Bad Request",
-            detail: "a status request has no body",
-        };
+        let refusal = Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "Bad Request",
+            "a status request has no body",
+        );
         return Err((refusal, version));
     }
     let path = head.target.split('?').next().unwrap_or_default();
