@@ -13,7 +13,7 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 use tollgate::key_digest::{KeyDigest, MAX_RAW_KEY};
-use tollgate::{Clock, Limiter, Store};
+use tollgate::{Clock, Limiter, Outcome, Store};
 use tonic::Status;
 
 use crate::config::{Config, ConfigError, RateLimit, Unit};
@@ -32,6 +32,11 @@ pub const MAX_OVERRIDES: usize = 1024;
 
 type Overrides = HashMap<(String, u32, Unit), Arc<Leaf>>;
 
+/// Where the service's decisions are counted: called once per counted descriptor of a request
+/// with the limit's policy name, the store key and what became of it (the server counts them
+/// in the same metrics as its other doors).
+pub type Observer = Arc<dyn Fn(&str, &[u8], Outcome) + Send + Sync>;
+
 /// Envoy's rate limit service over a Tollgate [`Limiter`]: cheap to clone (one reference
 /// count); clones share the limiter and the configuration.
 ///
@@ -45,13 +50,22 @@ pub struct RlsService<S: Store, C: Clock> {
     inner: Arc<Inner<S, C>>,
 }
 
-#[derive(Debug)]
 struct Inner<S: Store, C: Clock> {
     limiter: Limiter<S, C>,
     /// The configuration, swapped whole on reload: every call reads it with one atomic load
     /// and no lock, so calls never wait on each other or on a reload.
     config: ArcSwap<Compiled>,
     overrides: Mutex<Overrides>,
+    observer: Option<Observer>,
+}
+
+impl<S: Store + std::fmt::Debug, C: Clock + std::fmt::Debug> std::fmt::Debug for Inner<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RlsService")
+            .field("limiter", &self.limiter)
+            .field("observed", &self.observer.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S: Store, C: Clock> Clone for RlsService<S, C> {
@@ -103,8 +117,29 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 limiter,
                 config: ArcSwap::from_pointee(Compiled::new(config)?),
                 overrides: Mutex::default(),
+                observer: None,
             }),
         })
+    }
+
+    /// The same service, reporting every decision to `observer` (see [`Observer`]). Call it
+    /// before cloning the service: clones made earlier do not report.
+    pub fn with_observer(self, observer: Observer) -> Self {
+        let inner = match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => {
+                inner.observer = Some(observer);
+                inner
+            }
+            Err(shared) => Inner {
+                limiter: shared.limiter.clone(),
+                config: ArcSwap::new(shared.config.load_full()),
+                overrides: Mutex::default(),
+                observer: Some(observer),
+            },
+        };
+        RlsService {
+            inner: Arc::new(inner),
+        }
     }
 
     /// Replaces the configuration for every clone of this service; calls in flight finish with
@@ -192,6 +227,12 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         let decisions = match decide::decide(&self.inner.limiter, &entries, now).await {
             Ok(d) => d,
             Err(error) => {
+                let outcome = if config.failure_mode.admits() {
+                    Outcome::FailOpen
+                } else {
+                    Outcome::FailClosed
+                };
+                self.observe(&entries, |_| outcome);
                 // The core's one failure rule: fail open answers OK with no limits (none was
                 // counted), fail closed says the service is unavailable.
                 return if config.failure_mode.admits() {
@@ -203,7 +244,22 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 };
             }
         };
+        self.observe(&entries, |i| {
+            let shadow = entries[i].leaf.options.shadow;
+            decisions
+                .get(i)
+                .map_or(Outcome::Allowed, |d| Outcome::of(d, shadow))
+        });
         Ok(answer::answer(&config, statuses, &entries, &decisions, now))
+    }
+
+    /// Reports each entry's outcome to the observer, if there is one.
+    fn observe(&self, entries: &[Entry<'_>], outcome: impl Fn(usize) -> Outcome) {
+        if let Some(observer) = &self.inner.observer {
+            for (i, e) in entries.iter().enumerate() {
+                observer(&e.leaf.policy_name, &e.key, outcome(i));
+            }
+        }
     }
 
     /// The limit a descriptor's `limit` override asks for, as envoyproxy/ratelimit applies it:

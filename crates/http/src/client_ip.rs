@@ -42,9 +42,9 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// one key whichever door it comes through. The right-most element is what the trusted peer
 /// itself appended: if it cannot be read the request is refused, naming the header, rather
 /// than counted under the proxy's address (every client would then share one count). Further
-/// left, an element that cannot be read (written by the client, or in `Forwarded` an `unknown`
-/// or obfuscated identifier, which a proxy may also write right-most) ends the walk at the last
-/// trusted hop, so garbage never makes up an identity. A
+/// left, an element that cannot be read (written by the client) ends the walk at the last
+/// trusted hop, as does a `Forwarded` element that reports no address on purpose (no `for=`,
+/// `for=unknown`, an obfuscated `for=_hidden`), even right-most, so garbage never makes up an identity. A
 /// trusted peer that sends no forwarding header is the client itself.
 pub fn client_address(
     peer: IpAddr,
@@ -78,7 +78,9 @@ pub fn client_address(
                 ForwardedHeader::Forwarded => forwarded_for(e),
             });
             let Some(ip) = node.and_then(parse_node) else {
-                if hops == 1 && !(which == ForwardedHeader::Forwarded && node.is_some_and(hidden)) {
+                if hops == 1
+                    && node.is_some_and(|n| !(which == ForwardedHeader::Forwarded && hidden(n)))
+                {
                     return Err(Refusal::bad_field(
                         header_name(which),
                         "must end with the client's address, as the proxy appends it",

@@ -282,7 +282,7 @@ pub async fn run_with(
     }
     let metrics = Arc::new(Metrics::default());
     let envoy = match (&config.envoy, listeners.grpc) {
-        (Some(e), Some(l)) => Some((envoy_service(&config, e, &store)?, l)),
+        (Some(e), Some(l)) => Some((envoy_service(&config, e, &store, &metrics)?, l)),
         _ => None,
     };
     let envoy_handle = envoy.as_ref().map(|(service, _)| service.clone());
@@ -439,6 +439,7 @@ fn envoy_service(
     config: &Config,
     envoy: &config::Envoy,
     store: &AnyStore,
+    metrics: &Arc<Metrics>,
 ) -> Result<tollgate_envoy::RlsService<AnyStore, SystemClock>, ServerError> {
     let rls = rls_config(config, envoy);
     let limiter = tollgate::Limiter::builder()
@@ -446,7 +447,20 @@ fn envoy_service(
         .clock(SystemClock::new())
         .build()
         .map_err(ServerError::EnvoyLimiter)?;
-    tollgate_envoy::RlsService::new(limiter, &rls).map_err(ServerError::Envoy)
+    // Envoy's decisions are counted where every other door's are: per policy and outcome in
+    // `/metrics`, and in the top-keys sketches.
+    let metrics = Arc::clone(metrics);
+    let observer: tollgate_envoy::Observer = Arc::new(move |policy, key, outcome| {
+        metrics.decision(policy, outcome);
+        let refused = !matches!(
+            outcome,
+            tollgate::Outcome::Allowed | tollgate::Outcome::FailOpen
+        );
+        metrics.top.policy(policy).record(key, refused);
+    });
+    Ok(tollgate_envoy::RlsService::new(limiter, &rls)
+        .map_err(ServerError::Envoy)?
+        .with_observer(observer))
 }
 
 /// The Envoy service's configuration: the descriptors and the server's header settings.

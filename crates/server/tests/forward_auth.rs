@@ -155,11 +155,11 @@ async fn check_by_attributes_refuses_what_it_cannot_read() {
         ),
         (
             r#"{"path": "/v1/a", "host": "h é.example"}"#,
-            "the host must be",
+            "\"host\" must be",
         ),
         (
             r#"{"path": "/v1/a", "headers": {"host": "a/b"}}"#,
-            "the host must be",
+            "\"headers\" Host must be",
         ),
     ] {
         let r = post_json(&url, body).await;

@@ -48,6 +48,8 @@ pub(crate) struct Leaf {
     /// counting): the window, so a status reports the time to its end as the peer does, even
     /// for a counter never touched.
     pub(crate) window: Option<Duration>,
+    /// The policy name (empty when unlimited): what metrics count the limit's decisions under.
+    pub(crate) policy_name: Box<str>,
     /// The policy name quoted as a structured-field string.
     pub(crate) quoted_name: String,
     /// `"name";q=..;w=..`.
@@ -72,6 +74,7 @@ impl Leaf {
             replaces: limit.replaces.clone().into_boxed_slice(),
             current_limit: None,
             window: None,
+            policy_name: "".into(),
             quoted_name: String::new(),
             policy_item: String::new(),
         };
@@ -83,6 +86,7 @@ impl Leaf {
             _ => policy_name(path, names),
         };
         leaf.quoted_name = sf_string(&name);
+        leaf.policy_name = name.as_str().into();
         match enforced {
             Enforced::Unlimited => {}
             Enforced::Blocked(unit) => {
@@ -158,9 +162,6 @@ fn per_unit(limit: &RateLimit, quota: &Quota) -> (u32, ProtoUnit) {
     }
 }
 
-/// A policy name from a descriptor path (`domain.key_value.key`): control characters become
-/// `_`, and a name longer than a policy name may be, or one already taken, is cut and given a
-/// hash of the full path.
 /// Time from `now` to the end of its fixed window of length `window`, windows aligned on the
 /// Unix epoch (as envoyproxy/ratelimit's and Tollgate's fixed windows are): a full window at
 /// its very start, never zero.
@@ -172,6 +173,9 @@ pub(crate) fn until_window_end(now: Timestamp, window: Duration) -> Duration {
     Duration::from_micros(window - now.as_micros() % window)
 }
 
+/// A policy name from a descriptor path (`domain.key_value.key`): control characters become
+/// `_`, and a name longer than a policy name may be, or one already taken, is cut and given a
+/// hash of the full path.
 pub(crate) fn policy_name(path: &str, names: &mut HashSet<String>) -> String {
     let clean: String = path
         .chars()
