@@ -1,4 +1,4 @@
-//! The raw serde structs of the TOML file (exactly SPEC §8's field names) and their validation
+//! The raw serde structs of the TOML file (the field names users write) and their validation
 //! into the domain types of [`super`], one child module per table.
 //!
 //! Validation reports every problem it finds (each with its position, through [`Errors`]) and

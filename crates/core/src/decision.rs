@@ -158,7 +158,7 @@ impl Decisions {
     }
 
     /// The decision that headers report: a denying one first, then the lowest `remaining`, ties
-    /// broken by the latest `reset` (SPEC §5).
+    /// broken by the latest `reset`.
     pub fn most_restrictive(&self) -> Option<&Decision> {
         self.items.iter().min_by(|a, b| {
             a.allowed

@@ -1,4 +1,4 @@
-//! The text of the rate-limit response headers (SPEC §5), as pure functions over [`Decision`]s
+//! The text of the rate-limit response headers (`X-RateLimit-*`, IETF `RateLimit`), as pure functions over [`Decision`]s
 //! and [`Quota`]s, so that every way into Tollgate (the tower layer, the server, the Envoy rate
 //! limit service) writes the same bytes.
 //!
@@ -186,7 +186,7 @@ pub fn aggregate_retry_after<'d>(
     latest
 }
 
-/// The order in which headers pick the decision they report (SPEC §5): a denying decision
+/// The order in which headers pick the decision they report: a denying decision
 /// first, then the lowest `remaining`, ties broken by the latest `reset`. The most restrictive
 /// decision compares [`Ordering::Less`]; `iter.min_by(|a, b| cmp_restrictive(a, b))` finds it
 /// (as [`Decisions::most_restrictive`](crate::Decisions::most_restrictive) does).

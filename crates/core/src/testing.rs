@@ -155,7 +155,7 @@ pub async fn keys_and_policies_are_independent<S: Store>(store: &S) {
     assert_eq!(one(store, T0, &other, b"a", 1).await.remaining, 4);
 }
 
-/// A request denied by one policy consumes from none (SPEC §4).
+/// A request denied by one policy consumes from none.
 pub async fn all_or_nothing_across_policies<S: Store>(store: &S) {
     let prefix = unique("aon");
     let roomy = Policy::new(

@@ -3,7 +3,7 @@
 //! Thrift ones) call [`serve`]'s `ShouldRateLimit` with a domain and descriptors; Tollgate
 //! matches them against descriptor trees configured the way envoyproxy/ratelimit configures
 //! them (its YAML files load unchanged with [`load_envoy_config_dir`]) and answers OK or
-//! OVER_LIMIT, with the SPEC §5 rate limit headers for Envoy to add to the response.
+//! OVER_LIMIT, with the rate limit headers (`X-RateLimit-*`, IETF `RateLimit`) for Envoy to add to the response.
 //!
 //! ```no_run
 //! use tollgate::Limiter;

@@ -105,7 +105,7 @@ impl<S, C> Clone for Engine<S, C> {
 }
 
 impl<S: Store, C: Clock> Engine<S, C> {
-    /// The SPEC §5 headers for decisions of this engine's policies made outside a request, by a
+    /// The rate-limit headers for decisions of this engine's policies made outside a request, by a
     /// decision API that checks a policy by name (the server's `/v1/check`): the same headers a
     /// request through the layer gets, `Retry-After` included when denied. Empty when a decision
     /// comes from a policy this engine does not have.

@@ -1,4 +1,4 @@
-//! The rate-limit response headers of SPEC §5: the `X-RateLimit-*` family and the IETF
+//! The rate-limit response headers: the `X-RateLimit-*` family and the IETF
 //! `RateLimit-Policy` / `RateLimit` structured fields, plus `Retry-After`.
 //!
 //! The text itself comes from [`tollgate::headers`], which the server and the Envoy service use

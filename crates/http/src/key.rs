@@ -22,7 +22,7 @@ use crate::jwt::{Claims, JwtVerifier, claim_bytes};
 use crate::request::{RequestInfo, query_params};
 use crate::{ConfigError, Refusal};
 
-/// Values longer than this are hashed before they become store keys (SPEC §4): the core's one
+/// Values longer than this are hashed before they become store keys: the core's one
 /// long-key rule.
 pub use tollgate::key_digest::MAX_RAW_KEY;
 

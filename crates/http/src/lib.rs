@@ -1,5 +1,5 @@
-//! Tollgate for HTTP: rate limiting by route and key, with the response headers and 429s of
-//! the Tollgate SPEC (§4, §5).
+//! Tollgate for HTTP: rate limiting by route and key, with the rate-limit response headers
+//! (`X-RateLimit-*`, IETF `RateLimit` and `RateLimit-Policy`) and problem+json 429s.
 //!
 //! - [`Engine`]: the policy engine, independent of tower. It matches a request against every
 //!   [`HttpPolicy`] (routes: [`RouteMatch`]), selects each policy's key ([`KeyChain`] of
@@ -18,16 +18,22 @@
 //!   (a shadow policy must never change what the others do).
 //! - **Keys.** The first selector of a policy's chain that finds a value gives the key, stored
 //!   as `header:<name>:<hash>`, `query:<name>:<hash>`, `jwt:<claim>:<hash>`, `user:<id>` (or
-//!   `user#:<hash>` above 256 bytes) or `ip:<addr>` / `ip:<net>/<prefix>`. Credential hashes
+//!   `user:#<hash>` above 256 bytes) or `ip:<addr>` / `ip:<net>/<prefix>`. Credential hashes
 //!   are 128-bit SipHash-2-4 under a key derived from [`EngineBuilder::key_hash_secret`]; a long
 //!   `user` id follows the core's long-key rule ([`tollgate::key_digest`]) under the same
 //!   secret. No key: the policy's [`ANONYMOUS_KEY`], or 401 with `require_key`.
 //! - **Client IP.** The peer address, unless the peer is in `trusted_proxies`: then the one
-//!   configured [`ForwardedHeader`] is walked right to left past trusted hops; a malformed
-//!   entry stops at the last trusted hop. IPv6 clients are grouped by `ipv6_prefix` (/64).
+//!   configured [`ForwardedHeader`] is walked right to left past trusted hops
+//!   ([`client_address`], the walk every door shares); an unreadable hop further left stops at
+//!   the last trusted hop, an unreadable right-most one is refused (400). IPv6 clients are
+//!   grouped by `ipv6_prefix` (/64).
+//! - **Requests that cannot be read** the way an upstream would read them (a host with an
+//!   empty port, a target with a fragment, a key field sent twice) are refused with a
+//!   [`Refusal`]: the same status and problem+json, naming the field, at every door
+//!   ([`normalize`]).
 //! - **Paths** are matched normalised (percent-decoding except `%2F`, no empty or `.`
 //!   segments, `..` resolved), so `/v1/%2e%2e/admin` is `/admin`.
-//! - **Headers** (SPEC §5): `X-RateLimit-*` of the most restrictive decision (switchable,
+//! - **Headers**: `X-RateLimit-*` of the most restrictive decision (switchable,
 //!   epoch or delta reset), `RateLimit-Policy` listing every matching policy and `RateLimit`
 //!   for the most restrictive. On a 429, `t` and `Retry-After` both give the wait until the
 //!   request could pass (whole seconds, rounded up, at least 1; `Retry-After` never below

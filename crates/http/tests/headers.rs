@@ -1,4 +1,4 @@
-//! SPEC §5 headers and bodies, parsed with a structured-field parser and cross-checked against
+//! The rate-limit headers and bodies, parsed with a structured-field parser and cross-checked against
 //! the decisions the engine reports.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -224,7 +224,7 @@ async fn retry_after_is_never_zero_and_never_before_t() {
         .unwrap();
     let app = app(engine);
     let mut denials = 0;
-    // Walk through time in uneven steps: every 429 must satisfy the SPEC's inequalities.
+    // Walk through time in uneven steps: every 429 must satisfy the header contract's inequalities (t <= Retry-After, both at least 1).
     for step in 0..400u64 {
         clock.advance(Duration::from_millis(37 + (step * 13) % 101));
         let r = send(&app, get("/", "1.1.1.1", &[])).await;

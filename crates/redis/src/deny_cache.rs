@@ -1,4 +1,4 @@
-//! The deny cache (SPEC §3): once a (policy, key) is denied until T, further single checks of
+//! The deny cache: once a (policy, key) is denied until T, further single checks of
 //! it are answered from process memory until T, so a client hammering a limit it has hit costs
 //! Redis nothing. Bounded: sharded maps with a fixed total size.
 

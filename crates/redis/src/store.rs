@@ -54,7 +54,7 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// client key shares a slot, so the usual request (several policies, one key) is one atomic
 /// script. A request whose checks key on *different* values may span slots, and one script
 /// cannot touch several slots. Then the store runs one script per slot in order and, if a later
-/// slot denies, refunds what the earlier ones committed (SPEC §4 exception): meanwhile another
+/// slot denies, refunds what the earlier ones committed (the one exception to "a denied request consumes from no policy"): meanwhile another
 /// request may see those earlier quotas briefly consumed, so it can be denied where a
 /// single-slot store would have admitted it. It never over-admits.
 ///

@@ -36,7 +36,7 @@ mod cluster {
     use tollgate::{Check, Policy, Quota, Store};
 
     /// Checks keyed on different values land in different slots; a denial in a later slot
-    /// refunds what the earlier slots committed (the SPEC §4 exception, made good afterwards).
+    /// refunds what the earlier slots committed (the one exception to all-or-nothing, made good afterwards).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_denial_in_one_slot_refunds_the_others() {
         let store = super::common::local_cluster_store(&super::cluster().seeds()).await;

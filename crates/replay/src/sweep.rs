@@ -1,7 +1,7 @@
 //! `--sweep limit=50,100,200` (and `window=`, `algorithm=`): candidate configurations, each the
 //! original with one policy's quota changed, replayed side by side over the same log.
 //!
-//! Every quota is seen as the SPEC's `(q, w)` pair that `RateLimit-Policy` advertises: a limit
+//! Every quota is seen as the `(q, w)` pair that `RateLimit-Policy` advertises: a limit
 //! per window, a token bucket's capacity and the time it takes to refill, a leaky bucket's
 //! burst (`queue + 1`) and the time it takes to drain. A candidate replaces one or more of
 //! algorithm, `q` and `w` and keeps the others, so `algorithm=token_bucket` on a policy of 100

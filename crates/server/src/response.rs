@@ -1,4 +1,4 @@
-//! What the server writes back: rate-limit headers (SPEC §5: `X-RateLimit-*`, IETF
+//! What the server writes back: rate-limit headers (`X-RateLimit-*`, IETF
 //! `RateLimit-Policy`/`RateLimit`, `Retry-After`), problem+json bodies and decision JSON.
 
 use std::borrow::Borrow;
@@ -68,7 +68,7 @@ pub(crate) fn problem_body(status: StatusCode, title: &str, detail: Option<&str>
     body.to_string()
 }
 
-/// One decision as SPEC §8's JSON: seconds, rounded up; `delay` in (fractional) seconds.
+/// One decision as `/v1/check` answers it in JSON: seconds, rounded up; `delay` in (fractional) seconds.
 pub(crate) fn decision_json(d: &Decision) -> Value {
     json!({
         "allowed": d.allowed,

@@ -1,5 +1,5 @@
 //! Writes the `RateLimitResponse` of decided entries: per-descriptor statuses as
-//! envoyproxy/ratelimit reports them, the overall code, and the SPEC §5 rate limit headers,
+//! envoyproxy/ratelimit reports them, the overall code, and the rate limit headers,
 //! written by [`tollgate::headers`] as the tower layer and the server write them.
 
 use std::time::Duration;
@@ -65,7 +65,7 @@ fn prost_duration(d: Duration) -> prost_types::Duration {
     }
 }
 
-/// The SPEC §5 headers over the limits not in shadow mode.
+/// The rate limit headers over the limits not in shadow mode.
 fn rate_limit_headers(
     config: &Compiled,
     entries: &[Entry<'_>],

@@ -160,7 +160,7 @@ impl Item {
     }
 }
 
-/// Parses a structured-field list of named items with integer parameters, as SPEC §5 says
+/// Parses a structured-field list of named items with integer parameters, as the IETF draft writes them
 /// `RateLimit-Policy` and `RateLimit` are.
 pub fn sf_items(value: &str) -> Vec<Item> {
     use sfv::{BareItem, ListEntry, Parser};

@@ -110,7 +110,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         match error.kind() {
             ErrorKind::CostExceedsQuota { policy, .. } => {
                 // Cannot happen for configured costs (the builder refuses them); answered as
-                // the SPEC says: 429 with no Retry-After, since waiting never helps.
+                // a denial no wait fixes: 429 with no Retry-After, since waiting never helps.
                 let body = problem::quota_exceeded([policy.as_str()].into_iter(), None);
                 let answer = Answer::new(StatusCode::TOO_MANY_REQUESTS, HeaderList::new(), body);
                 self.evaluation(

@@ -1,4 +1,4 @@
-//! The headers' text, both ways out (a `HeaderValue`, HTTP/1.1 lines), against what SPEC §5
+//! The headers' text, both ways out (a `HeaderValue`, HTTP/1.1 lines), against what the header contract
 //! says; number caches; `Retry-After` in both forms.
 
 use std::time::Duration;
