@@ -19,7 +19,7 @@ use tollgate::{
     Check, Clock, Decision, Decisions, Error, Limiter, MemoryStore, OnError, Store, SystemClock,
 };
 
-use crate::headers::{HeaderList, PolicyHeaders, render};
+use crate::headers::{HeaderList, PolicyHeaders, PolicyText, render};
 use crate::key::{CredentialHasher, KeyBuf, KeyContext};
 use crate::route::{NormalizedPath, PathTooDeep};
 use crate::{HeaderConfig, JwtVerifier, Refusal, RequestInfo, normalize};
@@ -567,10 +567,10 @@ impl<S: Store, C: Clock> Engine<S, C> {
     }
 
     /// The header text of the quota `entry` is decided under: its override's, or its policy's.
-    fn text(&self, entry: &Entry) -> &'static PolicyHeaders {
+    fn text(&self, entry: &Entry) -> PolicyText {
         match &entry.over {
-            Some(over) => over.text,
-            None => self.inner.policies[entry.index].text,
+            Some(over) => PolicyText::Override(Arc::clone(&over.text)),
+            None => PolicyText::Interned(self.inner.policies[entry.index].text),
         }
     }
 

@@ -7,6 +7,7 @@
 //! built; a request only formats its numbers, mostly from a table of rendered ones.
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use http::HeaderName;
 use tollgate::Policy;
@@ -75,26 +76,39 @@ impl Default for HeaderConfig {
     }
 }
 
-/// A policy's header text, rendered once by [`tollgate::headers`] and interned, as the text in
-/// it is: a response refers to it with one word, without copying it or touching a reference
-/// count.
+/// A policy's header text, rendered once by [`tollgate::headers`]: a response refers to it
+/// rather than format it again.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct PolicyHeaders {
     /// `"name"`: a structured-field string.
-    pub(crate) quoted_name: &'static str,
+    pub(crate) quoted_name: Box<str>,
     /// `"name";q=100;w=60`, the policy's `RateLimit-Policy` item (and the whole value when it
     /// is the only policy that applies).
-    pub(crate) policy_item: &'static str,
+    pub(crate) policy_item: Box<str>,
     /// The quota's limit, as `X-RateLimit-Limit` writes it.
     pub(crate) limit: u64,
     /// `limit` in decimal.
-    pub(crate) limit_text: &'static str,
+    pub(crate) limit_text: Box<str>,
 }
 
 impl PolicyHeaders {
-    /// The text of `policy`'s headers. Interned: policies (and key overrides) with the same
-    /// name and quota share one, so reloads and overrides add nothing once seen.
+    /// The text of a configured policy's headers, interned: every response refers to it with
+    /// one word, without copying it or touching a reference count that all threads would share.
+    /// Policies with the same name and quota share one, so a reload that keeps them adds
+    /// nothing; only the configuration's own text is interned this way, never a key override's
+    /// ([`PolicyHeaders::shared`]).
     pub(crate) fn new(policy: &Policy) -> Result<&'static Self, ConfigError> {
+        Ok(intern(Self::render(policy)?))
+    }
+
+    /// The text of a key override's headers: dropped with the override, since overrides come
+    /// and go at runtime and a server that runs for months must not keep every quota it was
+    /// ever given.
+    pub(crate) fn shared(policy: &Policy) -> Result<Arc<Self>, ConfigError> {
+        Ok(Arc::new(Self::render(policy)?))
+    }
+
+    fn render(policy: &Policy) -> Result<Self, ConfigError> {
         let name = policy.name();
         let quoted = fields::quoted(name).ok_or_else(|| {
             ConfigError::new(
@@ -108,13 +122,51 @@ impl PolicyHeaders {
         let limit = u64::from(quota.limit());
         let mut digits = String::new();
         fields::write_u64(&mut digits, limit);
-        Ok(intern(PolicyHeaders {
-            quoted_name: tollgate::intern(&quoted),
-            policy_item: tollgate::intern(&item),
+        Ok(PolicyHeaders {
+            quoted_name: quoted.into(),
+            policy_item: item.into(),
             limit,
-            limit_text: tollgate::intern(&digits),
-        }))
+            limit_text: digits.into(),
+        })
     }
+}
+
+/// The header text a decision is reported with: a configured policy's (interned) or a key
+/// override's (shared, and dropped with the override).
+#[derive(Clone, Debug)]
+pub(crate) enum PolicyText {
+    /// A configured policy's.
+    Interned(&'static PolicyHeaders),
+    /// A key override's.
+    Override(Arc<PolicyHeaders>),
+}
+
+impl PolicyText {
+    /// The text.
+    pub(crate) fn headers(&self) -> &PolicyHeaders {
+        match self {
+            PolicyText::Interned(t) => t,
+            PolicyText::Override(t) => t,
+        }
+    }
+
+    /// `which` of the text, as a `'static` string when it is interned (a header value made
+    /// from it costs no allocation).
+    pub(crate) fn text(&self, which: fn(&PolicyHeaders) -> &str) -> TextRef<'_> {
+        match self {
+            PolicyText::Interned(t) => TextRef::Static(which(t)),
+            PolicyText::Override(t) => TextRef::Borrowed(which(t)),
+        }
+    }
+}
+
+/// A piece of a [`PolicyText`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum TextRef<'a> {
+    /// Interned: lives for the whole process.
+    Static(&'static str),
+    /// A key override's: lives as long as the response's headers.
+    Borrowed(&'a str),
 }
 
 /// `text`, leaked once per distinct value.

@@ -183,7 +183,7 @@ impl QuotaFields {
 pub struct KeyOverride {
     pub(crate) index: usize,
     pub(crate) policy: Policy,
-    pub(crate) text: &'static PolicyHeaders,
+    pub(crate) text: Arc<PolicyHeaders>,
     pub(crate) expires: Option<Timestamp>,
 }
 
@@ -305,7 +305,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             Some(lease) => plain.clone().with_lease(*lease).unwrap_or(plain),
             None => plain,
         };
-        let text = PolicyHeaders::new(&policy).map_err(|e| field_error("limit", e.reason()))?;
+        let text = PolicyHeaders::shared(&policy).map_err(|e| field_error("limit", e.reason()))?;
         Ok(KeyOverride {
             index,
             policy,

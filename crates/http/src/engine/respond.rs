@@ -9,14 +9,14 @@ use smallvec::SmallVec;
 use tollgate::headers::{aggregate_retry_after, t_secs};
 use tollgate::{Clock, Decision, Decisions, Error, ErrorKind, Store};
 
-use crate::headers::{HeaderList, PolicyHeaders, Retry, render, retry_after};
+use crate::headers::{HeaderList, PolicyText, Retry, render, retry_after};
 use crate::problem;
 
 use super::{Action, Answer, Disposition, Engine, Entry, Evaluation, KeyOverride};
 
 impl<S: Store, C: Clock> Engine<S, C> {
     pub(super) fn render(&self, decisions: &Decisions, entries: &[Entry]) -> HeaderList {
-        let items: SmallVec<[(&Decision, &'static PolicyHeaders); 4]> = decisions
+        let items: SmallVec<[(&Decision, PolicyText); 4]> = decisions
             .as_slice()
             .iter()
             .zip(entries.iter())
@@ -33,20 +33,20 @@ impl<S: Store, C: Clock> Engine<S, C> {
         indexes: &[usize],
         overrides: &[Option<Arc<KeyOverride>>],
     ) -> HeaderList {
-        let items: SmallVec<[(&Decision, &'static PolicyHeaders); 4]> = decisions
+        let items: SmallVec<[(&Decision, PolicyText); 4]> = decisions
             .as_slice()
             .iter()
             .zip(indexes.iter())
             .enumerate()
             .map(|(n, (d, &i))| match overrides.get(n) {
-                Some(Some(over)) => (d, over.text),
-                _ => (d, self.inner.policies[i].text),
+                Some(Some(over)) => (d, PolicyText::Override(Arc::clone(&over.text))),
+                _ => (d, PolicyText::Interned(self.inner.policies[i].text)),
             })
             .collect();
         self.render_items(&items)
     }
 
-    pub(super) fn render_items(&self, items: &[(&Decision, &'static PolicyHeaders)]) -> HeaderList {
+    pub(super) fn render_items(&self, items: &[(&Decision, PolicyText)]) -> HeaderList {
         render(&self.inner.headers, self.inner.limiter.clock().now(), items)
     }
 

@@ -8,7 +8,7 @@ use http::{HeaderName, HeaderValue};
 use tollgate::headers as fields;
 
 use super::{
-    PolicyHeaders, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
+    PolicyText, RATELIMIT, RATELIMIT_POLICY, TextRef, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
 };
 
@@ -78,16 +78,12 @@ impl Which {
 pub(crate) enum Value<'a> {
     /// An integer in decimal.
     Number(u64),
-    /// Text fixed per policy (interned) or per process.
-    Static(&'static str),
+    /// Text fixed per policy: interned, or a key override's.
+    Text(TextRef<'a>),
     /// A `RateLimit` item: `quoted;r=<r>;t=<t>`.
-    Item {
-        quoted: &'static str,
-        r: u64,
-        t: u64,
-    },
+    Item { quoted: &'a str, r: u64, t: u64 },
     /// Several policies' `RateLimit-Policy` items, joined by the list separator.
-    Items(&'a [&'static PolicyHeaders]),
+    Items(&'a [PolicyText]),
     /// An HTTP date, this many seconds after the epoch.
     Date(u64),
 }
@@ -107,7 +103,10 @@ impl Field<'_> {
             // The reset's epoch second repeats from one request to the next.
             Value::Number(n) if self.which == Which::Reset => recent_number(n),
             Value::Number(n) => number(n),
-            Value::Static(s) => HeaderValue::from_static(s),
+            Value::Text(TextRef::Static(s)) => HeaderValue::from_static(s),
+            Value::Text(TextRef::Borrowed(s)) => {
+                HeaderValue::from_str(s).unwrap_or_else(|_| HeaderValue::from_static(""))
+            }
             Value::Item { .. } | Value::Items(_) | Value::Date(_) => {
                 // Written into this thread's buffer by the one formatter, and copied once into
                 // an exactly sized value: one allocation.
@@ -129,7 +128,9 @@ impl Field<'_> {
     pub(crate) fn write_value(&self, out: &mut Vec<u8>) {
         match self.value {
             Value::Number(n) => fields::write_decimal(out, n),
-            Value::Static(s) => out.extend_from_slice(s.as_bytes()),
+            Value::Text(TextRef::Static(s) | TextRef::Borrowed(s)) => {
+                out.extend_from_slice(s.as_bytes());
+            }
             Value::Item { quoted, r, t } => {
                 out.extend_from_slice(quoted.as_bytes());
                 out.extend_from_slice(b";r=");
@@ -142,7 +143,7 @@ impl Field<'_> {
                     if i > 0 {
                         out.extend_from_slice(fields::LIST_SEPARATOR.as_bytes());
                     }
-                    out.extend_from_slice(text.policy_item.as_bytes());
+                    out.extend_from_slice(text.headers().policy_item.as_bytes());
                 }
             }
             Value::Date(secs) => {

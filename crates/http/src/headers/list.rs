@@ -7,7 +7,7 @@ use tollgate::headers as fields;
 use tollgate::{Decision, Timestamp};
 
 use super::field::{Field, Value, Which};
-use super::{HeaderConfig, PolicyHeaders, RetryAfterFormat};
+use super::{HeaderConfig, PolicyText, RetryAfterFormat};
 
 /// `Retry-After`, when a response carries it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -38,9 +38,9 @@ enum RetryKind {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct HeaderList {
     /// The policies `RateLimit-Policy` lists, in order; empty when no decision is reported.
-    policies: smallvec::SmallVec<[&'static PolicyHeaders; 2]>,
-    /// The most restrictive decision's policy text (its quoted name for `RateLimit`).
-    worst: Option<&'static PolicyHeaders>,
+    policies: smallvec::SmallVec<[PolicyText; 2]>,
+    /// Which of them made the most restrictive decision (its quoted name for `RateLimit`).
+    worst: Option<u8>,
     /// Its limit, remaining count, `X-RateLimit-Reset` and `RateLimit`'s `t`.
     limit: u64,
     remaining: u64,
@@ -89,6 +89,11 @@ impl HeaderList {
     }
 
     /// The `t` the `RateLimit` field reports, if the list has that field.
+    /// The most restrictive decision's policy text.
+    fn worst(&self) -> Option<&PolicyText> {
+        self.policies.get(usize::from(self.worst?))
+    }
+
     pub(crate) fn t(&self) -> Option<u64> {
         (self.ietf && self.worst.is_some()).then_some(self.t)
     }
@@ -114,9 +119,9 @@ impl HeaderList {
             Which::Limit | Which::Remaining | Which::Reset if !self.legacy => return None,
             Which::Policy | Which::RateLimit if !self.ietf => return None,
             Which::Limit => {
-                let worst = self.worst?;
-                if self.limit == worst.limit {
-                    Value::Static(worst.limit_text)
+                let worst = self.worst()?;
+                if self.limit == worst.headers().limit {
+                    Value::Text(worst.text(|h| &h.limit_text))
                 } else {
                     Value::Number(self.limit)
                 }
@@ -135,12 +140,12 @@ impl HeaderList {
             Which::Policy => {
                 self.worst?;
                 match self.policies.as_slice() {
-                    [only] => Value::Static(only.policy_item),
+                    [only] => Value::Text(only.text(|h| &h.policy_item)),
                     many => Value::Items(many),
                 }
             }
             Which::RateLimit => Value::Item {
-                quoted: self.worst?.quoted_name,
+                quoted: &self.worst()?.headers().quoted_name,
                 r: self.remaining,
                 t: self.t,
             },
@@ -201,11 +206,12 @@ pub(crate) fn write_lines(list: &HeaderList, out: &mut Vec<u8>) {
 pub(crate) fn render(
     config: &HeaderConfig,
     now: Timestamp,
-    items: &[(&Decision, &'static PolicyHeaders)],
+    items: &[(&Decision, PolicyText)],
 ) -> HeaderList {
-    let Some(&(worst, worst_text)) = items
+    let Some((at, &(worst, _))) = items
         .iter()
-        .min_by(|(a, _), (b, _)| fields::cmp_restrictive(a, b))
+        .enumerate()
+        .min_by(|(_, (a, _)), (_, (b, _))| fields::cmp_restrictive(a, b))
     else {
         return HeaderList::new();
     };
@@ -215,8 +221,8 @@ pub(crate) fn render(
         None
     };
     HeaderList {
-        policies: items.iter().map(|&(_, text)| text).collect(),
-        worst: Some(worst_text),
+        policies: items.iter().map(|(_, text)| text.clone()).collect(),
+        worst: u8::try_from(at).ok(),
         limit: worst.limit,
         remaining: worst.remaining,
         reset: reset.unwrap_or(0),

@@ -120,9 +120,20 @@ fn header_values_and_written_lines_agree() {
     let one = decision("api", 100, 12, 3_600);
     let other = decision("burst", 10, 3, 5);
     let mut cases = vec![
-        render(&config, now, &[(&one, api)]),
-        render(&config, now, &[(&one, api), (&other, burst)]),
-        render(&config, now, &[(&decision("api", 7, 99_999, 1), api)]),
+        render(&config, now, &[(&one, PolicyText::Interned(api))]),
+        render(
+            &config,
+            now,
+            &[
+                (&one, PolicyText::Interned(api)),
+                (&other, PolicyText::Interned(burst)),
+            ],
+        ),
+        render(
+            &config,
+            now,
+            &[(&decision("api", 7, 99_999, 1), PolicyText::Interned(api))],
+        ),
     ];
     let mut with_retry = cases[1].clone();
     with_retry.set_retry(Retry::Date(784_111_778));
@@ -179,7 +190,7 @@ fn families_follow_the_config() {
     let now = Timestamp::from_secs(1_700_000_000);
     let one = decision("api", 100, 12, 3_600);
     let names = |config: HeaderConfig| {
-        let list = render(&config, now, &[(&one, api)]);
+        let list = render(&config, now, &[(&one, PolicyText::Interned(api))]);
         let names: Vec<&str> = list.fields().map(|f| f.which.as_str()).collect();
         (names, list.is_empty(), list.t())
     };
