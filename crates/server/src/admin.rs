@@ -34,6 +34,13 @@ pub(crate) async fn handle(
         return asset;
     }
     let engine = shared.engine();
+    // Liveness and readiness carry no data: open to probes (Kubernetes' cannot send a secret
+    // header without writing it into the manifest).
+    match (read, req.uri().path()) {
+        (true, "/healthz") => return text(StatusCode::OK, "ok\n"),
+        (true, "/readyz") => return readiness(&engine).await,
+        _ => {}
+    }
     if let Some(refused) = authorize(&engine, &req, read) {
         return refused;
     }
@@ -65,14 +72,6 @@ pub(crate) async fn handle(
             );
             res
         }
-        "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/readyz" => match engine.store().ready().await {
-            Ok(()) => text(StatusCode::OK, "ready\n"),
-            Err(e) => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("store unreachable: {e}\n"),
-            ),
-        },
         "/v1/policies" => policies_response(&shared, &engine),
         "/v1/top" => top_response(&shared, &engine, req.uri().query().unwrap_or("")),
         "/v1/stats" => stats(&shared, &engine).await,
@@ -107,6 +106,19 @@ fn authorize(engine: &Generation, req: &Request<Incoming>, read: bool) -> Option
                 .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return Some(res);
         }
+    } else if !read && !own_host(req, engine.config().admin_listen) {
+        // Without a token, a write is taken only from a client that named this listener (or
+        // localhost): a web page that got a browser to resolve its own name to this address
+        // (DNS rebinding) names its own host, and is refused.
+        return Some(problem(
+            StatusCode::FORBIDDEN,
+            "Writes need the admin token or this listener's own host",
+            Some(
+                "without [admin] token, writes are accepted only with Host: localhost or the \
+                 listener's own address; set [admin] token to change overrides or queues \
+                 from elsewhere",
+            ),
+        ));
     } else if !read && !engine.config().admin_listen.ip().is_loopback() {
         return Some(problem(
             StatusCode::FORBIDDEN,
@@ -118,6 +130,42 @@ fn authorize(engine: &Generation, req: &Request<Incoming>, read: bool) -> Option
         ));
     }
     None
+}
+
+/// `/readyz`: whether the store answers.
+async fn readiness(engine: &Generation) -> Response<Body> {
+    match engine.store().ready().await {
+        Ok(()) => text(StatusCode::OK, "ready\n"),
+        Err(e) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("store unreachable: {e}\n"),
+        ),
+    }
+}
+
+/// Whether the request's `Host` names this listener: `localhost`, a loopback address, or the
+/// address it is bound to, with or without its port.
+fn own_host(req: &Request<Incoming>, listen: std::net::SocketAddr) -> bool {
+    let Some(host) = req.headers().get(hyper::header::HOST) else {
+        // HTTP/1.0 without Host: no browser sends such a request.
+        return true;
+    };
+    let Ok(host) = tollgate_http::normalize::authority(host.as_bytes(), "Host") else {
+        return false;
+    };
+    let (name, port) = match host.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').unwrap_or((rest, "")),
+        None => host.split_once(':').map_or((host, ""), |(n, p)| (n, p)),
+    };
+    let port = port.trim_start_matches(':');
+    // A listener configured on port 0 took whatever port it was given: only the name counts.
+    if !port.is_empty() && listen.port() != 0 && port.parse::<u16>().ok() != Some(listen.port()) {
+        return false;
+    }
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback() || ip == listen.ip())
 }
 
 /// `GET /v1/policies`: every policy with its quota, key chain and route, and its overrides.

@@ -326,6 +326,55 @@ async fn writes_need_the_token_unless_the_admin_listener_is_loopback_only() {
     s.stop().await;
 }
 
+/// Without a token, a write through a browser that was made to resolve another name to this
+/// listener (DNS rebinding) names that other host, and is refused; a client that names this
+/// listener (localhost, its address) is served. Liveness and readiness need no token even when
+/// one is set: probes cannot carry a secret without writing it into a manifest.
+#[tokio::test]
+async fn writes_without_a_token_need_this_listeners_host_and_probes_need_no_token() {
+    let s = start_text(POLICIES).await;
+    let port = s.admin.port();
+    let url = s.admin_url("/v1/overrides/api/k");
+    let body = json!({"limit": 5, "reason": "r"}).to_string();
+    for foreign in [
+        format!("evil.example:{port}"),
+        "evil.example".to_owned(),
+        format!("198.51.100.7:{port}"),
+    ] {
+        let r = send("PUT", &url, &[("host", &foreign)], body.clone()).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "Host: {foreign}");
+    }
+    // Reads stay open to any name (a Prometheus scraping a service name).
+    let r = get(&url, &[("host", "tollgate.monitoring.svc:9090")]).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    for own in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        "localhost".to_owned(),
+    ] {
+        let r = send("PUT", &url, &[("host", &own)], body.clone()).await;
+        assert!(r.status.is_success(), "Host: {own}: {}", r.status);
+    }
+    s.stop().await;
+
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"sesame\"\n{POLICIES}"
+    );
+    let s = start(tollgate_server::Config::parse("t.toml", &text).unwrap()).await;
+    for probe in ["/healthz", "/readyz"] {
+        assert_eq!(
+            get(&s.admin_url(probe), &[]).await.status,
+            StatusCode::OK,
+            "{probe}"
+        );
+    }
+    assert_eq!(
+        get(&s.admin_url("/metrics"), &[]).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn stats_count_decisions_per_policy_and_report_the_store() {
     let s = start_text(POLICIES).await;
