@@ -226,19 +226,11 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 over,
             });
         }
-        // A host the upstream could read otherwise than the routes do is refused, as at every
-        // door; looked up only for a request some policy counts (a door that read the host
-        // for its routes has it already).
-        if !prepared.entries.is_empty() {
-            let host = info.host.map(str::as_bytes).or_else(|| {
-                info.headers
-                    .get(http::header::HOST)
-                    .map(http::HeaderValue::as_bytes)
-            });
-            if let Some(Err(refusal)) = host.map(|h| normalize::authority(h, "Host")) {
-                prepared.refusal = Some(Box::new(refusal));
-                prepared.entries.clear();
-            }
+        if !prepared.entries.is_empty()
+            && let Err(refusal) = readable(info)
+        {
+            prepared.refusal = Some(Box::new(refusal));
+            prepared.entries.clear();
         }
         prepared
     }
@@ -581,6 +573,31 @@ impl<S: Store, C: Clock> Engine<S, C> {
     fn is_shadow(&self, entry: &Entry) -> bool {
         self.action(entry) == Action::Shadow
     }
+}
+
+/// Whether the request's target and host read the same to the routes as to the upstream, by
+/// the readings every door shares ([`normalize`]): a target with a fragment or a byte outside
+/// visible ASCII, a host with an empty port, are refused as at every door. Checked only for a
+/// request some policy counts; a door that read them already (the proxy, forward-auth,
+/// `/v1/check`) has refused what would fail here.
+fn readable(info: &RequestInfo<'_>) -> Result<(), Refusal> {
+    const TARGET: &str = "the request target";
+    let visible = |b: &u8| (0x21..=0x7e).contains(b) && *b != b'#';
+    let path_ok = info.path.starts_with('/') && info.path.bytes().all(|b| visible(&b));
+    let query_ok = info.query.is_none_or(|q| q.bytes().all(|b| visible(&b)));
+    if !(path_ok && query_ok) {
+        // The shared reading's own refusal, with its wording.
+        normalize::target(b"", TARGET)?;
+    }
+    let host = info.host.map(str::as_bytes).or_else(|| {
+        info.headers
+            .get(http::header::HOST)
+            .map(http::HeaderValue::as_bytes)
+    });
+    if let Some(host) = host {
+        normalize::authority(host, "Host")?;
+    }
+    Ok(())
 }
 
 /// The 401 of a request without a key for `policy`, which requires one.

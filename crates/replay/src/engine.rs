@@ -168,6 +168,7 @@ impl Run {
             Disposition::Respond(a) if a.status() == StatusCode::UNAUTHORIZED => {
                 self.stats.unauthorized += 1;
             }
+            Disposition::Respond(a) if a.status().is_client_error() => self.stats.refused += 1,
             Disposition::Respond(_) => self.stats.undecided += 1,
             Disposition::Hold(_) => self.stats.delayed += 1,
             Disposition::Pass => {}

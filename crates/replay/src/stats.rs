@@ -26,6 +26,9 @@ pub(crate) struct RunStats {
     pub(crate) unauthorized: u64,
     /// Requests a `delay` policy would have held before passing them on.
     pub(crate) delayed: u64,
+    /// Requests every door refuses before any policy counts them (400, 414): a target with a
+    /// fragment or a byte past ASCII, a host with an empty port, a key field sent twice.
+    pub(crate) refused: u64,
     /// Requests the store did not decide (never, with the memory store).
     pub(crate) undecided: u64,
     /// Per policy, in the configuration's order.
@@ -40,6 +43,7 @@ impl RunStats {
             denied: 0,
             unauthorized: 0,
             delayed: 0,
+            refused: 0,
             undecided: 0,
             policies: config
                 .policies

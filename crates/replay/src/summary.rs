@@ -132,6 +132,10 @@ pub struct RunSummary {
     pub denied_share: f64,
     /// Requests that would have been answered 401 (`require_key` and no key).
     pub unauthorized: u64,
+    /// Requests every door would have refused (400 or 414) before any policy counted them:
+    /// a target with a fragment or a byte past ASCII, a host with an empty port, a key field
+    /// sent twice.
+    pub refused: u64,
     /// Requests a `delay` policy would have held.
     pub delayed: u64,
     /// Per policy, in the configuration's order.
@@ -372,6 +376,7 @@ fn run_summary(config: &Config, stats: RunStats) -> RunSummary {
         denied: stats.denied,
         denied_share: share(stats.denied, stats.requests),
         unauthorized: stats.unauthorized,
+        refused: stats.refused,
         delayed: stats.delayed,
         policies,
     }

@@ -131,12 +131,14 @@ pub fn render(s: &Summary) -> String {
     let r = &s.result;
     let _ = writeln!(
         out,
-        "{} requests: {} under no policy, {} answered 429 ({}), {} answered 401, {} delayed\n",
+        "{} requests: {} under no policy, {} answered 429 ({}), {} answered 401, {} refused as \
+         unreadable (400), {} delayed\n",
         thousands(r.requests),
         thousands(r.unmatched),
         thousands(r.denied),
         percent(r.denied_share),
         thousands(r.unauthorized),
+        thousands(r.refused),
         thousands(r.delayed)
     );
     grid(&mut out, &policy_rows(r, None));

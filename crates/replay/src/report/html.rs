@@ -126,7 +126,8 @@ fn totals(out: &mut String, s: &Summary, r: &RunSummary) {
     let _ = writeln!(
         out,
         "<p>{} lines: {} requests, {} bad lines, {} out of order. {} requests fell under no \
-         policy; <b>{} would have been answered 429</b> ({}), {} answered 401, {} delayed.</p>",
+         policy; <b>{} would have been answered 429</b> ({}), {} answered 401, {} refused as \
+         unreadable (400), {} delayed.</p>",
         number(s.lines),
         number(r.requests),
         number(s.bad_lines.count),
@@ -135,6 +136,7 @@ fn totals(out: &mut String, s: &Summary, r: &RunSummary) {
         number(r.denied),
         percent(r.denied_share),
         number(r.unauthorized),
+        number(r.refused),
         number(r.delayed)
     );
     if !s.bad_lines.first.is_empty() {

@@ -1,0 +1,796 @@
+//! One decision, every door: the same request described to each way into Tollgate (the reverse
+//! proxy, `/v1/forward-auth`, `POST /v1/check` by attributes, the tower layer, and `tollgate
+//! replay` of the line a server would log) is judged the same way: the same policy, the same
+//! key (a quota shared by the doors of one server), the same status class and headers. When the
+//! store fails, every door (Envoy's service too) answers by the one failure rule and counts it
+//! in the same metrics.
+//!
+//! A rule a door does not apply is a row that says why: `/v1/check` and replay are told the
+//! client's address outright, so a forwarding header is nothing to them; the tower layer gets
+//! its target from hyper, whose URI parser never hands a fragment on.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tollgate::{MemoryStore, SystemClock};
+use tollgate_http::{PeerAddr, RateLimitLayer, RequestInfo};
+use tollgate_server::{Config, Listeners};
+use tower::{Layer, Service, ServiceExt};
+
+/// The policy every row is judged by: three an hour per API key, else per client address, on
+/// one host's API.
+const POLICY: &str = r#"
+[[policy]]
+name = "per-key"
+algorithm = "fixed_window"
+limit = 3
+window = "1h"
+key = ["header:x-api-key", "ip"]
+match = { path = "/v1/**", host = "api.example.com" }
+"#;
+
+/// A request as a row describes it.
+#[derive(Clone, Copy, Debug)]
+struct Described {
+    method: &'static str,
+    target: &'static str,
+    host: &'static str,
+    /// `X-Forwarded-For` as the proxy in front (a trusted peer on loopback) sends it.
+    xff: &'static str,
+    /// The client's address, for the doors that are told it outright.
+    client: &'static str,
+    api_key: Option<&'static str>,
+}
+
+/// What every door must answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    /// Counted by `per-key` under a key starting with this.
+    Counted(&'static str),
+    /// No policy applies: passed on, no rate-limit headers.
+    Unmatched,
+    /// Refused with 400, the problem naming the field as each door knows it.
+    Refused,
+}
+
+struct Row {
+    name: &'static str,
+    request: Described,
+    expect: Expect,
+    /// Doors that are given the client rather than a forwarding header (`/v1/check`,
+    /// replay) expect this instead, and why.
+    told_the_client: Option<(Expect, &'static str)>,
+    /// What the layer expects instead, and why.
+    layer: Option<(Expect, &'static str)>,
+}
+
+fn rows() -> Vec<Row> {
+    let base = Described {
+        method: "GET",
+        target: "/v1/items",
+        host: "api.example.com",
+        xff: "203.0.113.9",
+        client: "203.0.113.9",
+        api_key: None,
+    };
+    vec![
+        Row {
+            name: "an API key",
+            request: Described {
+                api_key: Some("k-every-door"),
+                ..base
+            },
+            expect: Expect::Counted("header:x-api-key:"),
+            told_the_client: None,
+            layer: None,
+        },
+        Row {
+            name: "a client behind two proxies",
+            request: Described {
+                target: "/v1/items?page=2",
+                xff: "6.6.6.6, 203.0.113.10",
+                client: "203.0.113.10",
+                ..base
+            },
+            expect: Expect::Counted("ip:203.0.113.10"),
+            told_the_client: None,
+            layer: None,
+        },
+        Row {
+            name: "a host with its port",
+            request: Described {
+                host: "api.example.com:8443",
+                xff: "203.0.113.11",
+                client: "203.0.113.11",
+                ..base
+            },
+            expect: Expect::Counted("ip:203.0.113.11"),
+            told_the_client: None,
+            layer: None,
+        },
+        Row {
+            name: "another host",
+            request: Described {
+                host: "other.example",
+                ..base
+            },
+            expect: Expect::Unmatched,
+            told_the_client: None,
+            layer: None,
+        },
+        Row {
+            name: "a host with an empty port",
+            request: Described {
+                host: "api.example.com:",
+                ..base
+            },
+            expect: Expect::Refused,
+            told_the_client: None,
+            layer: None,
+        },
+        Row {
+            name: "a target with a fragment",
+            request: Described {
+                target: "/v1/items?y=1#f",
+                ..base
+            },
+            expect: Expect::Refused,
+            told_the_client: None,
+            layer: Some((
+                Expect::Counted("ip:203.0.113.9"),
+                "hyper's URI parser drops the fragment before any service sees the request, so \
+                 the application and the limiter read the same path",
+            )),
+        },
+        Row {
+            name: "an unreadable client address from the trusted proxy",
+            request: Described {
+                xff: "203.0.113.12, not-an-address",
+                client: "203.0.113.12",
+                ..base
+            },
+            expect: Expect::Refused,
+            told_the_client: Some((
+                Expect::Counted("ip:203.0.113.12"),
+                "the caller states the client's address; no forwarding header is read",
+            )),
+            layer: None,
+        },
+        Row {
+            name: "a long API key",
+            request: Described {
+                api_key: Some(LONG_KEY),
+                xff: "203.0.113.13",
+                client: "203.0.113.13",
+                ..base
+            },
+            expect: Expect::Counted("header:x-api-key:"),
+            told_the_client: None,
+            layer: None,
+        },
+    ]
+}
+
+const LONG_KEY: &str = "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk";
+
+/// One door's answer, reduced to what rows compare.
+#[derive(Clone, Debug)]
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// Checks the answer against `expect`, with `field` the name this door gives the field
+    /// a refusal is about.
+    fn assert(&self, door: &str, row: &str, expect: Expect) {
+        let at = format!("{row} at {door}");
+        match expect {
+            Expect::Counted(_) => {
+                assert!(
+                    self.status == 200 || self.status == 429,
+                    "{at}: {}",
+                    self.status
+                );
+                assert_eq!(self.header("x-ratelimit-limit"), Some("3"), "{at}");
+                let policy = self.header("ratelimit-policy").unwrap_or_default();
+                assert_eq!(policy, "\"per-key\";q=3;w=3600", "{at}");
+            }
+            Expect::Unmatched => {
+                assert_eq!(self.status, 200, "{at}");
+                assert_eq!(self.header("x-ratelimit-limit"), None, "{at}");
+                assert_eq!(self.header("ratelimit-policy"), None, "{at}");
+            }
+            Expect::Refused => {
+                assert_eq!(
+                    self.status,
+                    400,
+                    "{at}: {}",
+                    String::from_utf8_lossy(&self.body)
+                );
+                assert_eq!(
+                    self.header("content-type"),
+                    Some("application/problem+json"),
+                    "{at}"
+                );
+                let problem = self.json();
+                assert!(problem["field"].is_string(), "{at}: {problem}");
+                assert_eq!(problem["status"], 400, "{at}");
+                assert_eq!(self.header("x-ratelimit-limit"), None, "{at}");
+            }
+        }
+    }
+}
+
+/// Sends `request` as raw HTTP/1.1 bytes (so that nothing on the way tidies them up) and
+/// reads the answer to its end.
+async fn raw(addr: SocketAddr, request: String, body: &[u8]) -> Answer {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    stream
+        .write_all(body)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut bytes = Vec::new();
+    stream
+        .read_to_end(&mut bytes)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    parse(&bytes)
+}
+
+fn parse(bytes: &[u8]) -> Answer {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut response = httparse::Response::new(&mut headers);
+    let head = match response.parse(bytes) {
+        Ok(httparse::Status::Complete(n)) => n,
+        other => panic!(
+            "not an HTTP response ({other:?}): {}",
+            String::from_utf8_lossy(bytes)
+        ),
+    };
+    Answer {
+        status: response.code.unwrap_or(0),
+        headers: response
+            .headers
+            .iter()
+            .map(|h| {
+                (
+                    h.name.to_owned(),
+                    String::from_utf8_lossy(h.value).into_owned(),
+                )
+            })
+            .collect(),
+        body: bytes[head..].to_vec(),
+    }
+}
+
+/// The reverse proxy, from a trusted proxy on loopback.
+async fn proxy(addr: SocketAddr, d: &Described) -> Answer {
+    let mut head = format!(
+        "{} {} HTTP/1.1\r\nhost: {}\r\nx-forwarded-for: {}\r\nconnection: close\r\n",
+        d.method, d.target, d.host, d.xff
+    );
+    if let Some(key) = d.api_key {
+        head.push_str(&format!("x-api-key: {key}\r\n"));
+    }
+    head.push_str("\r\n");
+    raw(addr, head, b"").await
+}
+
+/// `/v1/forward-auth` (or its nginx flavour), as a proxy on loopback asks it.
+async fn forward_auth(addr: SocketAddr, path: &str, d: &Described) -> Answer {
+    let mut head = format!(
+        "GET {path} HTTP/1.1\r\nhost: tollgate\r\nx-forwarded-method: {}\r\n\
+         x-forwarded-uri: {}\r\nx-forwarded-host: {}\r\nx-forwarded-for: {}\r\n\
+         connection: close\r\n",
+        d.method, d.target, d.host, d.xff
+    );
+    if let Some(key) = d.api_key {
+        head.push_str(&format!("x-api-key: {key}\r\n"));
+    }
+    head.push_str("\r\n");
+    raw(addr, head, b"").await
+}
+
+/// `POST /v1/check` by attributes: the caller states the client.
+async fn check(addr: SocketAddr, d: &Described) -> Answer {
+    let mut body = json!({"method": d.method, "path": d.target, "host": d.host, "ip": d.client});
+    if let Some(key) = d.api_key {
+        body["headers"] = json!({"x-api-key": key});
+    }
+    let body = body.to_string();
+    let head = format!(
+        "POST /v1/check HTTP/1.1\r\nhost: tollgate\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    raw(addr, head, body.as_bytes()).await
+}
+
+type Layered = tollgate_http::RateLimitService<
+    tower::util::ServiceFn<
+        fn(
+            Request<http_body_util::Empty<Bytes>>,
+        ) -> std::future::Ready<Result<Response<Bytes>, Infallible>>,
+    >,
+    MemoryStore,
+    SystemClock,
+    tollgate_http::InnerBody,
+>;
+
+fn ok(
+    _: Request<http_body_util::Empty<Bytes>>,
+) -> std::future::Ready<Result<Response<Bytes>, Infallible>> {
+    std::future::ready(Ok(Response::new(Bytes::from_static(b"ok"))))
+}
+
+/// The tower layer over the engine the configuration describes, in front of a service that
+/// answers 200, called as hyper would call it for a connection from a trusted proxy.
+fn layered(config: &Config) -> Layered {
+    let engine = tollgate_config::http_engine(config, MemoryStore::new(), SystemClock::new())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let service: fn(_) -> _ = ok;
+    RateLimitLayer::new(engine)
+        .inner_body()
+        .layer(tower::service_fn(service))
+}
+
+/// The layer's answer, or `None` when the request cannot even be built (an invalid URI).
+async fn layer(service: &mut Layered, d: &Described) -> Option<Answer> {
+    let mut builder = Request::builder()
+        .method(d.method)
+        .uri(d.target)
+        .header("host", d.host)
+        .header("x-forwarded-for", d.xff)
+        .extension(PeerAddr(SocketAddr::from(([127, 0, 0, 1], 40_000))));
+    if let Some(key) = d.api_key {
+        builder = builder.header("x-api-key", key);
+    }
+    let request = builder.body(http_body_util::Empty::new()).ok()?;
+    let response = service
+        .ready()
+        .await
+        .unwrap_or_else(|e| match e {})
+        .call(request)
+        .await
+        .unwrap_or_else(|e| match e {});
+    Some(Answer {
+        status: response.status().as_u16(),
+        headers: response
+            .headers()
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_owned(),
+                    v.to_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect(),
+        body: response.into_body().to_vec(),
+    })
+}
+
+/// The key the layer's engine counts the request under.
+fn layer_key(config: &Config, d: &Described) -> Option<String> {
+    let engine = tollgate_config::http_engine(config, MemoryStore::new(), SystemClock::new())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut builder = Request::builder()
+        .method(d.method)
+        .uri(d.target)
+        .header("host", d.host)
+        .header("x-forwarded-for", d.xff);
+    if let Some(key) = d.api_key {
+        builder = builder.header("x-api-key", key);
+    }
+    let request = builder.body(()).ok()?;
+    let info = RequestInfo::from_request(&request, Some([127, 0, 0, 1].into()));
+    let prepared = engine.prepare(&info);
+    prepared
+        .keys()
+        .next()
+        .map(|(_, k)| String::from_utf8_lossy(k).into_owned())
+}
+
+/// A tiny upstream that answers 200 to every request.
+async fn upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                let mut filled = 0;
+                loop {
+                    let Ok(n) = stream.read(&mut buf[filled..]).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    filled += n;
+                    while let Some(end) = find(&buf[..filled], b"\r\n\r\n") {
+                        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if stream.write_all(reply).await.is_err() {
+                            return;
+                        }
+                        buf.copy_within(end + 4..filled, 0);
+                        filled -= end + 4;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A server running `text`, on ports of its own.
+struct Server {
+    api: SocketAddr,
+    admin: SocketAddr,
+    proxy: Option<SocketAddr>,
+    grpc: Option<SocketAddr>,
+    config: Config,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    async fn start(text: &str, dir: &Path) -> Server {
+        let file = dir.join("tollgate.toml");
+        std::fs::write(&file, text).unwrap_or_else(|e| panic!("{e}"));
+        let config = Config::load(&file).unwrap_or_else(|e| panic!("{e}"));
+        let listeners = Listeners::bind(&config)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addrs = listeners.local_addrs();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let config = config.clone();
+            async move {
+                let run = tollgate_server::run(config, listeners, async {
+                    let _ = stopped.await;
+                });
+                if let Err(e) = run.await {
+                    panic!("{e}");
+                }
+            }
+        });
+        Server {
+            api: addrs.api.unwrap_or_else(|| panic!("no api")),
+            admin: addrs.admin.unwrap_or_else(|| panic!("no admin")),
+            proxy: addrs.proxy,
+            grpc: addrs.grpc,
+            config,
+            stop,
+            task,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+
+    async fn admin(&self, path: &str) -> Answer {
+        let head = format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n");
+        raw(self.admin, head, b"").await
+    }
+
+    /// `tollgate_decisions_total` of `policy` and `outcome`.
+    async fn decisions(&self, policy: &str, outcome: &str) -> u64 {
+        let metrics = self.admin("/metrics").await;
+        let wanted =
+            format!("tollgate_decisions_total{{policy=\"{policy}\",outcome=\"{outcome}\"}} ");
+        String::from_utf8_lossy(&metrics.body)
+            .lines()
+            .find_map(|l| l.strip_prefix(&wanted).and_then(|n| n.parse().ok()))
+            .unwrap_or(0)
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The lines a server would log for `rows`' requests, replayed: each line's status and the
+/// key its decision was counted under.
+fn replayed(config: &Config, dir: &Path, requests: &[Described]) -> Vec<(u16, Option<String>)> {
+    let time = now_secs();
+    let lines: Vec<String> = requests
+        .iter()
+        .map(|d| {
+            let mut line = json!({"time": time, "method": d.method, "path": d.target,
+                "host": d.host, "ip": d.client});
+            if let Some(key) = d.api_key {
+                line["api_key"] = json!(key);
+            }
+            line.to_string()
+        })
+        .collect();
+    let log = dir.join("access.jsonl");
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{e}"));
+    let trace = dir.join("decisions.jsonl");
+    let mut options = tollgate_replay::Options::new(config.clone(), vec![log]);
+    options.format = tollgate_replay::Format::Json;
+    options.decisions = Some(trace.clone());
+    tollgate_replay::replay(&options, &mut |_| {}).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::read_to_string(&trace)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or(Value::Null);
+            let status = u16::try_from(v["status"].as_u64().unwrap_or(0)).unwrap_or(0);
+            let key = v["decisions"][0]["key"].as_str().map(str::to_owned);
+            (status, key)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_door_judges_a_request_alike() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let up = upstream().await;
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{up}\"\n\
+         trusted_proxies = [\"127.0.0.0/8\"]\n{POLICY}"
+    );
+    let server = Server::start(&text, dir.path()).await;
+    let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
+    let mut service = layered(&server.config);
+    let rows = rows();
+    // Replay sees the lines a server would log: the client as it resolved it.
+    let replay = replayed(
+        &server.config,
+        dir.path(),
+        &rows.iter().map(|r| r.request).collect::<Vec<_>>(),
+    );
+    for (row, (replay_status, replay_key)) in rows.iter().zip(replay) {
+        let d = &row.request;
+        let told = row.told_the_client.map_or(row.expect, |(e, _)| e);
+        proxy(proxy_addr, d)
+            .await
+            .assert("the proxy", row.name, row.expect);
+        forward_auth(server.api, "/v1/forward-auth", d)
+            .await
+            .assert("forward-auth", row.name, row.expect);
+        check(server.api, d)
+            .await
+            .assert("/v1/check", row.name, told);
+        let layer_expect = row.layer.map_or(row.expect, |(e, _)| e);
+        match layer(&mut service, d).await {
+            Some(answer) => answer.assert("the tower layer", row.name, layer_expect),
+            None => panic!("{}: the layer could not build the request", row.name),
+        }
+        // Replay: the status a server would have answered, and the key it counted under.
+        let expected_status = match told {
+            Expect::Refused => 400,
+            _ => 200,
+        };
+        assert_eq!(replay_status, expected_status, "{} at replay", row.name);
+        if let Expect::Counted(prefix) = told {
+            let key = replay_key.unwrap_or_default();
+            assert!(
+                key.starts_with(prefix),
+                "{}: replay counted {key}",
+                row.name
+            );
+            // The layer's engine, the replay and (below) the server count one key.
+            if row.layer.is_none() && row.told_the_client.is_none() {
+                assert_eq!(
+                    layer_key(&server.config, d),
+                    Some(key.clone()),
+                    "{}",
+                    row.name
+                );
+            }
+            if row.told_the_client.is_none() {
+                // The server's doors share one quota: three counts of one key (the proxy,
+                // forward-auth, /v1/check) are what /v1/top shows for it.
+                let top = server.admin("/v1/top?policy=per-key&n=100").await.json();
+                let counted = top["requests"]["keys"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|k| k["key"] == key.as_str())
+                    .and_then(|k| k["count"].as_u64());
+                assert_eq!(counted, Some(3), "{}: {key} in /v1/top: {top}", row.name);
+            }
+        }
+    }
+    // The quota is shared: the API key row was counted three times (proxy, forward-auth,
+    // /v1/check), so its fourth request is refused at every door of the server.
+    let spent = rows[0].request;
+    for (door, answer) in [
+        ("the proxy", proxy(proxy_addr, &spent).await),
+        (
+            "forward-auth",
+            forward_auth(server.api, "/v1/forward-auth", &spent).await,
+        ),
+        ("/v1/check", check(server.api, &spent).await),
+    ] {
+        assert_eq!(answer.status, 429, "{door}");
+        assert_eq!(answer.header("x-ratelimit-remaining"), Some("0"), "{door}");
+        let retry: u64 = answer
+            .header("retry-after")
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0);
+        assert!(retry >= 1, "{door}: Retry-After {retry}");
+    }
+    server.stop().await;
+}
+
+/// The store failing, open and closed, at every door: the same status, headers and metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_store_is_answered_by_one_rule_at_every_door() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let up = upstream().await;
+    // A Redis that is not there: a port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .port();
+    let descriptors = dir.path().join("ratelimit");
+    std::fs::create_dir_all(&descriptors).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        descriptors.join("edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: hour\n      requests_per_unit: 3\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let d = Described {
+        method: "GET",
+        target: "/v1/items",
+        host: "api.example.com",
+        xff: "203.0.113.9",
+        client: "203.0.113.9",
+        api_key: Some("k-failed"),
+    };
+    for on_error in ["allow", "deny"] {
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\ngrpc_listen = \"127.0.0.1:0\"\n\
+             [admin]\nlisten = \"127.0.0.1:0\"\n\
+             [store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{closed}\"\n\
+             timeout = \"20ms\"\non_error = \"{on_error}\"\n\
+             [proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{up}\"\n\
+             trusted_proxies = [\"127.0.0.0/8\"]\n\
+             [envoy]\nconfig_dir = \"ratelimit\"\n{POLICY}"
+        );
+        let server = Server::start(&text, dir.path()).await;
+        let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
+        let answers = [
+            ("the proxy", proxy(proxy_addr, &d).await),
+            (
+                "forward-auth",
+                forward_auth(server.api, "/v1/forward-auth", &d).await,
+            ),
+            ("/v1/check", check(server.api, &d).await),
+        ];
+        for (door, a) in &answers {
+            let at = format!("on_error = {on_error} at {door}");
+            // Neither answer claims a quota nobody counted.
+            assert_eq!(a.header("x-ratelimit-limit"), None, "{at}");
+            assert_eq!(a.header("x-ratelimit-remaining"), None, "{at}");
+            assert_eq!(a.header("ratelimit"), None, "{at}");
+            if on_error == "allow" {
+                assert_eq!(a.status, 200, "{at}");
+            } else {
+                // Unavailable, never "too many requests": the client may be within its quota.
+                assert_eq!(a.status, 503, "{at}");
+                assert_eq!(a.header("retry-after"), Some("1"), "{at}");
+                assert_eq!(
+                    a.header("content-type"),
+                    Some("application/problem+json"),
+                    "{at}"
+                );
+                assert_eq!(a.json()["status"], 503, "{at}");
+            }
+        }
+        let outcome = if on_error == "allow" {
+            "fail_open"
+        } else {
+            "fail_closed"
+        };
+        assert_eq!(server.decisions("per-key", outcome).await, 3, "{on_error}");
+        // The tower layer over the same store settings.
+        let store = tollgate_server::store::AnyStore::from_config(&server.config.store)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let engine = tollgate_config::http_engine(&server.config, store, SystemClock::new())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let service: fn(_) -> _ = ok;
+        let mut layered = RateLimitLayer::new(engine)
+            .inner_body()
+            .layer(tower::service_fn(service));
+        let request = Request::builder()
+            .uri(d.target)
+            .header("host", d.host)
+            .header("x-api-key", "k-failed")
+            .extension(PeerAddr(SocketAddr::from(([127, 0, 0, 1], 40_000))))
+            .body(http_body_util::Empty::new())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let response = layered
+            .ready()
+            .await
+            .unwrap_or_else(|e| match e {})
+            .call(request)
+            .await
+            .unwrap_or_else(|e| match e {});
+        let expected = if on_error == "allow" {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        assert_eq!(response.status(), expected, "{on_error} at the tower layer");
+        assert!(response.headers().get("x-ratelimit-limit").is_none());
+        // Envoy's service: OK with no limits, or UNAVAILABLE for Envoy's failure_mode_deny;
+        // counted under the limit's policy in the same metrics.
+        let grpc = server.grpc.unwrap_or_else(|| panic!("no grpc"));
+        let mut client = tollgate_envoy::RlsClient::connect(format!("http://{grpc}"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let request = tollgate_envoy::proto::envoy::service::ratelimit::v3::RateLimitRequest {
+            domain: "edge".to_owned(),
+            descriptors: vec![tollgate_envoy::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
+                entries: vec![tollgate_envoy::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry {
+                    key: "api_key".to_owned(),
+                    value: "k-failed".to_owned(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 1,
+        };
+        let answer = client.should_rate_limit(request).await;
+        if on_error == "allow" {
+            let answer = answer.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(answer.overall_code, 1, "OK");
+            assert!(answer.response_headers_to_add.is_empty());
+        } else {
+            let code = answer.err().map(|s| s.code());
+            assert_eq!(code, Some(tonic::Code::Unavailable));
+        }
+        let metrics = String::from_utf8_lossy(&server.admin("/metrics").await.body).into_owned();
+        let envoy_line = metrics.lines().find(|l| {
+            l.starts_with("tollgate_decisions_total{policy=\"edge.api_key\"")
+                && l.contains(&format!("outcome=\"{outcome}\""))
+        });
+        assert_eq!(
+            envoy_line.and_then(|l| l.rsplit(' ').next()),
+            Some("1"),
+            "{on_error}: Envoy's decision in /metrics:\n{metrics}"
+        );
+        server.stop().await;
+    }
+}
