@@ -16,7 +16,7 @@ mod admin;
 mod api;
 pub use tollgate_config as config;
 mod generation;
-pub mod metrics;
+mod metrics;
 mod queue;
 mod relay;
 mod response;

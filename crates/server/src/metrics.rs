@@ -10,12 +10,12 @@ use std::time::Duration;
 
 mod queue;
 use crate::admin::top::TopKeys;
-pub use crate::sharded::Sharded;
-pub use queue::QueueCounters;
+pub(crate) use crate::sharded::Sharded;
+pub(crate) use queue::QueueCounters;
 
 /// How a policy treated a request, as the `outcome` label says it: the core's one list, the
 /// same for every door (Envoy's service included).
-pub use tollgate::Outcome;
+pub(crate) use tollgate::Outcome;
 
 /// How many outcomes there are.
 const OUTCOMES: usize = Outcome::ALL.len();
@@ -26,7 +26,7 @@ const BUCKETS: [f64; 12] = [
 ];
 
 /// One policy's decision counters, by [`Outcome`].
-pub type PolicyCounters = Sharded<OUTCOMES>;
+pub(crate) type PolicyCounters = Sharded<OUTCOMES>;
 
 /// Per-bucket (not cumulative) counts, the last one for +Inf, then the sum in nanoseconds:
 /// one bucket and the sum change per decision; `/metrics` adds them up.
@@ -37,7 +37,7 @@ const SUM: usize = BUCKETS.len() + 1;
 
 /// Every counter the admin `/metrics` endpoint reports.
 #[derive(Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     decisions: RwLock<HashMap<String, Arc<PolicyCounters>>>,
     queues: RwLock<HashMap<String, Arc<QueueCounters>>>,
     latency: Histogram,
@@ -59,13 +59,13 @@ impl std::fmt::Debug for Metrics {
 
 impl Metrics {
     /// Counts one decision of `policy`.
-    pub fn decision(&self, policy: &str, outcome: Outcome) {
+    pub(crate) fn decision(&self, policy: &str, outcome: Outcome) {
         self.policy_counters(policy).add(outcome.index(), 1);
     }
 
     /// The counters of `policy`, created on first use: an engine looks them up once per
     /// configuration instead of once per request.
-    pub fn policy_counters(&self, policy: &str) -> Arc<PolicyCounters> {
+    pub(crate) fn policy_counters(&self, policy: &str) -> Arc<PolicyCounters> {
         if let Ok(map) = self.decisions.read()
             && let Some(c) = map.get(policy)
         {
@@ -79,7 +79,7 @@ impl Metrics {
     }
 
     /// The counters of `queue` policy `name`, created on first use.
-    pub fn queue_counters(&self, name: &str) -> Arc<QueueCounters> {
+    pub(crate) fn queue_counters(&self, name: &str) -> Arc<QueueCounters> {
         match self.queues.write() {
             Ok(mut map) => Arc::clone(map.entry(name.to_owned()).or_default()),
             Err(_) => Arc::default(),
@@ -87,7 +87,7 @@ impl Metrics {
     }
 
     /// Records how long a decision took (store round trip included).
-    pub fn latency(&self, d: Duration) {
+    pub(crate) fn latency(&self, d: Duration) {
         let secs = d.as_secs_f64();
         let bucket = BUCKETS
             .iter()
@@ -99,17 +99,17 @@ impl Metrics {
     }
 
     /// Counts a failed store call.
-    pub fn store_error(&self) {
+    pub(crate) fn store_error(&self) {
         self.store_errors.fetch_add(1, Relaxed);
     }
 
     /// Counts a request held for its leaky-bucket slot.
-    pub fn delayed(&self) {
+    pub(crate) fn delayed(&self) {
         self.delayed.fetch_add(1, Relaxed);
     }
 
     /// Counts a configuration reload.
-    pub fn reload(&self, ok: bool) {
+    pub(crate) fn reload(&self, ok: bool) {
         if ok {
             self.reloads_ok.fetch_add(1, Relaxed);
         } else {
@@ -118,18 +118,18 @@ impl Metrics {
     }
 
     /// Counts a proxied request whose upstream failed or timed out.
-    pub fn upstream_error(&self) {
+    pub(crate) fn upstream_error(&self) {
         self.upstream_errors.fetch_add(1, Relaxed);
     }
 
     /// Counts a request refused with 401 for lack of a key (`require_key`).
-    pub fn missing_key(&self) {
+    pub(crate) fn missing_key(&self) {
         self.missing_key.fetch_add(1, Relaxed);
     }
 
     /// The decision counters of every policy seen so far, by name, in the order of
     /// [`Outcome::ALL`].
-    pub fn decision_counts(&self) -> Vec<(String, [u64; OUTCOMES])> {
+    pub(crate) fn decision_counts(&self) -> Vec<(String, [u64; OUTCOMES])> {
         let Ok(map) = self.decisions.read() else {
             return Vec::new();
         };
@@ -142,7 +142,7 @@ impl Metrics {
     }
 
     /// Successful and failed reloads so far.
-    pub fn reloads(&self) -> (u64, u64) {
+    pub(crate) fn reloads(&self) -> (u64, u64) {
         (
             self.reloads_ok.load(Relaxed),
             self.reloads_failed.load(Relaxed),
@@ -151,7 +151,7 @@ impl Metrics {
 
     /// The Prometheus text exposition; `keys_tracked`, the Redis store's counters and its
     /// leases' are read from the store by the caller.
-    pub fn render(
+    pub(crate) fn render(
         &self,
         keys_tracked: Option<usize>,
         redis: Option<tollgate_redis::RedisStoreStats>,

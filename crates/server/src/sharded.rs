@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 /// Counters spread over cache-line-sized shards, one picked per thread: the proxy's threads
 /// count every request, and one shared line bouncing between cores on each increment would cost
 /// more than the rest of the bookkeeping. Reads add the shards up.
-pub struct Sharded<const N: usize> {
+pub(crate) struct Sharded<const N: usize> {
     shards: [Shard<N>; SHARDS],
 }
 
@@ -44,14 +44,14 @@ pub(crate) fn thread_shard() -> usize {
 
 impl<const N: usize> Sharded<N> {
     /// Adds `v` to counter `i` (ignored past `N`).
-    pub fn add(&self, i: usize, v: u64) {
+    pub(crate) fn add(&self, i: usize, v: u64) {
         if let Some(c) = self.shards[thread_shard()].0.get(i) {
             c.fetch_add(v, Relaxed);
         }
     }
 
     /// Counter `i`, all shards added up.
-    pub fn get(&self, i: usize) -> u64 {
+    pub(crate) fn get(&self, i: usize) -> u64 {
         self.shards
             .iter()
             .filter_map(|s| s.0.get(i))

@@ -10,7 +10,7 @@ use super::{Metrics, escape_label};
 /// One `queue` policy's counters and gauges. The gauges are the queue's own (with Redis, the
 /// whole deployment's queue, as every instance sees it), refreshed by the drainer every second.
 #[derive(Debug, Default)]
-pub struct QueueCounters {
+pub(crate) struct QueueCounters {
     enqueued: AtomicU64,
     full: AtomicU64,
     too_large: AtomicU64,
@@ -27,22 +27,22 @@ pub struct QueueCounters {
 
 impl QueueCounters {
     /// A request stored.
-    pub fn enqueued(&self) {
+    pub(crate) fn enqueued(&self) {
         self.enqueued.fetch_add(1, Relaxed);
     }
 
     /// A request refused with 429: the queue was full.
-    pub fn full(&self) {
+    pub(crate) fn full(&self) {
         self.full.fetch_add(1, Relaxed);
     }
 
     /// A request refused with 413: its body was too large.
-    pub fn too_large(&self) {
+    pub(crate) fn too_large(&self) {
         self.too_large.fetch_add(1, Relaxed);
     }
 
     /// A delivery the upstream answered for good: 2xx and 3xx, or (`refused`) a 4xx.
-    pub fn delivered(&self, refused: bool) {
+    pub(crate) fn delivered(&self, refused: bool) {
         if refused {
             self.refused.fetch_add(1, Relaxed);
         } else {
@@ -51,29 +51,29 @@ impl QueueCounters {
     }
 
     /// A delivery that failed and will be tried again.
-    pub fn retry(&self) {
+    pub(crate) fn retry(&self) {
         self.retries.fetch_add(1, Relaxed);
     }
 
     /// A message moved to the dead letters.
-    pub fn dead(&self) {
+    pub(crate) fn dead(&self) {
         self.dead.fetch_add(1, Relaxed);
     }
 
     /// Messages taken over from an instance that stopped holding them (Redis).
-    pub fn claimed(&self, n: u64) {
+    pub(crate) fn claimed(&self, n: u64) {
         self.claimed.fetch_add(n, Relaxed);
     }
 
     /// The queue's size as last read from its store.
-    pub fn set_size(&self, depth: u64, dead: u64, oldest_ms: Option<u64>) {
+    pub(crate) fn set_size(&self, depth: u64, dead: u64, oldest_ms: Option<u64>) {
         self.depth.store(depth, Relaxed);
         self.dead_depth.store(dead, Relaxed);
         self.oldest_ms.store(oldest_ms.unwrap_or(0), Relaxed);
     }
 
     /// Deliveries answered for good, those answered 4xx, retries, and dead letters, so far.
-    pub fn deliveries(&self) -> (u64, u64, u64, u64) {
+    pub(crate) fn deliveries(&self) -> (u64, u64, u64, u64) {
         (
             self.delivered.load(Relaxed),
             self.refused.load(Relaxed),
