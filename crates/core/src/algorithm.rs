@@ -38,6 +38,15 @@ pub trait Algorithm {
     /// same request at the same `now`.
     fn commit(&self, state: &mut Self::State, now: Timestamp, cost: u32);
 
+    /// Consumes `cost` at `now` whatever the quota says: a usage report, or the true-up of a
+    /// cost known only once the response is out. Never refused: the state may go past the
+    /// limit, and later requests then wait for it to drain as they would for any use.
+    fn charge(&self, state: &mut Self::State, now: Timestamp, cost: u32) {
+        // The peek normalises the state (rolls windows over, forgets expired entries) first.
+        let _ = self.evaluate(state, now, 0);
+        self.commit(state, now, cost);
+    }
+
     /// Gives back `cost` consumed earlier, for a request that was admitted but then abandoned
     /// (a client that disconnected while held for its slot). Never gives back more than was
     /// consumed in the state's current span.
@@ -99,6 +108,10 @@ impl Divisor {
         if n - q * self.d >= self.d { q + 1 } else { q }
     }
 }
+
+/// The latest time a bucket's state may hold (year 292,277): a charge past the limit is
+/// capped here, far below the memory store's marker word (`u64::MAX`).
+pub(crate) const MAX_TIME: u64 = u64::MAX >> 1;
 
 /// The verdict for a cost the quota can never admit: denied, with no retry time that would lie.
 pub(crate) fn never(limit: u32, remaining: u64, reset_micros: u64) -> Verdict {

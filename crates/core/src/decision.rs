@@ -24,6 +24,18 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// The verdict a charge answers with: taken (a charge is never refused), with what the key
+    /// has left as a peek reports it, and no retry time.
+    #[inline]
+    pub fn charged(peek: Verdict) -> Verdict {
+        Verdict {
+            allowed: true,
+            retry_after_micros: None,
+            delay_micros: 0,
+            ..peek
+        }
+    }
+
     /// The decision for the policy named `policy`.
     #[inline(always)]
     pub fn into_decision(self, policy: &'static str) -> Decision {

@@ -313,6 +313,43 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         Ok((Check::new(policy, key, cost), self.inner.clock.now()))
     }
 
+    /// Reports that `key` used `cost` of policy `policy`, whatever its quota says: a usage
+    /// known only after the work was done (the tokens a model generated, a failed login).
+    /// Never refused: the key may go past its limit, and its next requests then wait for the
+    /// quota to come back as for any use. The decision says what the key has left.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tollgate::{Limiter, Policy, Quota};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::new("tokens", Quota::fixed_window(1_000, Duration::from_secs(60))?)?)
+    ///     .build()?;
+    /// assert!(limiter.check("tokens", "customer-42", 1).await?.allowed);
+    /// let after = limiter.report("tokens", "customer-42", 1_499).await?;
+    /// assert_eq!(after.remaining, 0);
+    /// assert!(!limiter.check("tokens", "customer-42", 1).await?.allowed);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn report(
+        &self,
+        policy: &str,
+        key: impl AsRef<[u8]>,
+        cost: u32,
+    ) -> Result<Decision, Error> {
+        let policy = self.require(policy)?;
+        let check = Check::new(policy, key.as_ref(), cost);
+        let now = self.inner.clock.now();
+        let decisions = self.inner.store.charge(now, &[check]).await?;
+        decisions.into_first().ok_or_else(|| {
+            Error::from(crate::StoreError::Protocol {
+                reason: "the store returned no decision".to_owned(),
+            })
+        })
+    }
+
     /// Checks one request against several policies, all-or-nothing: it consumes from every
     /// policy if all admit it and from none otherwise.
     pub async fn check_all(&self, checks: &[Check<'_>]) -> Result<Decisions, Error> {

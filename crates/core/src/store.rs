@@ -69,6 +69,16 @@ pub trait Store: Send + Sync + 'static {
         }
     }
 
+    /// Charges each check's cost whatever the quota says, never refusing: a usage report, or
+    /// the true-up of a cost known only once the response is out (tokens an AI API answered
+    /// with). Each check is charged on its own, atomically per key, even past the limit; the
+    /// decisions say what each key has left afterwards (admitted, as a peek is).
+    fn charge(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Decisions, StoreError>> + Send;
+
     /// Gives back the cost of checks that were admitted but abandoned before they were used (a
     /// request held for its leaky-bucket slot whose client went away).
     fn refund(

@@ -346,6 +346,21 @@ impl Model {
             Model::Leaky(a, s) => a.check(s.entry(key).or_default(), now, cost),
         }
     }
+
+    /// Charges `cost` whatever the quota says; what is left, as a peek reports it.
+    fn charge(&mut self, key: u8, now: Timestamp, cost: u32) -> Verdict {
+        fn charged<A: Algorithm>(a: &A, s: &mut A::State, now: Timestamp, cost: u32) -> Verdict {
+            a.charge(s, now, cost);
+            Verdict::charged(a.evaluate(s, now, 0))
+        }
+        match self {
+            Model::Fixed(a, s) => charged(a, s.entry(key).or_default(), now, cost),
+            Model::Log(a, s) => charged(a, s.entry(key).or_default(), now, cost),
+            Model::Counter(a, s) => charged(a, s.entry(key).or_default(), now, cost),
+            Model::Token(a, s) => charged(a, s.entry(key).or_default(), now, cost),
+            Model::Leaky(a, s) => charged(a, s.entry(key).or_default(), now, cost),
+        }
+    }
 }
 
 /// Random traffic (bursts, gaps across window boundaries, costs 0 to 4, three keys) decides
@@ -391,6 +406,98 @@ pub async fn matches_the_pure_algorithms<S: Store>(store: &S) {
                 policy.name()
             );
         }
+    }
+}
+
+/// Random traffic mixing checks with charges (usage reports and true-ups, costs up to twice
+/// the limit, so keys go past their limit) decides exactly as the pure algorithms do: a charge
+/// is never refused, and what it leaves is what later checks see.
+pub async fn charges_match_the_pure_algorithms<S: Store>(store: &S) {
+    let prefix = unique("charge");
+    let quotas = [
+        Quota::fixed_window(7, Duration::from_millis(700)),
+        Quota::sliding_window_log(7, Duration::from_millis(700)),
+        Quota::sliding_window_counter(7, Duration::from_millis(700)),
+        "3/250ms".parse().and_then(|r| Quota::token_bucket(7, r)),
+        "3/250ms".parse().and_then(|r| Quota::leaky_bucket(r, 6)),
+    ];
+    for (n, quota) in quotas.into_iter().enumerate() {
+        let quota = quota.unwrap_or_else(|e| panic!("{e}"));
+        let policy = Policy::new(&format!("{prefix}-{n}-{}", quota.kind()), quota.clone())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut model = Model::new(&quota);
+        let mut rng = Xorshift(0x51ed_2701_f3a4_c6b9 ^ n as u64);
+        let mut now = T0;
+        for step in 0..300 {
+            now = now.saturating_add(Duration::from_micros(match rng.below(10) {
+                0..=4 => 0,
+                5..=7 => rng.below(50_000),
+                8 => rng.below(400_000),
+                _ => rng.below(1_500_000),
+            }));
+            let key = rng.below(3) as u8;
+            let stored_key = format!("{prefix}-{key}");
+            let charge = rng.below(3) == 0;
+            let cost = rng.below(if charge { 15 } else { 5 }) as u32;
+            let check = Check::new(&policy, stored_key.as_bytes(), cost);
+            let (got, want) = if charge {
+                let got = match store.charge(now, &[check]).await {
+                    Ok(d) => d.into_first(),
+                    Err(e) => panic!("store failed: {e}"),
+                };
+                (got, model.charge(key, now, cost))
+            } else {
+                (
+                    Some(one(store, now, &policy, stored_key.as_bytes(), cost).await),
+                    model.check(key, now, cost),
+                )
+            };
+            let want = want.into_decision(policy.shared_name());
+            assert_eq!(
+                got,
+                Some(want),
+                "{} step {step} at {now} {} {cost}",
+                policy.name(),
+                if charge { "charge" } else { "check" }
+            );
+        }
+    }
+}
+
+/// A charge past what is left is taken, never refused, and the key is then denied until its
+/// quota comes back; a charge of 0 changes nothing.
+pub async fn charges_are_never_refused<S: Store>(store: &S) {
+    let key = unique("charged");
+    for policy in five_policies(&unique("charged")) {
+        let check = |cost| Check::new(&policy, key.as_bytes(), cost);
+        let charged = match store.charge(T0, &[check(12)]).await {
+            Ok(d) => d,
+            Err(e) => panic!("store failed: {e}"),
+        };
+        let d = charged
+            .into_first()
+            .unwrap_or_else(|| panic!("{}: no decision", policy.name()));
+        assert!(
+            d.allowed,
+            "{}: a charge is never refused: {d:?}",
+            policy.name()
+        );
+        assert_eq!(d.remaining, 0, "{}: {d:?}", policy.name());
+        let again = one(store, T0, &policy, key.as_bytes(), 1).await;
+        assert!(
+            !again.allowed,
+            "{}: over its limit: {again:?}",
+            policy.name()
+        );
+        let peek = match store.charge(T0, &[check(0)]).await {
+            Ok(d) => d.into_first(),
+            Err(e) => panic!("store failed: {e}"),
+        };
+        assert_eq!(peek.map(|d| d.remaining), Some(0), "{}", policy.name());
+        // Long after, the quota is whole again.
+        let later = T0.saturating_add(Duration::from_secs(60));
+        let back = one(store, later, &policy, key.as_bytes(), 1).await;
+        assert!(back.allowed, "{}: {back:?}", policy.name());
     }
 }
 
@@ -484,6 +591,8 @@ macro_rules! store_conformance_tests {
             quota_returns_with_time,
             leaky_bucket_delays_and_refunds,
             matches_the_pure_algorithms,
+            charges_match_the_pure_algorithms,
+            charges_are_never_refused,
             concurrent_callers_never_over_admit,
             immediate_means_ready_on_first_poll,
         );

@@ -199,6 +199,15 @@ impl tollgate::Store for Yielding {
         Ok(self.0.apply_now(now, checks))
     }
 
+    async fn charge(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> Result<tollgate::Decisions, tollgate::StoreError> {
+        tokio::task::yield_now().await;
+        Ok(self.0.charge_now(now, checks))
+    }
+
     async fn refund(
         &self,
         now: Timestamp,

@@ -108,6 +108,18 @@ impl Store for Down {
         }
     }
 
+    fn charge(
+        &self,
+        _now: Timestamp,
+        _checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Decisions, StoreError>> + Send {
+        async {
+            Err(StoreError::Unavailable {
+                reason: "connection refused".into(),
+            })
+        }
+    }
+
     fn refund(
         &self,
         _now: Timestamp,
@@ -247,6 +259,14 @@ struct Stuck;
 #[allow(clippy::manual_async_fn)]
 impl Store for Stuck {
     fn apply(
+        &self,
+        _now: Timestamp,
+        _checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Decisions, StoreError>> + Send {
+        std::future::pending()
+    }
+
+    fn charge(
         &self,
         _now: Timestamp,
         _checks: &[Check<'_>],

@@ -31,6 +31,11 @@ impl Store for Deferred {
         self.0.apply_one(now, check).await
     }
 
+    async fn charge(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
+        tokio::task::yield_now().await;
+        self.0.charge(now, checks).await
+    }
+
     async fn refund(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<(), StoreError> {
         tokio::task::yield_now().await;
         self.0.refund(now, checks).await
@@ -45,6 +50,10 @@ struct Liar(Deferred);
 impl Store for Liar {
     async fn apply(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
         self.0.apply(now, checks).await
+    }
+
+    async fn charge(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
+        self.0.charge(now, checks).await
     }
 
     async fn refund(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<(), StoreError> {

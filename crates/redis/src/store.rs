@@ -486,6 +486,35 @@ impl Store for RedisStore {
         }
     }
 
+    async fn charge(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
+        if checks.is_empty() {
+            return Ok(Decisions::new());
+        }
+        let prepared = self.prepare(checks)?;
+        // A denial cached before a charge stays true: the charge only lengthens it, and once
+        // the cached one ends Redis (which knows the charge) decides again.
+        let result = if self.may_call_redis() {
+            self.within_timeout(self.charge_in_redis(now, checks, &prepared))
+                .await
+        } else {
+            Err(failure::circuit_open())
+        };
+        match result {
+            Ok(verdicts) => {
+                self.inner.probe_at.store(0, Ordering::Relaxed);
+                Ok(decisions(checks, verdicts))
+            }
+            Err(e) => {
+                self.failed(&e);
+                match self.inner.config.on_error {
+                    // This instance's own count carries the charge meanwhile.
+                    OnError::Local => Ok(self.inner.memory.charge_now(now, checks)),
+                    OnError::Allow | OnError::Deny => Err(e),
+                }
+            }
+        }
+    }
+
     async fn refund(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<(), StoreError> {
         if checks.is_empty() {
             return Ok(());

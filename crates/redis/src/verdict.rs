@@ -39,6 +39,17 @@ impl State {
         })
     }
 
+    fn charge(&mut self, quota: &Quota, now: Timestamp, cost: u32) {
+        match (quota, self) {
+            (Quota::FixedWindow(a), State::Fixed(s)) => a.charge(s, now, cost),
+            (Quota::SlidingWindowLog(a), State::Log(s)) => a.charge(s, now, cost),
+            (Quota::SlidingWindowCounter(a), State::Counter(s)) => a.charge(s, now, cost),
+            (Quota::TokenBucket(a), State::Token(s)) => a.charge(s, now, cost),
+            (Quota::LeakyBucket(a), State::Leaky(s)) => a.charge(s, now, cost),
+            _ => {}
+        }
+    }
+
     fn commit(&mut self, quota: &Quota, now: Timestamp, cost: u32) {
         match (quota, self) {
             (Quota::FixedWindow(a), State::Fixed(s)) => a.commit(s, now, cost),
@@ -330,6 +341,40 @@ pub(crate) fn multi(
                 *verdict = state.evaluate(check.policy.quota(), now, 0)?;
             }
         }
+    }
+    Ok(verdicts)
+}
+
+/// The verdicts of a charge by `multi.lua` (force mode, every cost written): each check's
+/// state as the script found it, charged by the pure algorithms, then what is left, as a peek
+/// reports it.
+pub(crate) fn charged(
+    checks: &[&Check<'_>],
+    keys: &[&str],
+    reply: Value,
+) -> Result<Vec<Verdict>, StoreError> {
+    let ints = integers(reply)?;
+    let now = Timestamp::from_micros(unsigned(at(&ints, 0)?)?);
+    let mut pos = 2;
+    let mut states: Vec<(&str, State)> = Vec::with_capacity(checks.len());
+    for (check, &key) in checks.iter().zip(keys) {
+        let state = read_state(check.policy.quota(), &ints, &mut pos)?;
+        pruned(check.policy.quota(), &state, now.as_micros())?;
+        if !states.iter().any(|(k, _)| *k == key) {
+            states.push((key, state));
+        }
+    }
+    if pos != ints.len() {
+        return Err(protocol("the charge replied more than its states"));
+    }
+    let mut verdicts = Vec::with_capacity(checks.len());
+    for (check, &key) in checks.iter().zip(keys) {
+        let quota = check.policy.quota();
+        let Some((_, state)) = states.iter_mut().find(|(k, _)| *k == key) else {
+            return Err(protocol("a charged key without a state"));
+        };
+        state.charge(quota, now, check.cost);
+        verdicts.push(Verdict::charged(state.evaluate(quota, now, 0)?));
     }
     Ok(verdicts)
 }

@@ -81,6 +81,10 @@ impl Store for RecordingStore {
         Ok(self.inner.apply_one_now(now, &check))
     }
 
+    async fn charge(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
+        Ok(self.inner.charge_now(now, checks))
+    }
+
     async fn refund(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<(), StoreError> {
         self.inner.refund_now(now, checks);
         Ok(())

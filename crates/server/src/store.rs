@@ -117,6 +117,13 @@ impl Store for AnyStore {
         }
     }
 
+    async fn charge(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.charge(now, checks).await,
+            AnyStore::Redis(r) => r.charge(now, checks).await,
+        }
+    }
+
     async fn refund(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(m) => m.refund(now, checks).await,

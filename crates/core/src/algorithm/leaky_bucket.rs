@@ -140,7 +140,13 @@ impl Algorithm for LeakyBucket {
 
     #[inline(always)]
     fn commit(&self, state: &mut LeakyBucketState, now: Timestamp, cost: u32) {
-        state.next_free = state.next_free.max(now.as_micros()) + u64::from(cost) * self.interval;
+        // Saturating and capped, as the token bucket's: a charge past the limit can push the
+        // time out by any amount.
+        state.next_free = state
+            .next_free
+            .max(now.as_micros())
+            .saturating_add(u64::from(cost).saturating_mul(self.interval))
+            .min(super::MAX_TIME);
     }
 
     fn refund(&self, state: &mut LeakyBucketState, now: Timestamp, cost: u32) {

@@ -113,7 +113,13 @@ impl Algorithm for TokenBucket {
 
     #[inline(always)]
     fn commit(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) {
-        state.tat = state.tat.max(now.as_micros()) + u64::from(cost) * self.interval;
+        // Saturating, and capped far below the memory store's marker word: a charge past the
+        // limit (a usage report) can push the time out by any amount.
+        state.tat = state
+            .tat
+            .max(now.as_micros())
+            .saturating_add(u64::from(cost).saturating_mul(self.interval))
+            .min(super::MAX_TIME);
     }
 
     fn refund(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) {

@@ -312,6 +312,20 @@ impl MemoryStore {
             .collect()
     }
 
+    /// Charges each check's cost whatever the quota says (see [`Store::charge`]).
+    pub fn charge_now(&self, now: Timestamp, checks: &[Check<'_>]) -> Decisions {
+        let limits = self.inner.limits;
+        checks
+            .iter()
+            .map(|check| {
+                let hash = self.hash(check.key);
+                write(self.shard(hash))
+                    .charge(check.policy, hash, now, check.cost, limits)
+                    .into_decision(check.policy.shared_name())
+            })
+            .collect()
+    }
+
     /// Gives back the cost of admitted checks (see [`Store::refund`]).
     pub fn refund_now(&self, now: Timestamp, checks: &[Check<'_>]) {
         for check in checks {
@@ -358,6 +372,14 @@ impl Store for MemoryStore {
             now,
             check: Some(check),
         }
+    }
+
+    fn charge(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<Decisions, StoreError>> + Send {
+        Immediate(Some(move || Ok(self.charge_now(now, checks))))
     }
 
     fn refund(

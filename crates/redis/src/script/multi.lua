@@ -1,11 +1,13 @@
---! Several checks, all-or-nothing: every check's cost is written only if every check admits.
+--! Several checks, all-or-nothing: every check's cost is written only if every check admits;
+--! or, charged whatever the quota says (a usage report, a true-up once a response is out).
 -- Runs after a clock prelude that defines `now` (µs); ceil_mul_div.lua is spliced in below. Why one script: a
 -- request checked against several policies must be decided in one atomic step, and Redis runs
 -- a script without interleaving. The caller replays the checks with the pure algorithms on the
 -- states this script reports (as the memory store does), so it only decides what to write.
 --
 -- KEYS[i]  the state key of check i (several checks may name one key: they count twice)
--- ARGV[1]  1: write when every check admits; 0: a dry run, nothing written
+-- ARGV[1]  1: write when every check admits; 0: a dry run, nothing written; 2: charge every
+--          check's cost whatever its quota says, and write it (never refused)
 -- ARGV[2 + 5(i-1) ..] per check: algorithm, p1, p2, p3, cost
 --   1 fixed window            window_us, limit, 0
 --   2 sliding window log      window_us, limit, how many of the oldest units to report
@@ -16,7 +18,8 @@
 -- one-check scripts report it: fixed e c | log total newest n ts_1..ts_n (the n oldest units)
 -- | counter e current previous | token tat | leaky next_free.
 local n = #KEYS
-local commit = ARGV[1] == '1'
+local commit = ARGV[1] ~= '0'
+local force = ARGV[1] == '2'
 local states, out = {}, {now, 1}
 
 local function load(key, alg, p1, p2, p3)
@@ -70,25 +73,25 @@ local function load(key, alg, p1, p2, p3)
   return {t = stored, report = {stored}}
 end
 
--- Whether check (alg, p.., cost) admits on state s; if so, counts it in s.
+-- Whether check (alg, p.., cost) admits on state s (always, when forced); if so, counts it in s.
 local function take(s, alg, p1, p2, p3, cost)
   if alg == 1 or alg == 2 then
-    if s.c + cost > p2 then return false end
+    if not force and s.c + cost > p2 then return false end
     s.c = s.c + cost
     if alg == 2 then s.added = s.added + cost end
   elseif alg == 3 then
-    if s.c + cost + s.weighted > p2 then return false end
+    if not force and s.c + cost + s.weighted > p2 then return false end
     s.c = s.c + cost
   elseif alg == 4 then
     local tat = s.t
     if tat < now then tat = now end
-    if tat + cost * p1 - now > p2 then return false end
+    if not force and tat + cost * p1 - now > p2 then return false end
     s.t = tat + cost * p1
   else
     local start = s.t
     if start < now then start = now end
     local e = start + cost * p1
-    if e - now > p2 or start - now > p3 then return false end
+    if not force and (e - now > p2 or start - now > p3) then return false end
     s.t = e
   end
   return true

@@ -147,6 +147,52 @@ impl RedisStore {
         verdict::multi(checks, keys, reply, commit)
     }
 
+    /// Charges every check its cost whatever its quota says, in one call of `multi.lua` per
+    /// slot (one call on a standalone Redis): each key's charge is atomic, and nothing is
+    /// all-or-nothing about a charge, so a Cluster's slots need no refunds.
+    pub(super) async fn charge_in_redis(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+        prepared: &[Prepared],
+    ) -> Result<Vec<Verdict>, StoreError> {
+        let mut conn = self.inner.connection.get().await?;
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; checks.len()];
+        let mut slots: Vec<u16> = Vec::new();
+        for p in prepared {
+            if !slots.contains(&p.slot) {
+                slots.push(p.slot);
+            }
+        }
+        if !self.inner.config.cluster {
+            slots.truncate(1);
+        }
+        for s in slots {
+            let members: Vec<usize> = (0..prepared.len())
+                .filter(|&i| !self.inner.config.cluster || prepared[i].slot == s)
+                .collect();
+            let group: Vec<&Check<'_>> = members.iter().map(|&i| &checks[i]).collect();
+            let keys: Vec<&str> = members.iter().map(|&i| prepared[i].key.as_str()).collect();
+            let reply = self
+                .eval(&mut conn, ScriptKind::Multi, &keys, now, |cmd| {
+                    cmd.arg(2u8);
+                    for check in &group {
+                        // What is left afterwards is a peek: no oldest units are needed.
+                        script::multi_args(cmd, check, 0)?;
+                    }
+                    Ok(())
+                })
+                .await?;
+            for (&i, v) in members.iter().zip(verdict::charged(&group, &keys, reply)?) {
+                verdicts[i] = Some(v);
+            }
+        }
+        verdicts
+            .into_iter()
+            .map(|v| v.ok_or_else(|| protocol("a charge without a verdict")))
+            .collect()
+    }
+
     /// Gives back `costs[i]` of `checks[i]` where `guards[i]` says (0: a plain refund).
     pub(super) async fn refund_call(
         &self,

@@ -108,6 +108,25 @@ impl CompactLog {
         (verdict, self.bytes() as isize - before as isize)
     }
 
+    /// Logs `cost` at `now` whatever the quota says (see [`Algorithm::charge`]); returns what
+    /// the log has left afterwards, as a peek reports it, and the change in bytes.
+    ///
+    /// [`Algorithm::charge`]: crate::algorithm::Algorithm::charge
+    pub(super) fn charge(
+        &mut self,
+        alg: &SlidingWindowLog,
+        now: Timestamp,
+        cost: u32,
+    ) -> (Verdict, isize) {
+        let before = self.bytes();
+        alg.commit_log(self, now, cost);
+        if let CompactLog::Spilled { .. } = self {
+            self.tidy();
+        }
+        let verdict = alg.evaluate_log(self, now, 0);
+        (verdict, self.bytes() as isize - before as isize)
+    }
+
     /// Brings a short spilled log back inline, or gives back most of a deque that shrank.
     pub(super) fn tidy(&mut self) {
         let CompactLog::Spilled { older, .. } = self else {

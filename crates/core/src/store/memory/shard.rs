@@ -269,6 +269,56 @@ impl Shard {
         }
     }
 
+    /// Charges `cost` to `hash` whatever the quota says (see [`Algorithm::charge`]); the
+    /// verdict is what the key has left afterwards, as a peek reports it.
+    pub(super) fn charge(
+        &mut self,
+        policy: &Policy,
+        hash: u64,
+        now: Timestamp,
+        cost: u32,
+        limits: Limits,
+    ) -> Verdict {
+        by_algorithm!(policy.quota(), alg => {
+            let before = self.table(policy.fingerprint()).and_then(|t| t.load(alg, hash));
+            let known = before.is_some();
+            let mut state = before.unwrap_or_default();
+            alg.charge(&mut state, now, cost);
+            if cost > 0 {
+                if !known {
+                    self.make_room(now, limits);
+                    self.len += 1;
+                }
+                self.table_mut(policy).save(alg, hash, &state);
+            }
+            Verdict::charged(alg.evaluate(&mut state, now, 0))
+        }, alg => {
+            if self.table_index(policy.fingerprint())
+                .and_then(|i| self.tables[i].logs.get_mut(hash))
+                .is_none()
+            {
+                if cost == 0 {
+                    return Verdict::charged(CompactLog::default().step(alg, now, 0, false).0);
+                }
+                self.make_room(now, limits);
+                self.len += 1;
+                let entry = CompactLog::default();
+                add_bytes(&self.log_bytes, entry.bytes() as isize);
+                self.table_mut(policy).logs.insert(hash, entry);
+            }
+            let Some(entry) = self.table_mut(policy).logs.get_mut(hash) else {
+                return Verdict::charged(CompactLog::default().step(alg, now, 0, false).0);
+            };
+            let (verdict, delta) = entry.charge(alg, now, cost);
+            let verdict = Verdict::charged(verdict);
+            add_bytes(&self.log_bytes, delta);
+            if delta > 0 {
+                self.trim_logs(now, limits, hash);
+            }
+            verdict
+        })
+    }
+
     /// Gives back `cost` consumed earlier by `hash` (see [`Algorithm::refund`]).
     pub(super) fn refund(&mut self, policy: &Policy, hash: u64, now: Timestamp, cost: u32) {
         by_algorithm!(policy.quota(), alg => {
