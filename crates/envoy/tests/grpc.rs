@@ -136,22 +136,25 @@ async fn hits_addend_counts_that_many_and_zero_means_one() {
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 6));
     let r = c.should_rate_limit(req.clone()).await.unwrap();
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 2));
+    // Past what is left: over the limit, and counted all the same, as the peer counts it.
     let r = c.should_rate_limit(req.clone()).await.unwrap();
-    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 2));
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 0));
     req.hits_addend = 0;
-    let r = c.should_rate_limit(req.clone()).await.unwrap();
-    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 1));
+    let mut fresh = req.clone();
+    fresh.descriptors[0].entries[0].value = "/a2".to_owned();
+    let r = c.should_rate_limit(fresh).await.unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 9));
     // A per-descriptor hits_addend overrides the request's.
     let mut per = request("edge", &[&[("path", "/b")]]);
     per.hits_addend = 1;
     per.descriptors[0].hits_addend = Some(9);
     let r = c.should_rate_limit(per).await.unwrap();
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 1));
-    // More than the limit can ever admit: over limit, nothing counted.
+    // More than the limit can ever admit: over limit, and counted.
     let mut huge = request("edge", &[&[("path", "/c")]]);
     huge.hits_addend = u32::MAX;
     let r = c.should_rate_limit(huge).await.unwrap();
-    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 10));
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 0));
     assert!(header(&r, "Retry-After").is_some());
 }
 
@@ -265,7 +268,7 @@ async fn headers_follow_spec_section_5() {
 }
 
 #[tokio::test]
-async fn descriptors_of_one_request_are_all_or_nothing() {
+async fn a_request_over_the_limit_is_counted_by_every_descriptor_as_the_peer_counts_it() {
     let server = start(edge()).await;
     let mut c = server.client().await;
     let nested: &[(&str, &str)] = &[("generic_key", "foo"), ("remote_address", "9.9.9.9")];
@@ -273,18 +276,37 @@ async fn descriptors_of_one_request_are_all_or_nothing() {
     let r = c.should_rate_limit(request("edge", both)).await.unwrap();
     assert_eq!(r.overall_code, OK);
     assert_eq!(r.statuses[1].limit_remaining, 9);
-    // The nested limit (1/s) denies: the path limit must not be consumed.
-    for _ in 0..3 {
+    // The nested limit (1/s) denies; every descriptor still counts the hit, as
+    // envoyproxy/ratelimit counts it (a usage report sent after the stream is never lost).
+    for i in 0..3 {
         let r = c.should_rate_limit(request("edge", both)).await.unwrap();
         assert_eq!(r.overall_code, OVER);
         assert_eq!((r.statuses[0].code, r.statuses[1].code), (OVER, OK));
-        assert_eq!(r.statuses[1].limit_remaining, 9);
+        assert_eq!(r.statuses[1].limit_remaining, 8 - i);
     }
     let r = c
         .should_rate_limit(request("edge", &[&[("path", "/x")]]))
         .await
         .unwrap();
-    assert_eq!(r.statuses[0].limit_remaining, 8);
+    assert_eq!(r.statuses[0].limit_remaining, 5);
+}
+
+/// `apply_on_stream_done`: Envoy reports a finished stream's usage as a request's
+/// `hits_addend`. Past what is left it is still counted, so the next request is over the limit,
+/// as with envoyproxy/ratelimit.
+#[tokio::test]
+async fn a_usage_report_past_the_limit_is_counted() {
+    let server = start(edge()).await;
+    let mut c = server.client().await;
+    let mut report = request("edge", &[&[("path", "/usage")]]);
+    report.hits_addend = 25;
+    let r = c.should_rate_limit(report).await.unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 0));
+    let r = c
+        .should_rate_limit(request("edge", &[&[("path", "/usage")]]))
+        .await
+        .unwrap();
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 0));
 }
 
 #[tokio::test]
@@ -499,9 +521,10 @@ async fn a_descriptor_hits_addend_overrides_the_request_one_zero_included() {
     peek.descriptors[0].hits_addend = Some(0);
     let r = c.should_rate_limit(peek).await.unwrap();
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 7));
-    // More than u32 can hold: the limit can never admit it.
+    // More than u32 can hold: the limit can never admit it, and (as the peer does) it is
+    // counted all the same.
     let mut huge = request("edge", &[&[("path", "/y")]]);
     huge.descriptors[0].hits_addend = Some(u64::MAX);
     let r = c.should_rate_limit(huge).await.unwrap();
-    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 10));
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 0));
 }

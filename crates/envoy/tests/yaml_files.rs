@@ -193,9 +193,9 @@ async fn the_envoy_example_config_answers_what_envoy_sends() {
     assert_eq!(r.overall_code, OVER);
     assert_eq!(r.statuses[0].code, OVER);
     assert_eq!(header(&r, "Retry-After"), Some("1"));
-    // Denied requests consumed nothing from the API key.
+    // The denied request was counted by the API key too, as the peer counts every hit.
     let r = c.should_rate_limit(envoy("192.0.2.2", "k1")).await.unwrap();
-    assert_eq!(r.statuses[1].limit_remaining, 79);
+    assert_eq!(r.statuses[1].limit_remaining, 78);
     // The CI key is unlimited; the partner key has its own limit.
     let r = c
         .should_rate_limit(envoy("192.0.2.3", "ci-smoke-test"))

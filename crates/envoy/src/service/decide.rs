@@ -1,8 +1,11 @@
-//! Decides the matched descriptors of one request. Tollgate's rule (a request over the limit
-//! consumes from no limit) meets envoyproxy/ratelimit's modes: shadow-mode limits never make a
-//! request over the limit, and quota-mode limits do only when every quota-mode limit of the
-//! request is over. So the first all-or-nothing store call may leave uncounted a request that
-//! goes on; then the limits that admitted it are counted in another all-or-nothing call.
+//! Decides the matched descriptors of one request. Tollgate's all-or-nothing call meets
+//! envoyproxy/ratelimit's modes: shadow-mode limits never make a request over the limit, and
+//! quota-mode limits do only when every quota-mode limit of the request is over. So the first
+//! all-or-nothing store call may leave uncounted a request that goes on; then the limits that
+//! admitted it are counted in another all-or-nothing call. A request over the limit is still
+//! counted by every descriptor, as the peer counts it: Envoy sends the usage of a finished
+//! stream (`apply_on_stream_done`) as a request's `hits_addend`, and a usage report that found
+//! its quota spent must not be lost.
 
 use smallvec::SmallVec;
 use tollgate::{Check, Clock, Decision, Limiter, Store, Timestamp};
@@ -54,7 +57,40 @@ pub(super) async fn decide<S: Store, C: Clock>(
         }
         committed = check(limiter, entries, &again, |e| e.cost, &mut decisions).await?;
     }
+    if !committed && is_over(entries, &decisions) {
+        charge_all(limiter, entries, now, &mut decisions).await?;
+    }
     Ok(decisions)
+}
+
+/// Charges every counted descriptor of a request over the limit its hits, whatever its quota
+/// says (never refused), and reports what each has left afterwards; the decisions stay denied
+/// where they were.
+async fn charge_all<S: Store, C: Clock>(
+    limiter: &Limiter<S, C>,
+    entries: &[Entry<'_>],
+    now: Timestamp,
+    decisions: &mut DecisionList,
+) -> Result<(), tollgate::Error> {
+    let charged: SmallVec<[usize; 4]> = (0..entries.len())
+        .filter(|&i| entries[i].leaf.policy().is_some() && entries[i].cost > 0)
+        .collect();
+    let checks: SmallVec<[Check<'_>; 4]> = charged
+        .iter()
+        .filter_map(|&i| {
+            let e = &entries[i];
+            Some(Check::new(e.leaf.policy()?, &e.key, e.cost))
+        })
+        .collect();
+    if checks.is_empty() {
+        return Ok(());
+    }
+    let after = limiter.store().charge(now, &checks).await?;
+    for (&i, d) in charged.iter().zip(after.as_slice()) {
+        decisions[i].remaining = d.remaining;
+        decisions[i].reset = d.reset;
+    }
+    Ok(())
 }
 
 /// Whether the request is over the limit, as envoyproxy/ratelimit's service decides it: a

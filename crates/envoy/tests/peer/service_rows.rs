@@ -238,8 +238,9 @@ fn quota_all_over() -> Row {
         call(&[&[("quota", "b")]]).expect(OVER, vec![over(1, Unit::Minute)]),
         call(&[&[("regular", "b")], &[("quota", "b")]])
             .expect(OVER, vec![ok(1, Unit::Minute), over(1, Unit::Minute)]),
-        // The request was over: the ordinary limit was not counted.
-        call(&[&[("regular", "b")]]).expect(OK, vec![ok(1, Unit::Minute).left(0)]),
+        // The request was over, and the ordinary limit counted it all the same (as the peer
+        // counts every hit): it is spent.
+        call(&[&[("regular", "b")]]).expect(OVER, vec![over(1, Unit::Minute)]),
     ])
 }
 
