@@ -293,6 +293,30 @@ impl<S: Store, C: Clock> Engine<S, C> {
         self.decide_ref(prepared).await
     }
 
+    /// Charges a prepared request's costs whatever the quotas say, never refusing: a usage
+    /// report (`/v1/check` with `"mode": "report"`, a cost known only once the work was done).
+    /// The decisions are admitted and say what each key has left; a failed store is answered
+    /// by the one failure rule, as any request.
+    pub async fn report_prepared(&self, prepared: &Prepared) -> Evaluation<S, C> {
+        if let Some(refusal) = &prepared.refusal {
+            return self.refused(refusal);
+        }
+        let entries = &prepared.entries;
+        if entries.is_empty() {
+            return self.evaluation(Decisions::new(), HeaderList::new(), Disposition::Pass);
+        }
+        let checks: SmallVec<[Check<'_>; 4]> = entries.iter().map(|e| self.check(e)).collect();
+        let now = self.inner.limiter.clock().now();
+        match self.inner.limiter.store().charge(now, &checks).await {
+            Ok(decisions) if decisions.len() == entries.len() => {
+                let headers = self.render(&decisions, entries);
+                self.evaluation(decisions, headers, Disposition::Pass)
+            }
+            Ok(_) => self.failed(miscounted(), entries),
+            Err(e) => self.failed(e.into(), entries),
+        }
+    }
+
     /// Decides a prepared request without awaiting, when the store answers at once (the memory
     /// store, see [`Store::is_immediate`]); hands the request back for [`decide`](Self::decide)
     /// otherwise. The evaluation is the one `decide` would give. A caller on a hot path saves the

@@ -96,10 +96,23 @@ async fn check_by_policy(
             None => return bad_request("\"cost\" must be a whole number from 0 to 4294967295"),
         },
     };
-    let (Some(pc), Some(eval)) = (
-        engine.policy(name),
-        engine.check_key(name, key.as_bytes(), cost).await,
-    ) else {
+    let report = match obj.get("mode") {
+        None | Some(Value::Null) => false,
+        Some(Value::String(m)) if m == "check" => false,
+        Some(Value::String(m)) if m == "report" => true,
+        Some(_) => {
+            return problem_response(&Refusal::bad_field(
+                "\"mode\"",
+                "must be \"check\" (the default) or \"report\" (charge the cost, never deny)",
+            ));
+        }
+    };
+    let decided = if report {
+        engine.report_key(name, key.as_bytes(), cost).await
+    } else {
+        engine.check_key(name, key.as_bytes(), cost).await
+    };
+    let (Some(pc), Some(eval)) = (engine.policy(name), decided) else {
         let known: Vec<&str> = engine.config().policies.iter().map(|p| p.name()).collect();
         return problem(
             StatusCode::NOT_FOUND,

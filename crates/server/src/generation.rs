@@ -122,6 +122,22 @@ impl Generation {
         Some(self.decide(prepared).await)
     }
 
+    /// Charges `key` `cost` under the policy named `policy` whatever its quota says (`/v1/check`
+    /// with `"mode": "report"`); `None` for a policy this generation does not have.
+    pub(crate) async fn report_key(
+        &self,
+        policy: &str,
+        key: &[u8],
+        cost: u32,
+    ) -> Option<Evaluation> {
+        let prepared = self.http.prepare_key(policy, key, cost)?;
+        let started = Instant::now();
+        let evaluation = self.http.report_prepared(&prepared).await;
+        self.metrics.latency(started.elapsed());
+        self.count(&prepared, &evaluation);
+        Some(evaluation)
+    }
+
     /// Decides a prepared request and counts it.
     async fn decide(&self, prepared: Prepared) -> Evaluation {
         let started = (!prepared.is_empty()).then(Instant::now);
