@@ -1,0 +1,165 @@
+//! One connection: read, answer every complete request in the buffer (up to the pipeline
+//! bound) into one reply buffer, write it with one call, repeat. A malformed request is
+//! answered `-ERR Protocol error: ...` after the requests before it, and closes this
+//! connection only.
+
+use std::time::Duration;
+
+use bytes::{Buf as _, BytesMut};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::{Instant, timeout, timeout_at};
+use tollgate::{Clock, Store};
+
+use super::Limits;
+use crate::codec::{FrameLimits, Parsed, Protocol, ReplyBuf, parse_request};
+use crate::decide::Decide;
+use crate::handler::{Handler, Session};
+
+/// The read buffer's size: many pipelined requests per read.
+const READ_SIZE: usize = 16 * 1024;
+
+/// Read into the buffer only with at least this much room.
+const MIN_READ: usize = 4 * 1024;
+
+/// Replies past this size are written before more requests are run, so a batch of large
+/// replies (`ECHO`, `COMMAND`) is not all held at once.
+const FLUSH_AT: usize = 64 * 1024;
+
+/// How long a closing connection keeps reading (and dropping) what its client still sends, so
+/// that closing does not reset the connection before the client has read the last replies.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// And how much it reads at most meanwhile.
+const LINGER_BYTES: usize = 64 * 1024;
+
+/// How a batch ended.
+enum End {
+    /// Every complete request is answered: read more.
+    Drained,
+    /// The pipeline bound or the reply buffer stopped it: write, then go on without reading.
+    More,
+    /// `QUIT` or a protocol error: write, then close.
+    Close,
+}
+
+/// Serves one connection until the client leaves, idles out, breaks the protocol, or `stop`
+/// turns true (then it closes as soon as every request it has read is answered).
+pub(super) async fn run<D: Decide, S: Store, C: Clock>(
+    mut stream: TcpStream,
+    handler: &Handler<D, S, C>,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let frame = limits.frame();
+    let max_pipeline = limits.max_pipeline.max(1);
+    let mut session = handler.session();
+    let mut input = BytesMut::with_capacity(READ_SIZE);
+    let mut out = ReplyBuf::new(Protocol::Resp2);
+    loop {
+        let (used, end) = batch(
+            handler,
+            &mut session,
+            &input,
+            &frame,
+            max_pipeline,
+            &mut out,
+        )
+        .await;
+        input.advance(used);
+        if !out.is_empty() {
+            let written = timeout(limits.write_timeout, stream.write_all(out.as_bytes())).await;
+            if !matches!(written, Ok(Ok(()))) {
+                return;
+            }
+            out.clear();
+        }
+        match end {
+            End::Close => return close_gracefully(stream).await,
+            End::More => continue,
+            End::Drained => {}
+        }
+        if *stop.borrow_and_update() {
+            return;
+        }
+        if input.capacity() - input.len() < MIN_READ {
+            input.reserve(READ_SIZE);
+        }
+        let read = tokio::select! {
+            read = idle(limits.idle_timeout, stream.read_buf(&mut input)) => read,
+            _ = stop.changed() => return,
+        };
+        match read {
+            Some(Ok(n)) if n > 0 => {}
+            // The client left, the socket failed, or it was idle too long.
+            _ => return,
+        }
+    }
+}
+
+/// `read`, or `None` once it has waited `limit` (never, for a zero limit).
+async fn idle<F: std::future::Future>(limit: Duration, read: F) -> Option<F::Output> {
+    if limit.is_zero() {
+        return Some(read.await);
+    }
+    timeout(limit, read).await.ok()
+}
+
+/// Runs the complete requests at the start of `input`, writing their replies to `out`; returns
+/// the bytes they took and why it stopped.
+async fn batch<D: Decide, S: Store, C: Clock>(
+    handler: &Handler<D, S, C>,
+    session: &mut Session,
+    input: &[u8],
+    frame: &FrameLimits,
+    max_pipeline: usize,
+    out: &mut ReplyBuf,
+) -> (usize, End) {
+    let mut used = 0;
+    let mut answered = 0;
+    loop {
+        if answered == max_pipeline || out.len() >= FLUSH_AT {
+            return (used, End::More);
+        }
+        match parse_request(&input[used..], frame) {
+            Ok(Parsed::Request(request, len)) => {
+                used += len;
+                // An empty array or a blank line: no command, no reply (as Redis).
+                if request.is_empty() {
+                    continue;
+                }
+                handler.execute(session, &request, out).await;
+                answered += 1;
+                if session.close {
+                    return (used, End::Close);
+                }
+            }
+            Ok(Parsed::Incomplete) => return (used, End::Drained),
+            Err(e) => {
+                let mut line = b"ERR ".to_vec();
+                line.extend_from_slice(e.message().as_bytes());
+                out.error(&line);
+                return (used, End::Close);
+            }
+        }
+    }
+}
+
+/// Closes `stream` after its replies: a FIN first, then a short read of whatever the client
+/// still sends, since closing a socket with unread input resets the connection, and a reset
+/// can destroy replies the client has not read yet.
+pub(super) async fn close_gracefully(mut stream: TcpStream) {
+    let deadline = Instant::now() + LINGER;
+    if timeout_at(deadline, stream.shutdown()).await.is_err() {
+        return;
+    }
+    let mut sink = [0u8; 4096];
+    let mut drained = 0;
+    while drained < LINGER_BYTES {
+        match timeout_at(deadline, stream.read(&mut sink)).await {
+            Ok(Ok(n)) if n > 0 => drained += n,
+            _ => return,
+        }
+    }
+}
