@@ -29,6 +29,8 @@ target="$(cd "$target" && pwd)"
 for tool in redis-benchmark redis-cli; do
   command -v "$tool" >/dev/null || { echo "needs $tool (apt-get install redis-tools)" >&2; exit 1; }
 done
+# throttlecrab-server compiles its gRPC protos with protoc (and fails to build without it).
+command -v protoc >/dev/null || { echo "needs protoc (apt-get install protobuf-compiler)" >&2; exit 1; }
 
 echo "building tollgate-resp's example server (profiling profile)" >&2
 cargo build --quiet --profile profiling -p tollgate-resp --example resp_server
@@ -72,23 +74,26 @@ for port in "$ours_port" "$theirs_port"; do
 done
 
 clk_tck="$(getconf CLK_TCK)"
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# utime and stime of a process, in clock ticks.
+cpu_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
 
-# One measurement: prints "rps cpu_us_per_decision".
+# One measurement: prints "rps cpu_us user_us sys_us", the CPU times per decision.
 measure() {
   local name=$1 port=$2 pid=$3 depth=$4 cmd
   if [ "$name" = tollgate ]; then cmd=CL.THROTTLE; else cmd=THROTTLE; fi
   local before after rps
   before="$(cpu_ticks "$pid")"
+  # stderr dropped: throttlecrab answers no CONFIG GET, and redis-benchmark warns about it.
   rps="$(redis-benchmark -p "$port" -n "$requests" -c "$clients" -P "$depth" -r "$keys" --csv \
-    "$cmd" 'key:__rand_int__' 100 1000000 1 1 | awk -F'"' 'NR==2 {print $4}')"
+    "$cmd" 'key:__rand_int__' 100 1000000 1 1 2>/dev/null | awk -F'"' 'NR==2 {print $4}')"
   after="$(cpu_ticks "$pid")"
-  awk -v rps="$rps" -v t="$((after - before))" -v hz="$clk_tck" -v n="$requests" \
-    'BEGIN {printf "%.0f %.3f\n", rps, t / hz * 1e6 / n}'
+  echo "$before $after" | awk -v rps="$rps" -v hz="$clk_tck" -v n="$requests" \
+    '{u = ($3 - $1) / hz * 1e6 / n; s = ($4 - $2) / hz * 1e6 / n;
+      printf "%.0f %.3f %.3f %.3f\n", rps, u + s, u, s}'
 }
 
 results="$(mktemp)"
-echo "round depth server decisions/s cpu_us/decision"
+echo "round depth server decisions/s cpu_us/decision (user sys)"
 for round in $(seq "$rounds"); do
   for depth in $pipelines; do
     if [ $((round % 2)) -eq 1 ]; then order="tollgate throttlecrab"; else order="throttlecrab tollgate"; fi

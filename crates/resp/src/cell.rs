@@ -111,19 +111,10 @@ pub fn reply(
     ttl_ns: i64,
     retry_ns: Option<i64>,
 ) -> CellReply {
-    // i128: within Tollgate's quotas every product fits an i64 anyway (a bucket spans at most
-    // a hundred years), where redis-cell would wrap.
-    let tolerance = i128::from(interval_ns) * i128::from(limit);
-    let next = tolerance - i128::from(ttl_ns);
-    let remaining = if next > -i128::from(interval_ns) {
-        (whole_micros(next) as f64 / whole_micros(i128::from(interval_ns)) as f64) as i64
-    } else {
-        0
-    };
     CellReply {
         limited,
         limit,
-        remaining,
+        remaining: remaining(limit, interval_ns, ttl_ns),
         retry_after: match (limited, retry_ns) {
             (true, Some(retry)) => seconds(retry),
             _ => -1,
@@ -132,9 +123,28 @@ pub fn reply(
     }
 }
 
-/// Whole microseconds of a span of nanoseconds, truncated toward zero.
-fn whole_micros(ns: i128) -> i128 {
-    ns / 1_000
+/// What is left under the tolerance (`interval × limit`) once `ttl_ns` of it is spent, in
+/// units: both in whole microseconds (truncated), divided in `f64`, truncated.
+fn remaining(limit: i64, interval_ns: i64, ttl_ns: i64) -> i64 {
+    // In i64 whenever it fits, which Tollgate's quotas always do (a bucket spans at most a
+    // hundred years); `i128` arithmetic goes through slow library calls.
+    let left = interval_ns
+        .checked_mul(limit)
+        .and_then(|tolerance| tolerance.checked_sub(ttl_ns));
+    match left {
+        Some(left) if left > -interval_ns => {
+            ((left / 1_000) as f64 / (interval_ns / 1_000) as f64) as i64
+        }
+        Some(_) => 0,
+        None => {
+            let left = i128::from(interval_ns) * i128::from(limit) - i128::from(ttl_ns);
+            if left > -i128::from(interval_ns) {
+                ((left / 1_000) as f64 / (interval_ns / 1_000) as f64) as i64
+            } else {
+                0
+            }
+        }
+    }
 }
 
 /// A span of nanoseconds in seconds as redis-cell reports it: the seconds of the span in
@@ -200,6 +210,30 @@ mod tests {
         assert_eq!(seconds(999_999), 0);
         assert_eq!(seconds(-1_500_000), 0);
         assert_eq!(seconds(-2 * s), -2);
+    }
+
+    #[test]
+    fn remaining_agrees_in_both_widths() {
+        for (limit, interval, ttl) in [
+            (5, 200_000_000, 200_000_000),
+            (i64::MAX, 3, 7),
+            (1 << 40, 1 << 30, -5),
+            (10, 1_500, 2_999),
+            (1, 999, 0),
+            (2, 1_000, 4_000),
+        ] {
+            let left = i128::from(interval) * i128::from(limit) - i128::from(ttl);
+            let wide = if left > -i128::from(interval) {
+                ((left / 1_000) as f64 / (interval / 1_000) as f64) as i64
+            } else {
+                0
+            };
+            assert_eq!(
+                remaining(limit, interval, ttl),
+                wide,
+                "{limit} {interval} {ttl}"
+            );
+        }
     }
 
     #[test]

@@ -32,9 +32,11 @@ pub struct Limits {
     /// client pipelining more waits for the first replies (it is read again only once they
     /// are written). Default 1024.
     pub max_pipeline: usize,
-    /// A connection that sends nothing for this long is closed. Default 5 minutes.
+    /// A connection that sends nothing for this long is closed. Default 5 minutes; zero
+    /// never closes it.
     pub idle_timeout: Duration,
-    /// A client that takes none of its replies for this long is cut off. Default 10 s.
+    /// A client that takes none of its replies for this long is cut off. Default 10 s; zero
+    /// waits for ever.
     pub write_timeout: Duration,
     /// How long shutdown waits for connections to finish the requests they have read.
     /// Default 30 s.

@@ -69,8 +69,8 @@ pub(super) async fn run<D: Decide, S: Store, C: Clock>(
         .await;
         input.advance(used);
         if !out.is_empty() {
-            let written = timeout(limits.write_timeout, stream.write_all(out.as_bytes())).await;
-            if !matches!(written, Ok(Ok(()))) {
+            let written = within(limits.write_timeout, stream.write_all(out.as_bytes())).await;
+            if !matches!(written, Some(Ok(()))) {
                 return;
             }
             out.clear();
@@ -87,7 +87,7 @@ pub(super) async fn run<D: Decide, S: Store, C: Clock>(
             input.reserve(READ_SIZE);
         }
         let read = tokio::select! {
-            read = idle(limits.idle_timeout, stream.read_buf(&mut input)) => read,
+            read = within(limits.idle_timeout, stream.read_buf(&mut input)) => read,
             _ = stop.changed() => return,
         };
         match read {
@@ -98,12 +98,12 @@ pub(super) async fn run<D: Decide, S: Store, C: Clock>(
     }
 }
 
-/// `read`, or `None` once it has waited `limit` (never, for a zero limit).
-async fn idle<F: std::future::Future>(limit: Duration, read: F) -> Option<F::Output> {
+/// `io`'s result, or `None` once it has waited `limit` (never, for a zero limit).
+async fn within<F: std::future::Future>(limit: Duration, io: F) -> Option<F::Output> {
     if limit.is_zero() {
-        return Some(read.await);
+        return Some(io.await);
     }
-    timeout(limit, read).await.ok()
+    timeout(limit, io).await.ok()
 }
 
 /// Runs the complete requests at the start of `input`, writing their replies to `out`; returns
