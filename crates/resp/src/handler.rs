@@ -50,6 +50,7 @@ impl<D: Decide, S: Store, C: Clock> Handler<D, S, C> {
             name: None,
             slots: QuotaSlots::default(),
             close: false,
+            abort: false,
         }
     }
 
@@ -148,6 +149,8 @@ pub(crate) struct Session {
     slots: QuotaSlots,
     /// Set by `QUIT`: close once the replies are written.
     pub(crate) close: bool,
+    /// Set by an HTTP request line: close at once, dropping the batch's replies.
+    pub(crate) abort: bool,
 }
 
 /// Redis's reply to a command called with the wrong number of arguments; `name` is the

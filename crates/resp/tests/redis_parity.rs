@@ -155,6 +155,8 @@ fn the_door_answers_as_redis_server() {
         b"PING\r\n*1\r\n$3\r\nfoo\r\n*1\r\n:1\r\n",
         b"QUIT\r\nPING\r\n",
         b"QUIT now\r\n",
+        b"POST / HTTP/1.1\r\nHost: localhost\r\n\r\nPING\r\n",
+        b"PING\r\nhost: localhost\r\nPING\r\n",
     ] {
         cases.push((r.to_vec(), true, false));
     }

@@ -3,7 +3,8 @@
 //! `redis-cli --pipe` uses to find the end of its replies), `QUIT`, `HELLO` (the protocol
 //! switch), `AUTH` (the door has no password, as a Redis whose default user has none),
 //! `SELECT 0`, `CLIENT SETNAME|GETNAME|SETINFO|ID`, `COMMAND` (the door's own commands), `CONFIG
-//! GET` (what `redis-benchmark` asks on connect), and the error for anything else.
+//! GET` (what `redis-benchmark` asks on connect), and the error for anything else. Like
+//! Redis, it closes a connection whose command is `POST` or `Host:`: an HTTP request.
 
 use super::{Session, wrong_arity};
 use crate::codec::{Protocol, ReplyBuf, strict_i64};
@@ -91,6 +92,10 @@ pub(super) fn execute(session: &mut Session, args: &[&[u8]], out: &mut ReplyBuf)
         command(args, out);
     } else if is("CONFIG") {
         config(args, out);
+    } else if is("POST") || is("HOST:") {
+        // An HTTP request, maybe sent by a browser on a web page's behalf to smuggle commands
+        // in its body: closed at once, unanswered, as Redis does.
+        session.abort = true;
     } else {
         out.error(&unknown_command(args));
     }

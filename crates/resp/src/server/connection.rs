@@ -42,6 +42,8 @@ enum End {
     More,
     /// `QUIT` or a protocol error: write, then close.
     Close,
+    /// An HTTP request: close without writing.
+    Abort,
 }
 
 /// Serves one connection until the client leaves, idles out, breaks the protocol, or `stop`
@@ -68,6 +70,10 @@ pub(super) async fn run<D: Decide, S: Store, C: Clock>(
         )
         .await;
         input.advance(used);
+        if matches!(end, End::Abort) {
+            // Nothing of this batch is answered, as Redis drops such a client.
+            return;
+        }
         if !out.is_empty() {
             let written = within(limits.write_timeout, stream.write_all(out.as_bytes())).await;
             if !matches!(written, Some(Ok(()))) {
@@ -78,6 +84,7 @@ pub(super) async fn run<D: Decide, S: Store, C: Clock>(
         match end {
             End::Close => return close_gracefully(stream).await,
             End::More => continue,
+            End::Abort => return,
             End::Drained => {}
         }
         if *stop.borrow_and_update() {
@@ -131,6 +138,9 @@ async fn batch<D: Decide, S: Store, C: Clock>(
                 }
                 handler.execute(session, &request, out).await;
                 answered += 1;
+                if session.abort {
+                    return (used, End::Abort);
+                }
                 if session.close {
                     return (used, End::Close);
                 }
