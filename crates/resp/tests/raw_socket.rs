@@ -366,3 +366,23 @@ fn shutdown_answers_what_was_read_then_stops_accepting() {
     assert!(read_to_eof(&mut idle, Duration::from_secs(5)).is_some());
     assert!(TcpStream::connect(addr).is_err());
 }
+
+#[test]
+fn a_quiet_connection_gives_its_buffers_back_and_goes_on() {
+    let door = start(Limits::default());
+    let mut s = connect(door.addr);
+    s.write_all(b"HELLO 3\r\n").unwrap();
+    let mut got = Vec::new();
+    while reply_len(&got).is_none() {
+        got.extend(read_n(&mut s, 1));
+    }
+    // Past a second of quiet the connection holds no buffer; it reads and answers again, in
+    // the protocol it chose.
+    std::thread::sleep(Duration::from_millis(1_300));
+    exchange(&mut s, b"CLIENT GETNAME\r\nPING\r\n", b"_\r\n+PONG\r\n");
+    let big = frame(&[b"ECHO", &[b'q'; 30_000]]);
+    std::thread::sleep(Duration::from_millis(1_300));
+    s.write_all(&big).unwrap();
+    let reply = read_n(&mut s, 30_000 + 10);
+    assert!(reply.starts_with(b"$30000\r\nqqq") && reply.ends_with(b"q\r\n"));
+}

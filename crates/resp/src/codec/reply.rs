@@ -88,6 +88,11 @@ impl ReplyBuf {
         self.bytes.clear();
     }
 
+    /// Forgets what was written and gives the memory back (an idle connection's).
+    pub fn release(&mut self) {
+        self.bytes = Vec::new();
+    }
+
     /// A simple string: `+OK`. CR and LF, which would end it early, become spaces.
     pub fn simple(&mut self, text: &[u8]) {
         self.bytes.push(b'+');
