@@ -96,15 +96,21 @@ pub(super) async fn run<D: Decide, S: Store, C: Clock>(
         if input.capacity() - input.len() < MIN_READ {
             input.reserve(READ_SIZE);
         }
-        // Between requests, wait a moment with the buffers; mid-request, the whole idle time.
-        let (patience, between) = if input.is_empty() {
-            (quiet_after(limits.idle_timeout), true)
+        // Between requests, wait a moment with the buffers (shutdown is noticed once it has
+        // passed: registering with the shutdown signal on every read of a busy connection
+        // locks a list all connections share); mid-request, the whole idle time.
+        let between = input.is_empty();
+        let read = if between {
+            within(
+                quiet_after(limits.idle_timeout),
+                stream.read_buf(&mut input),
+            )
+            .await
         } else {
-            (limits.idle_timeout, false)
-        };
-        let read = tokio::select! {
-            read = within(patience, stream.read_buf(&mut input)) => read,
-            _ = stop.changed() => return,
+            tokio::select! {
+                read = within(limits.idle_timeout, stream.read_buf(&mut input)) => read,
+                _ = stop.changed() => return,
+            }
         };
         match read {
             Some(Ok(n)) if n > 0 => {}
