@@ -1,0 +1,160 @@
+//! What the door answers: [`Handler`] runs one parsed request against a connection's
+//! [`Session`] and writes its reply. The rate-limiting commands are here; the connection
+//! commands clients send on connect (`HELLO`, `CLIENT`, `COMMAND`...) are in [`connection`].
+
+mod connection;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use smallvec::SmallVec;
+use tollgate::{Clock, Limiter, MemoryStore, Store, SystemClock};
+
+use crate::codec::{ReplyBuf, Request};
+use crate::decide::{Decide, LimiterDecide};
+use crate::throttle::{QuotaSlots, Throttle};
+
+/// Everything the door needs to answer: [`Decide`] for `TOLLGATE.CHECK`, [`Throttle`] for
+/// `CL.THROTTLE`.
+#[derive(Debug)]
+pub struct Handler<D, S = MemoryStore, C = SystemClock> {
+    decide: D,
+    throttle: Throttle<S, C>,
+    /// The id the next connection gets (`HELLO`'s `id`, `CLIENT ID`).
+    next_id: AtomicU64,
+}
+
+impl<D: Decide, S: Store, C: Clock> Handler<D, S, C> {
+    /// `TOLLGATE.CHECK` decided by `decide`, `CL.THROTTLE` by `throttle`.
+    pub fn new(decide: D, throttle: Throttle<S, C>) -> Self {
+        Handler {
+            decide,
+            throttle,
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// The decider of `TOLLGATE.CHECK`.
+    pub fn decide(&self) -> &D {
+        &self.decide
+    }
+
+    /// `CL.THROTTLE`.
+    pub fn throttle(&self) -> &Throttle<S, C> {
+        &self.throttle
+    }
+
+    /// The state of a new connection.
+    pub(crate) fn session(&self) -> Session {
+        Session {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            name: None,
+            slots: QuotaSlots::default(),
+            close: false,
+            abort: false,
+        }
+    }
+
+    /// Runs `request` (not empty) and writes its reply to `out`.
+    pub(crate) async fn execute(
+        &self,
+        session: &mut Session,
+        request: &Request<'_>,
+        out: &mut ReplyBuf,
+    ) {
+        let args: SmallVec<[&[u8]; 8]> = request.iter().collect();
+        let Some(&name) = args.first() else {
+            return;
+        };
+        // The two rate-limiting commands first: they are nearly all of the traffic.
+        if name.eq_ignore_ascii_case(b"CL.THROTTLE") {
+            self.cl_throttle(session, &args, out).await;
+        } else if name.eq_ignore_ascii_case(b"TOLLGATE.CHECK") {
+            self.tollgate_check(&args, out).await;
+        } else {
+            connection::execute(session, &args, out);
+        }
+    }
+
+    async fn cl_throttle(&self, session: &mut Session, args: &[&[u8]], out: &mut ReplyBuf) {
+        match self
+            .throttle
+            .throttle_with(&mut session.slots, &args[1..])
+            .await
+        {
+            Ok(reply) => {
+                out.array(5);
+                for n in reply.to_array() {
+                    out.integer(n);
+                }
+            }
+            Err(e) => out.error(e.message().as_bytes()),
+        }
+    }
+
+    async fn tollgate_check(&self, args: &[&[u8]], out: &mut ReplyBuf) {
+        let (policy, key, cost) = match args {
+            [_, policy, key] => (*policy, *key, Some(1)),
+            [_, policy, key, cost] => (
+                *policy,
+                *key,
+                crate::codec::strict_i64(cost).and_then(|c| u32::try_from(c).ok()),
+            ),
+            _ => return wrong_arity(out, "tollgate.check"),
+        };
+        let Some(cost) = cost else {
+            return out.error(b"ERR cost must be an integer from 0 to 4294967295");
+        };
+        match self.decide.check(policy, key, cost).await {
+            Ok(reply) => {
+                let values = reply.to_array();
+                match out.protocol() {
+                    crate::Protocol::Resp2 => {
+                        out.array(5);
+                        for n in values {
+                            out.integer(n);
+                        }
+                    }
+                    crate::Protocol::Resp3 => {
+                        out.map(5);
+                        for (field, n) in CHECK_FIELDS.iter().zip(values) {
+                            out.bulk(field.as_bytes());
+                            out.integer(n);
+                        }
+                    }
+                }
+            }
+            Err(e) => out.error(format!("ERR {e}").as_bytes()),
+        }
+    }
+}
+
+/// The names of `TOLLGATE.CHECK`'s answer in RESP3, in the order of the RESP2 array.
+pub const CHECK_FIELDS: [&str; 5] = ["allowed", "limit", "remaining", "reset", "retry_after"];
+
+impl<S: Store, C: Clock> Handler<LimiterDecide<S, C>, S, C> {
+    /// Both commands over one limiter: `TOLLGATE.CHECK` against its policies, `CL.THROTTLE`
+    /// in its store.
+    pub fn for_limiter(limiter: Limiter<S, C>) -> Self {
+        Handler::new(LimiterDecide::new(limiter.clone()), Throttle::new(limiter))
+    }
+}
+
+/// One connection's state.
+#[derive(Debug)]
+pub(crate) struct Session {
+    id: u64,
+    /// `CLIENT SETNAME`'s.
+    name: Option<Vec<u8>>,
+    /// The `CL.THROTTLE` quotas this connection used last.
+    slots: QuotaSlots,
+    /// Set by `QUIT`: close once the replies are written.
+    pub(crate) close: bool,
+    /// Set by an HTTP request line: close at once, dropping the batch's replies.
+    pub(crate) abort: bool,
+}
+
+/// Redis's reply to a command called with the wrong number of arguments; `name` is the
+/// command's lowercase name (`client|setname` for a subcommand).
+fn wrong_arity(out: &mut ReplyBuf, name: &str) {
+    out.error(format!("ERR wrong number of arguments for '{name}' command").as_bytes());
+}

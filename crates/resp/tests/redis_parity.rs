@@ -1,0 +1,207 @@
+//! The door answers like redis-server: the same bytes sent to a real `redis-server` (started
+//! on a free loopback port) and to the door get the same reply bytes, for the connection
+//! commands, the errors of unknown commands and wrong arities, inline quoting, and every
+//! protocol error both detect. Needs `redis-server` (`scripts/test.sh` installs it).
+//!
+//! Left out on purpose: what the door answers differently by design (`HELLO`'s server fields,
+//! `COMMAND`, `CLIENT SETINFO` of Redis 7.2, `SELECT` of a database other than 0, and the
+//! stricter CRLF checks, which `codec`'s unit tests cover).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{reply_len, start};
+use tollgate_resp::Limits;
+
+/// A redis-server of its own, killed on drop.
+struct RedisServer {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn redis_server() -> RedisServer {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start redis-server ({e}): run scripts/test.sh, or apt-get install redis-server")
+        });
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let server = RedisServer { child, addr };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+const SENTINEL: &[u8] = b"ECHO __end__\r\n";
+const SENTINEL_REPLY: &[u8] = b"$7\r\n__end__\r\n";
+
+/// Sends `request` on a new connection (then the sentinel, if asked) and reads the replies
+/// until the sentinel's or the end of the connection.
+fn transcript(addr: SocketAddr, request: &[u8], sentinel: bool) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    s.write_all(request).unwrap();
+    if sentinel {
+        s.write_all(SENTINEL).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if sentinel && out.ends_with(SENTINEL_REPLY) {
+            return out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no end to {:?}",
+            String::from_utf8_lossy(&out)
+        );
+        match s.read(&mut buf) {
+            Ok(0) => {
+                out.extend(b"<closed>");
+                return out;
+            }
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                out.extend(b"<closed>");
+                return out;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+#[test]
+fn the_door_answers_as_redis_server() {
+    let redis = redis_server();
+    let door = start(Limits::default());
+    let big = |n: usize, b: u8| vec![b; n];
+    let mut cases: Vec<(Vec<u8>, bool, bool)> = Vec::new();
+    // (request, append the sentinel, skip the first reply: a HELLO whose fields differ)
+    let mut plain = |r: &[u8]| cases.push((r.to_vec(), true, false));
+    for r in [
+        &b"PING\r\n"[..],
+        b"ping hello\r\n",
+        b"PING a b\r\n",
+        b"pInG\r\n",
+        b"*1\r\n$4\r\nping\r\n*2\r\n$4\r\nPING\r\n$2\r\nhi\r\n",
+        b"ECHO\r\nECHO a b\r\n",
+        b"*2\r\n$4\r\nECHO\r\n$3\r\na\x00b\r\n",
+        b"FOO\r\n",
+        b"foo a b c\r\n",
+        b"*3\r\n$3\r\nFOO\r\n$3\r\na\r\n\r\n$1\r\nb\r\n",
+        b"*3\r\n$4\r\nF\x00OO\r\n$3\r\na\x00c\r\n$1\r\nb\r\n",
+        b"HELLO 1\r\nHELLO 4\r\nHELLO 0\r\nHELLO -1\r\n",
+        b"HELLO abc\r\nHELLO 03\r\nHELLO 3 FOO\r\nHELLO 3 AUTH default\r\nHELLO 2 AUTH\r\n",
+        b"HELLO 3 AUTH bob x\r\nHELLO 3 SETNAME \"a b\"\r\nHELLO 3 AUTH default x SETNAME\r\n",
+        b"AUTH\r\nAUTH x\r\nAUTH default x\r\nAUTH bob x\r\nAUTH a b c\r\n",
+        b"SELECT 0\r\nSELECT x\r\nSELECT 99999999999\r\nSELECT\r\nSELECT 0 1\r\n",
+        b"CLIENT SETNAME foo\r\nCLIENT GETNAME\r\nclient getname\r\n",
+        b"CLIENT SETNAME \"\"\r\nCLIENT GETNAME\r\nCLIENT SETNAME \"a b\"\r\n",
+        b"CLIENT SETNAME \"a\\x01\"\r\nCLIENT SETNAME\r\nCLIENT GETNAME x\r\nCLIENT\r\n",
+        b"CLIENT FOO\r\nclient foo bar\r\nCLIENT ID x\r\n",
+        b"CONFIG GET save\r\nCONFIG GET appendonly\r\nCONFIG GET nosuch\r\n",
+        b"CONFIG GET SAVE\r\nCONFIG GET appendonly APPENDONLY\r\nCONFIG\r\nCONFIG GET\r\n",
+        b"CONFIG FOO\r\n",
+        b"COMMAND FOO\r\nCOMMAND COUNT x\r\n",
+        b"ECHO \"a\\x41\\n\"\r\nECHO 'it\\'s'\r\nECHO a\"b c\" d\r\nECHO \"\\x4\"\r\n",
+        b"   \r\n \t PING\r\n\r\n\r\nPING\n*-1\r\n*0\r\nPING\r\n",
+        b"ECHO a\x0bb\r\n",
+    ] {
+        plain(r);
+    }
+    let long_name = [&b"X"[..], &big(300, b'n'), b" a\r\n"].concat();
+    plain(&long_name);
+    let long_args = [&b"FOO "[..], &big(200, b'x'), b" y\r\n"].concat();
+    plain(&long_args);
+    let many_args = [&b"FOO"[..], &b" abcdefghij".repeat(30), b"\r\n"].concat();
+    plain(&many_args);
+    // Protocol errors: the reply, then the connection closes.
+    for r in [
+        &b"*x\r\n"[..],
+        b"*1\r\n$x\r\n",
+        b"*1\r\n$-1\r\n",
+        b"*1\r\n:1\r\n",
+        b"*+1\r\n",
+        b"*01\r\n",
+        b"*1\r\n$04\r\n",
+        b"*1\r\n$600000000\r\n",
+        b"*3000000000\r\n",
+        b"ECHO \"unbalanced\r\n",
+        b"ECHO \"a\"b\r\n",
+        b"ECHO a\"b c\"d\r\n",
+        b"PING\r\n*1\r\n$3\r\nfoo\r\n*1\r\n:1\r\n",
+        b"QUIT\r\nPING\r\n",
+        b"QUIT now\r\n",
+        b"POST / HTTP/1.1\r\nHost: localhost\r\n\r\nPING\r\n",
+        b"PING\r\nhost: localhost\r\nPING\r\n",
+    ] {
+        cases.push((r.to_vec(), true, false));
+    }
+    for r in [
+        big(70_000, b'a'),
+        [&b"*"[..], &big(70_000, b'1')].concat(),
+        [&b"*1\r\n$"[..], &big(70_000, b'1')].concat(),
+    ] {
+        cases.push((r, false, false));
+    }
+    // RESP3 after HELLO 3.
+    for r in [
+        &b"HELLO 3\r\nPING\r\nCLIENT GETNAME\r\nCONFIG GET appendonly\r\nECHO x\r\nFOO\r\n"[..],
+        b"HELLO 3 SETNAME n1\r\nCLIENT GETNAME\r\n",
+        b"HELLO 2 SETNAME n2 SETNAME n3\r\nCLIENT GETNAME\r\n",
+        b"HELLO 3 AUTH default anything\r\nSELECT 0\r\nHELLO 5\r\n",
+        b"HELLO\r\nPING x\r\n",
+    ] {
+        cases.push((r.to_vec(), true, true));
+    }
+
+    let mut failures = Vec::new();
+    for (request, sentinel, skip_first) in &cases {
+        let mut want = transcript(redis.addr, request, *sentinel);
+        let mut got = transcript(door.addr, request, *sentinel);
+        if *skip_first {
+            for t in [&mut want, &mut got] {
+                let n = reply_len(t).unwrap_or(0);
+                t.drain(..n);
+            }
+            // HELLO's reply is the same shape; only its fields' values differ.
+        }
+        if want != got {
+            failures.push(format!(
+                "request {:?}\n  redis: {:?}\n  door:  {:?}",
+                String::from_utf8_lossy(&request[..request.len().min(120)]),
+                String::from_utf8_lossy(&want[..want.len().min(400)]),
+                String::from_utf8_lossy(&got[..got.len().min(400)]),
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} differences:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
