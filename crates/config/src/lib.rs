@@ -357,6 +357,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// `[server] grpc_listen`: Envoy's rate limit service (gRPC), answering from `[envoy]`.
     pub grpc_listen: Option<SocketAddr>,
+    /// `[server] resp_listen`: the Redis-protocol door (`CL.THROTTLE`, `TOLLGATE.CHECK`).
+    pub resp_listen: Option<SocketAddr>,
     /// `[server] ipv6_prefix`: leading bits of an IPv6 address that form one client (64).
     pub ipv6_prefix: u8,
     /// What every listener bounds: `[server] header_read_timeout`, `max_header_bytes`,
@@ -444,6 +446,7 @@ impl Config {
             source: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_listen: None,
+            resp_listen: None,
             ipv6_prefix: 64,
             limits: Limits::default(),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),

@@ -77,6 +77,7 @@ pub(super) struct RawEnvoy {
 pub(super) struct RawServer {
     listen: Option<S<String>>,
     grpc_listen: Option<S<String>>,
+    resp_listen: Option<S<String>>,
     ipv6_prefix: Option<S<i64>>,
     header_read_timeout: Option<S<String>>,
     max_header_bytes: Option<S<i64>>,
@@ -206,6 +207,7 @@ pub(super) fn validate(
         source: None,
         listen: listeners.listen?,
         grpc_listen: listeners.grpc_listen?,
+        resp_listen: listeners.resp_listen?,
         ipv6_prefix: listeners.ipv6_prefix?,
         limits: listeners.limits?,
         admin_listen: listeners.admin_listen?,

@@ -19,6 +19,7 @@ mod generation;
 mod metrics;
 mod queue;
 mod relay;
+mod resp;
 mod response;
 mod serve;
 mod sharded;
@@ -95,6 +96,8 @@ pub struct Listeners {
     pub proxy: Option<TcpListener>,
     /// Envoy's rate limit service (`[server] grpc_listen`), when configured.
     pub grpc: Option<TcpListener>,
+    /// The Redis-protocol door (`[server] resp_listen`), when configured.
+    pub resp: Option<TcpListener>,
 }
 
 /// The addresses the listeners are bound to (useful with port 0).
@@ -108,6 +111,8 @@ pub struct Addrs {
     pub proxy: Option<SocketAddr>,
     /// Envoy's rate limit service.
     pub grpc: Option<SocketAddr>,
+    /// The Redis-protocol door.
+    pub resp: Option<SocketAddr>,
 }
 
 impl Listeners {
@@ -140,6 +145,7 @@ impl Listeners {
             admin: one(config.admin_listen)?,
             proxy: config.proxy.as_ref().map(|p| one(p.listen)).transpose()?,
             grpc: config.grpc_listen.map(one).transpose()?,
+            resp: config.resp_listen.map(one).transpose()?,
         })
     }
 
@@ -150,6 +156,7 @@ impl Listeners {
             admin: self.admin.local_addr().ok(),
             proxy: self.proxy.as_ref().and_then(|p| p.local_addr().ok()),
             grpc: self.grpc.as_ref().and_then(|p| p.local_addr().ok()),
+            resp: self.resp.as_ref().and_then(|p| p.local_addr().ok()),
         }
     }
 }
@@ -316,6 +323,14 @@ pub async fn run_with(
     }
     if let Some((service, listener)) = envoy {
         tasks.spawn(serve_envoy(service, listener, stop_rx.clone(), limits));
+    }
+    if let Some(listener) = listeners.resp {
+        tasks.spawn(resp::serve(
+            Arc::clone(&shared),
+            listener,
+            stop_rx.clone(),
+            limits,
+        ));
     }
     tokio::spawn(purge_idle_keys(Arc::clone(&shared), stop_rx.clone()));
     tokio::spawn(live_operations(Arc::clone(&shared), stop_rx.clone()));

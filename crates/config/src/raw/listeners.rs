@@ -12,6 +12,8 @@ pub(super) struct Listeners {
     pub(super) listen: Option<SocketAddr>,
     /// `Some(None)` when no `grpc_listen` is set.
     pub(super) grpc_listen: Option<Option<SocketAddr>>,
+    /// `Some(None)` when no `resp_listen` is set.
+    pub(super) resp_listen: Option<Option<SocketAddr>>,
     pub(super) ipv6_prefix: Option<u8>,
     pub(super) limits: Option<crate::Limits>,
     pub(super) admin_listen: Option<SocketAddr>,
@@ -43,6 +45,10 @@ pub(super) fn validate(
         Some(v) => addr(v, "[server]", "grpc_listen", errs).map(Some),
         None => Some(None),
     };
+    let resp_listen = match &server.resp_listen {
+        Some(v) => addr(v, "[server]", "resp_listen", errs).map(Some),
+        None => Some(None),
+    };
     let admin_listen = match &admin.listen {
         Some(v) => addr(v, "[admin]", "listen", errs),
         None => Some(SocketAddr::from(([127, 0, 0, 1], 9090))),
@@ -63,6 +69,7 @@ pub(super) fn validate(
     Listeners {
         listen,
         grpc_listen,
+        resp_listen,
         ipv6_prefix,
         limits,
         admin_listen,

@@ -23,6 +23,7 @@ pub struct Running {
     pub admin: SocketAddr,
     pub proxy: Option<SocketAddr>,
     pub grpc: Option<SocketAddr>,
+    pub resp: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     pub task: tokio::task::JoinHandle<()>,
 }
@@ -75,6 +76,7 @@ pub async fn start(config: Config) -> Running {
         admin: addrs.admin.unwrap(),
         proxy: addrs.proxy,
         grpc: addrs.grpc,
+        resp: addrs.resp,
         stop: Some(tx),
         task,
     }

@@ -1,0 +1,85 @@
+//! The Redis-protocol door on `[server] resp_listen`: `TOLLGATE.CHECK policy key [cost]`
+//! decided by the running configuration's engine (the same policies, key rule, overrides,
+//! failure rule and metrics as `/v1/check`), and redis-cell's `CL.THROTTLE` over the server's
+//! store.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tollgate::{Decision, SystemClock};
+use tollgate_resp::{CheckError, CheckReply, Decide, Handler, Throttle};
+
+use crate::Shared;
+use crate::generation::Disposition;
+use crate::serve::Limits;
+use crate::store::AnyStore;
+
+/// `TOLLGATE.CHECK` through the generation running when each request arrives.
+struct ServerDecide {
+    shared: Arc<Shared>,
+}
+
+impl Decide for ServerDecide {
+    async fn check(&self, policy: &[u8], key: &[u8], cost: u32) -> Result<CheckReply, CheckError> {
+        let generation = self.shared.engine();
+        let name = std::str::from_utf8(policy).map_err(|_| CheckError::unknown_policy(policy))?;
+        let Some(evaluation) = generation.check_key(name, key, cost).await else {
+            return Err(CheckError::unknown_policy(policy));
+        };
+        if evaluation.store_failed() {
+            // The one failure rule: closed is "unavailable" (the door's 503); open admits with
+            // no quota to report, since none was counted.
+            if !evaluation.allowed() {
+                return Err(CheckError::Unavailable(
+                    "the store could not decide; retry shortly".to_owned(),
+                ));
+            }
+            return Ok(CheckReply {
+                allowed: true,
+                limit: 0,
+                remaining: 0,
+                reset: std::time::Duration::ZERO,
+                retry_after: None,
+            });
+        }
+        let (decisions, _, disposition) = evaluation.into_parts();
+        if let Disposition::Hold(hold) = disposition {
+            // The caller holds the request; keep its slot rather than give it back.
+            drop(tokio::spawn(hold.wait()));
+        }
+        let decision: Option<Decision> = decisions.into_first();
+        decision
+            .map(CheckReply::from)
+            .ok_or_else(|| CheckError::unknown_policy(policy))
+    }
+}
+
+/// Serves the door until `stop`, bounded like every listener (connections, drain).
+pub(crate) async fn serve(
+    shared: Arc<Shared>,
+    listener: tokio::net::TcpListener,
+    mut stop: watch::Receiver<bool>,
+    limits: Limits,
+) {
+    let throttle = match tollgate::Limiter::builder()
+        .store(shared.store.clone())
+        .clock(SystemClock::new())
+        .build()
+    {
+        Ok(limiter) => Throttle::<AnyStore, SystemClock>::new(limiter),
+        Err(e) => {
+            tracing::error!(error = %e, "the Redis-protocol door could not start");
+            return;
+        }
+    };
+    let handler = Handler::new(ServerDecide { shared }, throttle);
+    let resp_limits = tollgate_resp::Limits {
+        max_connections: limits.max_connections,
+        drain: limits.drain,
+        ..tollgate_resp::Limits::default()
+    };
+    let shutdown = async move { crate::serve::stopped(&mut stop).await };
+    if let Err(e) = tollgate_resp::serve(listener, handler, resp_limits, shutdown).await {
+        tracing::error!(error = %e, "the Redis-protocol door stopped");
+    }
+}

@@ -1,0 +1,97 @@
+//! The Redis-protocol door of a running server: `TOLLGATE.CHECK` decides under the configured
+//! policies with the same key, quota and failure rule as `/v1/check` by policy (the two share
+//! a key's count), and `CL.THROTTLE` answers as redis-cell does, over the server's store.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const POLICY: &str = "[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1h\"\nkey = [\"ip\"]\n";
+
+/// One command as a RESP array of bulk strings.
+fn command(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    out
+}
+
+/// Sends `commands` pipelined in one write and reads until `replies` replies (lines starting
+/// a reply) have come.
+async fn pipeline(addr: std::net::SocketAddr, commands: &[Vec<u8>], expect: &str) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(&commands.concat()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).ends_with(expect) {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read(&mut buf))
+            .await
+            .expect("a reply within 10 s")
+            .unwrap();
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test]
+async fn tollgate_check_shares_the_policy_and_key_with_the_decision_api() {
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nresp_listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{POLICY}"
+    );
+    let s = start(tollgate_server::Config::parse("t.toml", &text).unwrap()).await;
+    let resp = s.resp.expect("the door is listening");
+    // One check through the decision API, two through the door: the third leaves none.
+    let r = post_json(
+        &s.url("/v1/check"),
+        r#"{"policy":"api","key":"ip:203.0.113.9"}"#,
+    )
+    .await;
+    assert_eq!(r.json()["remaining"], 2);
+    let reply = pipeline(
+        resp,
+        &[
+            command(&["TOLLGATE.CHECK", "api", "ip:203.0.113.9"]),
+            command(&["TOLLGATE.CHECK", "api", "ip:203.0.113.9", "1"]),
+            command(&["TOLLGATE.CHECK", "api", "ip:203.0.113.9"]),
+            command(&["TOLLGATE.CHECK", "nope", "k"]),
+            command(&["PING"]),
+        ],
+        "+PONG\r\n",
+    )
+    .await;
+    let lines: Vec<&str> = reply.split("\r\n").collect();
+    // [allowed, limit, remaining, reset, retry_after] three times.
+    assert_eq!(&lines[..4], ["*5", ":1", ":3", ":1"], "{reply}");
+    assert_eq!(&lines[6..10], ["*5", ":1", ":3", ":0"], "{reply}");
+    assert_eq!(&lines[12..16], ["*5", ":0", ":3", ":0"], "{reply}");
+    let retry: i64 = lines[17].trim_start_matches(':').parse().unwrap();
+    assert!(retry >= 1, "{reply}");
+    assert!(
+        lines[18].starts_with("-ERR unknown policy 'nope'"),
+        "{reply}"
+    );
+    // The decision API sees the door's counts: the key is spent.
+    let r = post_json(
+        &s.url("/v1/check"),
+        r#"{"policy":"api","key":"ip:203.0.113.9"}"#,
+    )
+    .await;
+    assert_eq!(r.status, hyper::StatusCode::TOO_MANY_REQUESTS);
+    // CL.THROTTLE: redis-cell's five integers (limited, limit, remaining, retry, reset).
+    let reply = pipeline(
+        resp,
+        &[command(&["CL.THROTTLE", "user123", "15", "30", "60", "1"])],
+        "\r\n",
+    )
+    .await;
+    assert!(
+        reply.starts_with("*5\r\n:0\r\n:16\r\n:15\r\n:-1\r\n"),
+        "{reply}"
+    );
+    s.stop().await;
+}
