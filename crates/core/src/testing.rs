@@ -363,6 +363,19 @@ impl Model {
     }
 }
 
+impl Xorshift {
+    /// The next instant of random traffic: half at once (bursts), the rest after gaps up to
+    /// 1.5 s (across window boundaries).
+    fn step(&mut self, now: Timestamp) -> Timestamp {
+        now.saturating_add(Duration::from_micros(match self.below(10) {
+            0..=4 => 0,
+            5..=7 => self.below(50_000),
+            8 => self.below(400_000),
+            _ => self.below(1_500_000),
+        }))
+    }
+}
+
 /// Random traffic (bursts, gaps across window boundaries, costs 0 to 4, three keys) decides
 /// exactly as the pure algorithms do, field by field.
 pub async fn matches_the_pure_algorithms<S: Store>(store: &S) {
@@ -386,12 +399,7 @@ pub async fn matches_the_pure_algorithms<S: Store>(store: &S) {
         let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15 ^ n as u64);
         let mut now = T0;
         for step in 0..400 {
-            now = now.saturating_add(Duration::from_micros(match rng.below(10) {
-                0..=4 => 0,
-                5..=7 => rng.below(50_000),
-                8 => rng.below(400_000),
-                _ => rng.below(1_500_000),
-            }));
+            now = rng.step(now);
             let key = rng.below(3) as u8;
             let cost = rng.below(5) as u32;
             let stored_key = format!("{prefix}-{key}");
@@ -429,12 +437,7 @@ pub async fn charges_match_the_pure_algorithms<S: Store>(store: &S) {
         let mut rng = Xorshift(0x51ed_2701_f3a4_c6b9 ^ n as u64);
         let mut now = T0;
         for step in 0..300 {
-            now = now.saturating_add(Duration::from_micros(match rng.below(10) {
-                0..=4 => 0,
-                5..=7 => rng.below(50_000),
-                8 => rng.below(400_000),
-                _ => rng.below(1_500_000),
-            }));
+            now = rng.step(now);
             let key = rng.below(3) as u8;
             let stored_key = format!("{prefix}-{key}");
             let charge = rng.below(3) == 0;
