@@ -30,12 +30,14 @@ pub(crate) mod overrides;
 mod policy;
 mod queue;
 mod respond;
+mod settle;
 
 pub use builder::EngineBuilder;
 pub use evaluation::{Answer, Disposition, Evaluation, Hold, Prepared, RateLimitHeaders};
 use evaluation::{Entry, RefundGuard};
 pub use policy::{Action, HttpPolicy};
 pub use queue::QueueTicket;
+pub use settle::{Charge, Settle, StatusSet};
 
 use overrides::{KeyOverride, Overrides};
 
@@ -51,7 +53,22 @@ pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(10);
 struct Compiled {
     http: HttpPolicy,
     text: &'static PolicyHeaders,
+    /// Whether an admitted request is trued up once its response is known
+    /// (`charge = "response"` or `count_status`).
+    settles: bool,
+    /// Responses charged the fallback because their cost was missing or bad.
+    usage_fallbacks: std::sync::atomic::AtomicU64,
+    /// Whether that was logged yet.
+    usage_warned: std::sync::atomic::AtomicBool,
 }
+
+/// What the tower layer takes of a decision made at once: the headers, what to do, and the
+/// true-up to hand the response to.
+pub(crate) type Now<S, C> = (
+    RateLimitHeaders,
+    Disposition<S, C>,
+    Option<Box<Settle<S, C>>>,
+);
 
 /// Finds a client address from the request; the engine's default reads the peer and, from
 /// trusted proxies, the forwarding header.
@@ -352,20 +369,20 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// disposition, without the decisions. The request stays with the caller, and an admitted
     /// request (most) returns 136 bytes where an evaluation is 328: both are moves the layer
     /// pays on every request.
-    pub(crate) fn disposition_now(
-        &self,
-        prepared: &Prepared,
-    ) -> Option<(RateLimitHeaders, Disposition<S, C>)> {
+    pub(crate) fn disposition_now(&self, prepared: &Prepared) -> Option<Now<S, C>> {
         if !self.inner.limiter.store().is_immediate() {
             return None;
         }
-        let evaluation = match self.decide_one_now(prepared) {
-            Some(Ok((_, headers))) => return Some((RateLimitHeaders(headers), Disposition::Pass)),
+        let mut evaluation = match self.decide_one_now(prepared) {
+            Some(Ok((_, headers))) => {
+                return Some((RateLimitHeaders(headers), Disposition::Pass, None));
+            }
             Some(Err(evaluation)) => evaluation,
             None => self.decide_polled(prepared),
         };
+        let settle = evaluation.take_settle();
         let (_, headers, disposition) = evaluation.into_parts();
-        Some((headers, disposition))
+        Some((headers, disposition, settle))
     }
 
     /// The general path, polled once on an immediate store.
@@ -396,7 +413,8 @@ impl<S: Store, C: Clock> Engine<S, C> {
             return None;
         };
         let compiled = &self.inner.policies[entry.index];
-        if prepared.refusal.is_some() || compiled.http.action != Action::Reject {
+        if prepared.refusal.is_some() || compiled.http.action != Action::Reject || compiled.settles
+        {
             return None;
         }
         let now = self.inner.limiter.clock().now();
@@ -531,7 +549,8 @@ impl<S: Store, C: Clock> Engine<S, C> {
             .filter(|(_, e)| matches!(self.action(e), Action::Delay { .. }))
             .filter_map(|(d, _)| d.delay)
             .max();
-        match delay {
+        let settle = self.settle_for(&decisions, entries);
+        let mut evaluation = match delay {
             Some(delay) if !delay.is_zero() => {
                 let hold = Hold {
                     delay,
@@ -548,7 +567,23 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 self.evaluation(decisions, headers, Disposition::Hold(hold))
             }
             _ => self.evaluation(decisions, headers, Disposition::Pass),
+        };
+        evaluation.settle = settle;
+        evaluation
+    }
+
+    /// The true-up of an admitted request: the policies that counted it and charge by its
+    /// response (`charge = "response"`, `count_status`); `None` when there are none.
+    fn settle_for(&self, decisions: &Decisions, entries: &[Entry]) -> Option<Box<Settle<S, C>>> {
+        let due = |(d, e): &(&tollgate::Decision, &Entry)| {
+            d.allowed && self.inner.policies[e.index].settles
+        };
+        let pairs = || decisions.as_slice().iter().zip(entries.iter());
+        if !pairs().any(|p| due(&p)) {
+            return None;
         }
+        let dues = pairs().filter(due).map(|(_, e)| e.clone());
+        Some(Box::new(Settle::new(self.clone(), dues)))
     }
 
     fn evaluation(
@@ -562,6 +597,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             headers,
             disposition,
             store_failed: false,
+            settle: None,
         }
     }
 

@@ -285,6 +285,16 @@ impl tollgate::Store for Down {
         })
     }
 
+    async fn charge(
+        &self,
+        _now: Timestamp,
+        _checks: &[Check<'_>],
+    ) -> Result<Decisions, StoreError> {
+        Err(StoreError::Unavailable {
+            reason: "connection refused".into(),
+        })
+    }
+
     async fn refund(&self, _now: Timestamp, _checks: &[Check<'_>]) -> Result<(), StoreError> {
         Ok(())
     }

@@ -95,6 +95,15 @@ impl Store for RecordingStore {
     }
 }
 
+/// What a log line says of the response, for the policies that charge by it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Logged {
+    /// The status the server answered with.
+    pub(crate) status: Option<u16>,
+    /// What the request cost.
+    pub(crate) cost: Option<u64>,
+}
+
 /// One policy's decision on the request last evaluated, for `--decisions`.
 #[derive(Clone, Debug, serde::Serialize)]
 pub(crate) struct Traced {
@@ -141,7 +150,12 @@ impl Run {
     /// unwaited, and only outside a runtime does that leave its slot consumed, as a held and
     /// then served request would.
     /// Returns the status the server would answer with (200 when it passes the request on).
-    pub(crate) fn evaluate(&mut self, info: &RequestInfo<'_>, now: Timestamp) -> u16 {
+    pub(crate) fn evaluate(
+        &mut self,
+        info: &RequestInfo<'_>,
+        now: Timestamp,
+        logged: Logged,
+    ) -> u16 {
         if let Some(t) = &mut self.traced {
             t.clear();
         }
@@ -156,11 +170,22 @@ impl Run {
             return 200;
         }
         self.stats.matched += 1;
-        let Ok(evaluation) = self.engine.decide_now(prepared) else {
+        let Ok(mut evaluation) = self.engine.decide_now(prepared) else {
             // The memory store always answers at once; were it ever not to, say so.
             self.stats.undecided += 1;
             return 503;
         };
+        // What the logged response says it cost: policies that charge by the response
+        // (`charge = "response"` from the log's cost, `count_status` from its status) are
+        // trued up as the server would have, at once (the memory store answers at once).
+        if let (Some(mut settle), Some(status)) = (evaluation.take_settle(), logged.status) {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            settle.response(status, &http::HeaderMap::new());
+            if let Some(cost) = logged.cost {
+                settle.reported(cost);
+            }
+            settle.finish();
+        }
         let status = match evaluation.disposition() {
             Disposition::Respond(a) => a.status().as_u16(),
             _ => 200,

@@ -58,14 +58,13 @@ pub(crate) async fn handle(
     }
     match path.as_str() {
         "/metrics" => {
-            let mut res = text(
-                StatusCode::OK,
-                shared.metrics.render(
-                    engine.store().keys_tracked(),
-                    engine.store().redis_stats(),
-                    &engine.store().lease_stats(),
-                ),
+            let mut body = shared.metrics.render(
+                engine.store().keys_tracked(),
+                engine.store().redis_stats(),
+                &engine.store().lease_stats(),
             );
+            crate::metrics::render_usage_fallbacks(&mut body, engine.http().usage_fallbacks());
+            let mut res = text(StatusCode::OK, body);
             res.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

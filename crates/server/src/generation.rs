@@ -22,6 +22,9 @@ pub(crate) type Disposition = tollgate_http::Disposition<AnyStore, SystemClock>;
 /// A request held for its slot (leaky bucket `delay`).
 pub(crate) type Hold = tollgate_http::Hold<AnyStore, SystemClock>;
 
+/// The true-up of a request whose policies charge by its response.
+pub(crate) type Settle = tollgate_http::Settle<AnyStore, SystemClock>;
+
 /// What the HTTP engine decided for one request.
 pub(crate) type Evaluation = tollgate_http::Evaluation<AnyStore, SystemClock>;
 

@@ -325,6 +325,30 @@ fn counter(out: &mut String, name: &str, help: &str, value: u64) {
     let _ = writeln!(out, "{name} {value}");
 }
 
+/// `tollgate_usage_fallbacks_total`: per policy that charges by the response, the responses
+/// whose cost could not be read (missing, malformed, compressed) and were charged the policy's
+/// `cost` instead. Counted since the configuration was last loaded.
+pub(crate) fn render_usage_fallbacks<'a>(
+    out: &mut String,
+    fallbacks: impl Iterator<Item = (&'a str, u64)>,
+) {
+    let mut fallbacks = fallbacks.peekable();
+    if fallbacks.peek().is_none() {
+        return;
+    }
+    out.push_str(
+        "# HELP tollgate_usage_fallbacks_total Responses whose cost could not be read, charged \
+         the policy's cost.\n# TYPE tollgate_usage_fallbacks_total counter\n",
+    );
+    for (policy, n) in fallbacks {
+        let _ = writeln!(
+            out,
+            "tollgate_usage_fallbacks_total{{policy=\"{}\"}} {n}",
+            escape_label(policy)
+        );
+    }
+}
+
 pub(crate) fn escape_label(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")

@@ -3,7 +3,7 @@
 //! `algorithm` cannot silently drop a limit.
 
 use tollgate::{AlgorithmKind, Lease, Policy, Quota, parse_duration};
-use tollgate_http::{KeyChain, KeySelector, RouteMatch, parse_method};
+use tollgate_http::{Charge, CostFrom, KeyChain, KeySelector, RouteMatch, StatusSet, parse_method};
 
 use super::fields::{count, duration, one_of};
 use super::{Errors, RawMatch, RawPolicy};
@@ -81,6 +81,8 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
     };
     let (action, action_ok) = action(&p, &cx, errs);
     ok &= action_ok;
+    let (charge, count_status, charge_ok) = charge(&p, &cx, errs);
+    ok &= charge_ok;
     let queue_fields = crate::queue::RawQueueFields {
         max_body: p.queue_max_body.as_ref(),
         max_depth: p.queue_max_depth.as_ref(),
@@ -107,7 +109,120 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
         action: action?,
         require_key: p.require_key.unwrap_or(false),
         queue: queue?,
+        charge,
+        count_status,
     })
+}
+
+/// `charge`, `cost_from` and `count_status`: when a request is charged, where its cost is read
+/// from the response, and which statuses count. `charge = "response"` needs `cost_from`, and
+/// `cost_from` needs it.
+fn charge(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> (Charge, Option<StatusSet>, bool) {
+    let mut ok = true;
+    let cost_from = match &p.cost_from {
+        Some(v) => match v.get_ref().parse::<CostFrom>() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                errs.at(
+                    v.span().start,
+                    format!(
+                        "{}field \"cost_from\": {}; write e.g. cost_from = \"json:usage.total_tokens\" or \"header:x-usage-tokens\"",
+                        cx.prefix,
+                        e.reason()
+                    ),
+                );
+                ok = false;
+                None
+            }
+        },
+        None => None,
+    };
+    let charge = match (&p.charge, cost_from) {
+        (None, None) => Charge::Request,
+        (Some(v), cost_from) if v.get_ref() == "request" => {
+            if let (Some(c), Some(at)) = (cost_from, &p.cost_from) {
+                errs.at(
+                    at.span().start,
+                    format!(
+                        "{}field \"cost_from\" ({c}) reads the cost from the response: it needs charge = \"response\"",
+                        cx.prefix
+                    ),
+                );
+                ok = false;
+            }
+            Charge::Request
+        }
+        (Some(v), Some(c)) if v.get_ref() == "response" => Charge::Response(c),
+        (Some(v), None) if v.get_ref() == "response" => {
+            if p.cost_from.is_none() {
+                errs.at(
+                    v.span().start,
+                    format!(
+                        "{}charge = \"response\" needs cost_from, where the response says what it cost; write e.g. cost_from = \"json:usage.total_tokens\"",
+                        cx.prefix
+                    ),
+                );
+            }
+            ok = false;
+            Charge::Request
+        }
+        (Some(v), _) => {
+            errs.at(
+                v.span().start,
+                format!(
+                    "{}field \"charge\": use \"request\" (the default: charged up front) or \"response\" (charged what the response says, from cost_from)",
+                    cx.prefix
+                ),
+            );
+            ok = false;
+            Charge::Request
+        }
+        (None, Some(c)) => {
+            if let Some(at) = &p.cost_from {
+                errs.at(
+                    at.span().start,
+                    format!(
+                        "{}field \"cost_from\" ({c}) reads the cost from the response: add charge = \"response\"",
+                        cx.prefix
+                    ),
+                );
+            }
+            ok = false;
+            Charge::Request
+        }
+    };
+    let count_status = match &p.count_status {
+        Some(list) => {
+            let items: Vec<&str> = list
+                .get_ref()
+                .iter()
+                .map(|s| s.get_ref().as_str())
+                .collect();
+            match StatusSet::parse(&items) {
+                Ok(set) => Some(set),
+                Err(e) => {
+                    let at = list
+                        .get_ref()
+                        .iter()
+                        .find(|s| s.get_ref().trim() == e.input())
+                        .map_or(list.span().start, |s| s.span().start);
+                    errs.at(
+                        at,
+                        format!(
+                            "{}field \"count_status\": {:?}: {}; write e.g. count_status = [\"401\", \"403\", \"5xx\"]",
+                            cx.prefix,
+                            e.input(),
+                            e.reason()
+                        ),
+                    );
+                    ok = false;
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    (charge, count_status, ok)
 }
 
 /// Refuses the quota fields of other algorithms; false when there was one.

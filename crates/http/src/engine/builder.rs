@@ -12,7 +12,7 @@ use crate::headers::PolicyHeaders;
 use crate::key::CredentialHasher;
 use crate::{ConfigError, HeaderConfig, JwtVerifier, KeySelector, RequestInfo, TrustedProxies};
 
-use super::{Action, Compiled, Engine, HttpPolicy, Inner, Overrides, ResolveIp};
+use super::{Action, Charge, Compiled, Engine, HttpPolicy, Inner, Overrides, ResolveIp};
 
 /// Builds an [`Engine`].
 pub struct EngineBuilder<S, C> {
@@ -232,8 +232,20 @@ fn compile(mut http: HttpPolicy, has_jwt: bool) -> Result<Compiled, ConfigError>
     if http.action == Action::Queue && !matches!(http.policy.quota(), Quota::LeakyBucket(_)) {
         return fail("action \"queue\" needs algorithm \"leaky_bucket\"");
     }
+    if matches!(http.charge, Charge::Response(_)) && http.action == Action::Queue {
+        return fail(
+            "charge = \"response\" cannot go with action \"queue\" (a queued request's response comes long after, to nobody)",
+        );
+    }
     let text = PolicyHeaders::new(&http.policy)?;
-    Ok(Compiled { http, text })
+    let settles = matches!(http.charge, Charge::Response(_)) || http.count_status.is_some();
+    Ok(Compiled {
+        http,
+        text,
+        settles,
+        usage_fallbacks: Default::default(),
+        usage_warned: Default::default(),
+    })
 }
 
 /// The request headers the engine reads, for a caller that copies only those: the forwarding

@@ -26,6 +26,11 @@ pub struct JsonFields {
     pub api_key: String,
     /// The authenticated user (default `user`).
     pub user: String,
+    /// The status the server answered with (default `status`), for `count_status`.
+    pub status: String,
+    /// What the request cost (default `cost`), for `charge = "response"`: a number, or a
+    /// string of digits.
+    pub cost: String,
 }
 
 impl Default for JsonFields {
@@ -38,6 +43,8 @@ impl Default for JsonFields {
             ip: "ip".to_owned(),
             api_key: "api_key".to_owned(),
             user: "user".to_owned(),
+            status: "status".to_owned(),
+            cost: "cost".to_owned(),
         }
     }
 }
@@ -98,6 +105,16 @@ impl Parser {
                 Cow::Owned(s) => Cow::Owned(s.into_bytes()),
             }),
             user: text(&f.user),
+            status: text(&f.status).and_then(|s| s.parse::<u16>().ok()),
+            cost: match text(&f.cost) {
+                Some(c) => Some(c.parse::<u64>().map_err(|_| {
+                    LineError(Cow::Owned(format!(
+                        "field {:?} is not a cost (a whole number)",
+                        f.cost
+                    )))
+                })?),
+                None => None,
+            },
         })
     }
 }
