@@ -266,3 +266,44 @@ async fn usage_is_charged_on_redis() {
     failed_logins_count_by_status(&s).await;
     s.stop().await;
 }
+
+/// `POST /v1/check` with `"mode": "report"`: the application reports what a request cost
+/// (the way to pair forward-auth, which never sees the response, with usage charging). It is
+/// charged whatever is left, never denied, and the answer says what is left.
+#[tokio::test]
+async fn reports_charge_and_never_deny() {
+    let up = ai_upstream().await;
+    let s = start(tollgate_server::Config::parse("t.toml", &config(up, "")).unwrap()).await;
+    let report = |cost: u32| {
+        format!(r#"{{"policy":"tokens","key":"ip:192.0.2.7","cost":{cost},"mode":"report"}}"#)
+    };
+    let r = post_json(&s.url("/v1/check"), &report(700)).await;
+    assert_eq!(r.status, hyper::StatusCode::OK);
+    assert_eq!(
+        (
+            r.json()["allowed"].as_bool(),
+            r.json()["remaining"].as_u64()
+        ),
+        (Some(true), Some(300))
+    );
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("300"));
+    let r = post_json(&s.url("/v1/check"), &report(700)).await;
+    assert_eq!(r.status, hyper::StatusCode::OK, "a report is never denied");
+    assert_eq!(r.json()["remaining"], 0);
+    // An ordinary check of the key is refused now.
+    let r = post_json(
+        &s.url("/v1/check"),
+        r#"{"policy":"tokens","key":"ip:192.0.2.7","cost":1}"#,
+    )
+    .await;
+    assert_eq!(r.status, hyper::StatusCode::TOO_MANY_REQUESTS);
+    // A mode it does not know is a 400 naming the field.
+    let r = post_json(
+        &s.url("/v1/check"),
+        r#"{"policy":"tokens","key":"k","mode":"charge"}"#,
+    )
+    .await;
+    assert_eq!(r.status, hyper::StatusCode::BAD_REQUEST);
+    assert_eq!(r.json()["field"], "\"mode\"");
+    s.stop().await;
+}
