@@ -142,7 +142,7 @@ impl Generation {
     }
 
     /// Decides a prepared request and counts it.
-    async fn decide(&self, prepared: Prepared) -> Evaluation {
+    pub(crate) async fn decide(&self, prepared: Prepared) -> Evaluation {
         let started = (!prepared.is_empty()).then(Instant::now);
         let evaluation = self.http.decide_prepared(&prepared).await;
         if let Some(started) = started {

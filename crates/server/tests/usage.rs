@@ -307,3 +307,33 @@ async fn reports_charge_and_never_deny() {
     assert_eq!(r.json()["field"], "\"mode\"");
     s.stop().await;
 }
+
+/// Forward-auth answers before the upstream does. A policy charged by the response is decided
+/// there by admission's charge (the upstream reports the rest with `"mode": "report"`); a
+/// policy counted by status cannot be decided at all, and is refused loudly rather than
+/// counting every login.
+#[tokio::test]
+async fn forward_auth_admits_by_cost_and_refuses_status_counting() {
+    let up = ai_upstream().await;
+    let s = start(tollgate_server::Config::parse("t.toml", &config(up, "")).unwrap()).await;
+    let asked = |uri: &'static str| {
+        [
+            ("x-forwarded-method", "POST"),
+            ("x-forwarded-uri", uri),
+            ("x-forwarded-host", "api.example.com"),
+            ("x-forwarded-for", "192.0.2.9"),
+        ]
+    };
+    let r = get(&s.url("/v1/forward-auth"), &asked("/v1/chat/completions")).await;
+    assert_eq!(r.status, hyper::StatusCode::OK);
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("999"));
+
+    let r = get(&s.url("/v1/forward-auth"), &asked("/login")).await;
+    assert_eq!(r.status, hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    let detail = r.json()["detail"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        detail.contains("failed-logins") && detail.contains("count_status"),
+        "{detail}"
+    );
+    s.stop().await;
+}

@@ -127,7 +127,7 @@ fn plain_len(s: &[u8]) -> usize {
 
 #[inline]
 fn special(b: u8) -> bool {
-    (b == b'"') | (b == b'\\') | (b < 0x20) | (b >= 0x80)
+    (b == b'"') | (b == b'\\') | !(0x20..0x80).contains(&b)
 }
 
 /// The special bytes of eight (little-endian): the high bit of the first one is the lowest
