@@ -1,5 +1,5 @@
 //! The script calls: one check, several checks all-or-nothing (one call, or one per slot with
-//! refunds when a Cluster spreads them), and refunds.
+//! refunds when a Cluster spreads them), and refunds. Releases are in `release.rs`.
 
 use std::sync::atomic::Ordering;
 
@@ -73,7 +73,7 @@ impl RedisStore {
     }
 
     /// One script call: EVALSHA, and EVAL when the node does not know the script yet.
-    async fn eval(
+    pub(super) async fn eval(
         &self,
         conn: &mut Conn,
         kind: ScriptKind,
