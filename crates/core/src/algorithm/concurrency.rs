@@ -9,6 +9,12 @@
 //! ([`Concurrency::decide`]) reads only an [`Occupancy`], a summary of the key's permits as seen
 //! by that permit, which both the memory store (from a [`ConcurrencyState`]) and the Redis store
 //! (from what its script reports) compute: one piece of arithmetic decides for both.
+//!
+//! A charge ([`Store::charge`](crate::Store::charge)) takes nothing (a concurrency limit counts
+//! requests in flight, not usage) and answers as a peek; a refund gives the permit back, as a
+//! release does. [`Limiter::check`](crate::Limiter::check) names no permit, so it cannot take
+//! one (denied for good): callers that hold permits call the store with
+//! [`Check::with_permit`](crate::Check::with_permit).
 
 use std::time::Duration;
 
