@@ -145,7 +145,6 @@ impl Shard {
 
     /// Decides a known key under the shared lock, or says the exclusive lock is needed.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn try_shared(
         &self,
         policy: &Policy,
