@@ -1,7 +1,9 @@
 //! Tollgate's core: *has this key made too many requests in the current window?*
 //!
-//! - Five algorithms as pure state machines ([`algorithm`]): fixed window, sliding window log,
-//!   sliding window counter (the recommended default), token bucket and leaky bucket.
+//! - Six algorithms as pure state machines ([`algorithm`]): fixed window, sliding window log,
+//!   sliding window counter (the recommended default), token bucket and leaky bucket limit
+//!   requests per time; concurrency limits requests in flight (permits taken on admission and
+//!   given back by [`Store::release`]).
 //! - [`Quota`], [`Rate`] and [`parse_duration`]: the configuration notation (`"100/1m"`,
 //!   `"10/s"`, `"250ms"`) parsed into values that cannot be invalid.
 //! - [`Decision`]: allowed, limit, remaining, reset, retry_after, delay, policy.

@@ -21,7 +21,16 @@ use crate::algorithm::{
 };
 use crate::{Check, Decision, Decisions, Policy, Quota, Store, Timestamp, Verdict};
 
+mod concurrency;
 pub mod sliding_error;
+
+pub use concurrency::{
+    concurrency_admits_the_limit_then_denies, concurrency_all_or_nothing,
+    concurrency_batches_match_the_pure_algorithms, concurrency_charge_and_refund,
+    concurrency_concurrent_holders_never_exceed_the_limit, concurrency_matches_the_pure_algorithm,
+    concurrency_peek_takes_nothing, concurrency_permits_expire_at_their_ttl,
+    concurrency_release_frees_a_permit, concurrency_renewal_takes_no_second_permit,
+};
 
 /// A start time aligned to every window the scenarios use (a multiple of one day).
 pub const T0: Timestamp = Timestamp::from_secs(1_800_057_600);
@@ -334,6 +343,7 @@ impl Model {
             Quota::SlidingWindowCounter(a) => Model::Counter(a.clone(), HashMap::new()),
             Quota::TokenBucket(a) => Model::Token(a.clone(), HashMap::new()),
             Quota::LeakyBucket(a) => Model::Leaky(a.clone(), HashMap::new()),
+            Quota::Concurrency(_) => panic!("concurrency has a model of its own"),
         }
     }
 
@@ -538,7 +548,8 @@ pub async fn concurrent_callers_never_over_admit<S: Store + Clone>(store: &S) {
 }
 
 /// A store that says it [is immediate](Store::is_immediate) keeps the promise: `apply`,
-/// `apply_one` and `refund` are each ready on their first poll, with a waker that does nothing.
+/// `apply_one`, `refund` and `release` are each ready on their first poll, with a waker that
+/// does nothing.
 /// For a store that does not say so there is nothing to check.
 pub async fn immediate_means_ready_on_first_poll<S: Store>(store: &S) {
     use std::future::Future;
@@ -576,6 +587,16 @@ pub async fn immediate_means_ready_on_first_poll<S: Store>(store: &S) {
             policy.name()
         );
     }
+    let quota = Quota::concurrency(1, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"));
+    let inflight =
+        Policy::new(&unique("immediate-inflight"), quota).unwrap_or_else(|e| panic!("{e}"));
+    let check = Check::new(&inflight, key.as_bytes(), 1).with_permit(1);
+    let d = first_poll("apply_one", store.apply_one(T0, check))
+        .unwrap_or_else(|e| panic!("apply_one failed: {e}"));
+    assert!(d.allowed, "{d:?}");
+    let back = first_poll("release", store.release(T0, &[check]))
+        .unwrap_or_else(|e| panic!("release failed: {e}"));
+    assert_eq!(back, 1);
 }
 
 /// Instantiates every conformance scenario as a `#[tokio::test]` for the store that `$make`
@@ -598,6 +619,16 @@ macro_rules! store_conformance_tests {
             charges_are_never_refused,
             concurrent_callers_never_over_admit,
             immediate_means_ready_on_first_poll,
+            concurrency_admits_the_limit_then_denies,
+            concurrency_release_frees_a_permit,
+            concurrency_permits_expire_at_their_ttl,
+            concurrency_renewal_takes_no_second_permit,
+            concurrency_peek_takes_nothing,
+            concurrency_charge_and_refund,
+            concurrency_all_or_nothing,
+            concurrency_concurrent_holders_never_exceed_the_limit,
+            concurrency_matches_the_pure_algorithm,
+            concurrency_batches_match_the_pure_algorithms,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

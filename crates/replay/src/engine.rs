@@ -90,6 +90,10 @@ impl Store for RecordingStore {
         Ok(())
     }
 
+    async fn release(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<u32, StoreError> {
+        Ok(self.inner.release_now(now, checks))
+    }
+
     fn is_immediate(&self) -> bool {
         true
     }

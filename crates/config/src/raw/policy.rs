@@ -83,6 +83,27 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
     ok &= action_ok;
     let (charge, count_status, charge_ok) = charge(&p, &cx, errs);
     ok &= charge_ok;
+    if kind == AlgorithmKind::Concurrency {
+        let by_response = [
+            (
+                "charge",
+                p.charge
+                    .as_ref()
+                    .filter(|c| c.get_ref() != "request")
+                    .map(|c| c.span().start),
+            ),
+            (
+                "count_status",
+                p.count_status.as_ref().map(|c| c.span().start),
+            ),
+        ];
+        for (field, at) in by_response {
+            if let Some(at) = at {
+                errs.at(at, format!("{}field \"{field}\" does not apply to algorithm \"concurrency\": a slot is held while the request runs and given back at its end, whatever the response says", cx.prefix));
+                ok = false;
+            }
+        }
+    }
     let queue_fields = crate::queue::RawQueueFields {
         max_body: p.queue_max_body.as_ref(),
         max_depth: p.queue_max_depth.as_ref(),
@@ -239,6 +260,7 @@ fn foreign_fields(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> bool {
     let own: &[&str] = match cx.kind {
         AlgorithmKind::TokenBucket => &["capacity", "refill"],
         AlgorithmKind::LeakyBucket => &["rate", "queue", "max_delay"],
+        AlgorithmKind::Concurrency => &["limit", "max_delay"],
         _ => &["limit", "window"],
     };
     let mut ok = true;
@@ -266,10 +288,39 @@ fn quota(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> Option<Quota> {
     match cx.kind {
         AlgorithmKind::TokenBucket => token_bucket_quota(p, cx, errs),
         AlgorithmKind::LeakyBucket => leaky_bucket_quota(p, cx, errs),
+        AlgorithmKind::Concurrency => concurrency_quota(p, cx, errs),
         AlgorithmKind::FixedWindow
         | AlgorithmKind::SlidingWindowLog
         | AlgorithmKind::SlidingWindowCounter => window_quota(p, cx, errs),
     }
+}
+
+/// How long a concurrency permit lives unless its request ends first, when `lease_ttl` is not
+/// given: long enough for a slow export, short enough that a crashed instance's slots come
+/// back within minutes.
+const DEFAULT_PERMIT_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `limit` and `lease_ttl` (how long a permit lives when nothing gives it back).
+fn concurrency_quota(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> Option<Quota> {
+    let ctx = cx.prefix.as_str();
+    let limit = match &p.limit {
+        Some(v) => count(v, "limit", ctx, 1, errs),
+        None => {
+            cx.required(errs, "limit", "4");
+            None
+        }
+    };
+    let ttl = match &p.lease_ttl {
+        Some(v) => duration(v, "lease_ttl", ctx, errs),
+        None => Some(DEFAULT_PERMIT_TTL),
+    };
+    let (limit, ttl) = (limit?, ttl?);
+    Quota::concurrency(limit, ttl)
+        .map_err(|e| {
+            let pos = p.lease_ttl.as_ref().map_or(cx.at, |v| v.span().start);
+            errs.at(pos, format!("{ctx}{}", e.reason()));
+        })
+        .ok()
 }
 
 /// `limit` and `window`: the fixed window and both sliding windows.
@@ -390,6 +441,16 @@ fn cost(
         Some(v) => count(v, "cost", &cx.prefix, 1, errs),
         None => Some(1),
     };
+    if let (Some(c), Some(at)) = (cost, &p.cost)
+        && cx.kind == AlgorithmKind::Concurrency
+        && c != 1
+    {
+        errs.at(
+            at.span().start,
+            format!("{}field \"cost\" = {c}: a request holds one slot of a concurrency limit, so its cost is 1; remove the field", cx.prefix),
+        );
+        return (cost, false);
+    }
     if let (Some(c), Some(pol)) = (cost, policy) {
         let max = pol.quota().max_cost();
         if c > max {
@@ -531,9 +592,14 @@ fn action(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> (Option<Action>, bo
         ),
         None => Some(Action::Reject),
     };
-    if matches!(action, Some(Action::Delay { .. })) && cx.kind != AlgorithmKind::LeakyBucket {
+    if matches!(action, Some(Action::Delay { .. }))
+        && !matches!(
+            cx.kind,
+            AlgorithmKind::LeakyBucket | AlgorithmKind::Concurrency
+        )
+    {
         let pos = p.action.as_ref().map_or(cx.at, |v| v.span().start);
-        errs.at(pos, format!("{}action \"delay\" needs algorithm \"leaky_bucket\" (it holds a request until its slot); use action = \"reject\" with \"{}\"", cx.prefix, cx.kind.as_str()));
+        errs.at(pos, format!("{}action \"delay\" needs algorithm \"leaky_bucket\" or \"concurrency\" (it holds a request until its slot); use action = \"reject\" with \"{}\"", cx.prefix, cx.kind.as_str()));
         ok = false;
     }
     if action == Some(Action::Queue) && cx.kind != AlgorithmKind::LeakyBucket {
@@ -552,6 +618,19 @@ fn validate_lease(
     ctx: &str,
     errs: &mut Errors<'_>,
 ) -> (Option<Policy>, bool) {
+    let concurrency = policy
+        .as_ref()
+        .is_some_and(|p| p.quota().kind() == AlgorithmKind::Concurrency);
+    if concurrency {
+        if let Some(size) = &p.lease {
+            errs.at(
+                size.span().start,
+                format!("{ctx}field \"lease\" does not apply to algorithm \"concurrency\": a permit is taken and given back at the store each time; its lease_ttl is how long a permit lives when its request never ends"),
+            );
+            return (policy, false);
+        }
+        return (policy, true);
+    }
     let Some(size) = &p.lease else {
         if let Some(ttl) = &p.lease_ttl {
             errs.at(

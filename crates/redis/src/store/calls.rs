@@ -1,5 +1,5 @@
 //! The script calls: one check, several checks all-or-nothing (one call, or one per slot with
-//! refunds when a Cluster spreads them), and refunds.
+//! refunds when a Cluster spreads them), and refunds. Releases are in `release.rs`.
 
 use std::sync::atomic::Ordering;
 
@@ -73,7 +73,7 @@ impl RedisStore {
     }
 
     /// One script call: EVALSHA, and EVAL when the node does not know the script yet.
-    async fn eval(
+    pub(super) async fn eval(
         &self,
         conn: &mut Conn,
         kind: ScriptKind,
@@ -305,8 +305,8 @@ impl RedisStore {
 
     /// The checks of each slot the keys land in, by index: one group on a standalone Redis,
     /// one per slot in a Cluster (a script may touch one slot only). For calls that need no
-    /// all-or-nothing across slots: refunds and charges.
-    fn slot_groups(&self, prepared: &[Prepared]) -> Vec<Vec<usize>> {
+    /// all-or-nothing across slots: refunds, charges and releases.
+    pub(super) fn slot_groups(&self, prepared: &[Prepared]) -> Vec<Vec<usize>> {
         if !self.inner.config.cluster {
             return vec![(0..prepared.len()).collect()];
         }
