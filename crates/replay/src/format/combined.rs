@@ -68,6 +68,7 @@ impl Parser {
             user: None,
             status,
             cost,
+            took,
         })
     }
 }
