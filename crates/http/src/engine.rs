@@ -602,9 +602,13 @@ impl<S: Store, C: Clock> Engine<S, C> {
                     delay,
                     guard: Some(RefundGuard {
                         engine: self.clone(),
+                        // A concurrency slot is given back by the request's settle, held
+                        // or not: only the others' quota is refunded here.
                         entries: entries
                             .iter()
-                            .filter(|e| !self.is_shadow(e))
+                            .filter(|e| {
+                                !self.is_shadow(e) && !self.inner.policies[e.index].concurrent
+                            })
                             .cloned()
                             .collect(),
                         armed: true,
