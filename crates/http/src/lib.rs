@@ -79,6 +79,7 @@ pub mod rate_limit;
 mod refusal;
 mod request;
 mod route;
+pub mod usage;
 
 pub use cidr::{Cidr, TrustedProxies};
 pub use client_ip::{ForwardedHeader, client_address};
