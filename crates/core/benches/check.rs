@@ -22,14 +22,16 @@
 //! The contenders run *interleaved*: in each of several rounds every contender runs a short
 //! burst, and each one's median is kept. This machine is shared and noisy; interleaving makes
 //! background load hit every contender alike, so the ratios to governor are the figures to
-//! trust: the median of governor's times over the median of the contender's, and the middle
-//! half of the per-round ratios (each round's contenders ran side by side) as the spread.
+//! trust: in each round, governor's time over the contender's (they ran side by side), and
+//! the median and middle half of those ratios over the rounds. Each round starts with the next
+//! contender, and each contender has a store of its own.
 //! `--criterion` also runs criterion on the hot-key token bucket and governor.
 //!
 //! `cargo bench -p tollgate --bench check` (or `scripts/bench-core.sh`, which also measures
 //! bytes per key). `TOLLGATE_BENCH_ROUNDS` (default 11) and `TOLLGATE_BENCH_OPS` (per burst
 //! and thread, default 100,000) set the length; `TOLLGATE_BENCH_ONLY=token_bucket` runs one
-//! algorithm (and governor). `token_bucket_resolved` is the token bucket through
+//! algorithm (and governor); `TOLLGATE_BENCH_KEYS=seq,rnd`, `TOLLGATE_BENCH_MODES=renew` and
+//! `TOLLGATE_BENCH_SHAPES=u64` pick scenarios. `token_bucket_resolved` is the token bucket through
 //! `Limiter::check_policy`, with the policy resolved once instead of looked up by name.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -286,21 +288,30 @@ fn contenders(
         if !plain && !resolved {
             continue;
         }
-        // The keys of this scenario's shape only, as governor's limiter holds.
-        let limiter = tollgate(name, quota);
-        for k in 0..key_count {
-            if strings {
-                now_or_never(limiter.check(name, &names[k], 1)).unwrap();
-            } else {
-                now_or_never(limiter.check(name, (k as u64).to_le_bytes(), 1)).unwrap();
+        // Each contender its own store (one shared by two would find its data in cache after
+        // the other's burst), with the keys of this scenario's shape only, as governor's
+        // limiter holds.
+        let seeded = || {
+            let limiter = tollgate(name, quota.clone());
+            for k in 0..key_count {
+                if strings {
+                    now_or_never(limiter.check(name, &names[k], 1)).unwrap();
+                } else {
+                    now_or_never(limiter.check(name, (k as u64).to_le_bytes(), 1)).unwrap();
+                }
             }
-        }
+            limiter
+        };
         if resolved {
-            out.push((RESOLVED, resolved_op(&limiter, name, strings, &names, pick)));
+            out.push((
+                RESOLVED,
+                resolved_op(&seeded(), name, strings, &names, pick),
+            ));
         }
         if !plain {
             continue;
         }
+        let limiter = seeded();
         let op: Op = if strings {
             let names = Arc::clone(&names);
             Box::new(move |t, i| {
@@ -359,8 +370,8 @@ fn env(name: &str, default: u64) -> u64 {
 fn interleaved(rounds: usize, per_round: u64, keys: &[Keys]) {
     println!(
         "interleaved: median ns per decision over {rounds} rounds of {per_round} per thread; \
-         ratio = governor's median time / this one's; lo-hi = middle half of the per-round \
-         ratios; cpu = CPU time of the threads per decision"
+         ratio = median over the rounds of governor's time / this one's; lo-hi = middle half \
+         of those ratios; cpu = CPU time of the threads per decision"
     );
     println!(
         "{:<6}{:<8}{:<4}{:<7}{:<24}{:>8}{:>8}{:>7}{:>6}{:>6}{:>8}{:>7}{:>6}{:>6}",
@@ -380,10 +391,24 @@ fn interleaved(rounds: usize, per_round: u64, keys: &[Keys]) {
         "hi"
     );
     let only = std::env::var("TOLLGATE_BENCH_ONLY").ok();
+    let picked = |var: &str, label: &str| {
+        std::env::var(var)
+            .map(|list| list.split(',').any(|l| l == label))
+            .unwrap_or(true)
+    };
     for strings in [true, false] {
+        if !picked(
+            "TOLLGATE_BENCH_SHAPES",
+            if strings { "String" } else { "u64" },
+        ) {
+            continue;
+        }
         for mode in Mode::ALL {
             for &keys in keys {
-                if keys == Keys::Hot && mode == Mode::Renew {
+                if keys == Keys::Hot && mode == Mode::Renew
+                    || !picked("TOLLGATE_BENCH_MODES", mode.label())
+                    || !picked("TOLLGATE_BENCH_KEYS", keys.label())
+                {
                     continue;
                 }
                 for threads in [1, 2] {
@@ -397,9 +422,12 @@ fn interleaved(rounds: usize, per_round: u64, keys: &[Keys]) {
                     let mut wall: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
                     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
                     let ops = (per_round * threads as u64) as f64;
-                    for _ in 0..rounds {
-                        for (c, (_, op)) in contenders.iter().enumerate() {
-                            let timing = timed(threads, per_round, op.as_ref());
+                    // Each round starts with the next contender, so none always follows the
+                    // same one (whose data has just evicted its own from the caches).
+                    let n = contenders.len();
+                    for round in 0..rounds {
+                        for c in (0..n).map(|c| (c + round) % n) {
+                            let timing = timed(threads, per_round, contenders[c].1.as_ref());
                             wall[c].push(timing.wall.as_nanos() as f64 / ops);
                             cpu[c].push(timing.cpu.as_nanos() as f64 / ops);
                         }
@@ -425,16 +453,16 @@ fn interleaved(rounds: usize, per_round: u64, keys: &[Keys]) {
     }
 }
 
-/// A contender's median, its ratio to governor's median (governor / it), and the middle half
-/// (25th to 75th percentile) of the per-round ratios.
+/// A contender's median time, and its ratio to governor (governor's time / its own) in each
+/// round, where the two ran side by side: the median of those ratios and their middle half
+/// (25th to 75th percentile).
 fn summary(samples: &[f64], governor: &[f64]) -> (f64, f64, f64, f64) {
     let mut per_round: Vec<f64> = governor.iter().zip(samples).map(|(g, s)| g / s).collect();
     per_round.sort_by(f64::total_cmp);
     let n = per_round.len();
-    let median = median(samples);
     (
-        median,
-        self::median(governor) / median,
+        median(samples),
+        per_round[n / 2],
         per_round[n / 4],
         per_round[(3 * n) / 4],
     )

@@ -24,8 +24,10 @@
 //! Each shard is behind a [`ShardedLock`]: a reader locks only its own thread's part of it, so
 //! threads never write to a shared cache line just to read. A known key is decided under that
 //! shared lock, by compare-and-swap on its word, as `governor` does; a sliding log under its own
-//! mutex. Only a new key, a spilled state, a batch of several checks (all-or-nothing), a refund
-//! or a sweep takes the shard exclusively.
+//! mutex. A new counter or bucket key is added under it too, by claiming an empty slot with
+//! compare-and-swap, unless the shard is due a sweep or its table must grow. Only those, a new
+//! sliding log, a spilled state, a batch of several checks (all-or-nothing), a refund or a
+//! sweep take the shard exclusively.
 //!
 //! # Eviction
 //!

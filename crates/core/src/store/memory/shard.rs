@@ -41,14 +41,15 @@ macro_rules! by_algorithm {
 
 mod policy_table;
 
-use policy_table::PolicyTable;
+use policy_table::{PolicyTable, Room};
 
 #[derive(Debug, Default)]
 pub(super) struct Shard {
     /// Sorted by fingerprint.
     tables: Vec<PolicyTable>,
-    /// Keys tracked, over all tables.
-    len: usize,
+    /// Keys tracked, over all tables. Atomic because a new key may be added under the shared
+    /// lock (see [`Room`]).
+    len: AtomicUsize,
     /// Sweep expired entries once the shard holds this many.
     sweep_at: usize,
     /// Bytes held by the sliding logs; they grow under the shared lock.
@@ -96,7 +97,12 @@ impl Shard {
     }
 
     pub(super) fn len(&self) -> usize {
-        self.len
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// The count, for a caller that holds the shard exclusively.
+    fn len_mut(&mut self) -> &mut usize {
+        self.len.get_mut()
     }
 
     pub(super) fn log_bytes(&self) -> usize {
@@ -146,8 +152,13 @@ impl Shard {
         let Some(table) = self.table(policy.fingerprint()) else {
             return Shared::Exclusive;
         };
+        // A new key may be added here while make_room would have nothing to do.
+        let room = Room {
+            len: &self.len,
+            limit: self.sweep_at.min(limits.keys),
+        };
         by_algorithm!(policy.quota(), alg => {
-            match table.try_packed(alg, hash, now, cost) {
+            match table.try_packed(alg, hash, now, cost, room) {
                 Some(verdict) => Shared::Decided(verdict),
                 None => Shared::Exclusive,
             }
@@ -203,7 +214,7 @@ impl Shard {
         alg.commit(&mut state, now, cost);
         if before.is_none() {
             self.make_room(now, limits);
-            self.len += 1;
+            *self.len_mut() += 1;
         }
         self.table_mut(policy).save(alg, hash, &state);
         (verdict, Undo::Packed(before.map(|s| alg.widen(&s))))
@@ -233,7 +244,7 @@ impl Shard {
                 return (verdict, Undo::Nothing);
             }
             self.make_room(now, limits);
-            self.len += 1;
+            *self.len_mut() += 1;
             let bytes = entry.bytes() as isize;
             self.table_mut(policy).logs.insert(hash, entry);
             (verdict, bytes)
@@ -262,7 +273,7 @@ impl Shard {
                 _log => {}),
             Undo::Packed(None) => {
                 if self.table_mut(policy).remove(hash) {
-                    self.len -= 1;
+                    *self.len_mut() -= 1;
                 }
             }
             Undo::Log => self.refund(policy, hash, now, cost),
@@ -287,7 +298,7 @@ impl Shard {
             if cost > 0 {
                 if !known {
                     self.make_room(now, limits);
-                    self.len += 1;
+                    *self.len_mut() += 1;
                 }
                 self.table_mut(policy).save(alg, hash, &state);
             }
@@ -301,7 +312,7 @@ impl Shard {
                     return Verdict::charged(CompactLog::default().step(alg, now, 0, false).0);
                 }
                 self.make_room(now, limits);
-                self.len += 1;
+                *self.len_mut() += 1;
                 let entry = CompactLog::default();
                 add_bytes(&self.log_bytes, entry.bytes() as isize);
                 self.table_mut(policy).logs.insert(hash, entry);
@@ -339,37 +350,39 @@ impl Shard {
     /// last sweep or is full, then evicts the entries with the least at stake if still full.
     fn make_room(&mut self, now: Timestamp, limits: Limits) {
         let cap = limits.keys;
-        if self.len < self.sweep_at && self.len < cap {
+        let len = *self.len_mut();
+        if len < self.sweep_at && len < cap {
             return;
         }
         self.sweep(now.as_micros());
-        if self.len >= cap {
-            let count = cap.div_ceil(16).max(self.len + 1 - cap);
+        let len = *self.len_mut();
+        if len >= cap {
+            let count = cap.div_ceil(16).max(len + 1 - cap);
             self.evict(now, count, None);
         }
-        self.sweep_at = (self.len * 2).clamp(MIN_SWEEP.min(cap), cap);
+        self.sweep_at = (*self.len_mut() * 2).clamp(MIN_SWEEP.min(cap), cap);
     }
 
     /// Drops entries whose quota has fully reset; returns how many.
     pub(super) fn sweep(&mut self, now: u64) -> usize {
-        let before = self.len;
+        let before = *self.len_mut();
         for table in &mut self.tables {
             table.sweep(now);
         }
         self.tables.retain(|t| t.len() > 0);
         self.recount();
-        before - self.len
+        before - *self.len_mut()
     }
 
     fn recount(&mut self) {
-        self.len = self.tables.iter().map(PolicyTable::len).sum();
+        *self.len.get_mut() = self.tables.iter().map(PolicyTable::len).sum();
         let bytes = self.tables.iter_mut().map(|t| t.logs.bytes()).sum();
         *self.log_bytes.get_mut() = bytes;
     }
 
     /// Drops `count` entries, the least at stake first, never `keep`.
     fn evict(&mut self, now: Timestamp, count: usize, keep: Option<u64>) {
-        let mut ranked = Vec::with_capacity(self.len);
+        let mut ranked = Vec::with_capacity(*self.len_mut());
         for (index, table) in self.tables.iter_mut().enumerate() {
             table.ranked(now, index, &mut ranked);
         }
