@@ -5,8 +5,8 @@
 #      keys visited in order (0, 1, 2, ...) or scattered, or one hot key; 1 or 2 threads; every
 #      decision admitted with the state kept (admit), admitted with each key's quota back by
 #      its next visit (renew: buckets only), or denied (deny); String API keys and u64 keys.
-#      Prints the ratios (governor's median time / Tollgate's: above 1.00 Tollgate is faster)
-#      with the middle half of the per-round ratios, for the token bucket (and the token bucket
+#      Prints the ratios (governor's time / Tollgate's in each round, where they ran side by
+#      side: their median, and their middle half; above 1.00 Tollgate is faster), for the token bucket (and the token bucket
 #      through Limiter::check_policy, its policy resolved once) and the lowest of every
 #      algorithm against governor's token bucket, by wall time and by the CPU time the threads
 #      used (which background load on a shared machine inflates far less);
@@ -45,8 +45,8 @@ def cell(table, keys, shape, threads, mode, alg):
 for table, what in ((wall, "wall time"), (cpu, "CPU time of the threads")):
     for alg, label in (("token_bucket", "Limiter::check"),
                        ("token_bucket_resolved", "Limiter::check_policy, policy resolved once")):
-        print("\nToken bucket through %s: governor's time / Tollgate's by %s, median of the "
-              "rounds (middle half of the per-round ratios); above 1.00 Tollgate is faster" % (label, what))
+        print("\nToken bucket through %s: governor's time / Tollgate's by %s, median over the "
+              "rounds (middle half); above 1.00 Tollgate is faster" % (label, what))
         for shape in ("String", "u64"):
             print("%-32s %18s %18s %18s" % ("%s keys" % shape, *modes))
             for keys, threads, name in scenarios:
