@@ -32,12 +32,17 @@
 //! # Eviction
 //!
 //! An entry whose quota has fully reset is equivalent to no entry. Shards drop such entries when
-//! they have doubled in size since the last sweep, before they grow. When a shard is at its share
-//! of `max_keys`, it drops expired entries and, if that is not enough, the sixteenth of its
-//! entries with the least at stake: the smallest share of their quota in use (what eviction would
-//! hand back to them), then the earliest to expire, so a flood of new keys evicts other
-//! one-request keys long before it evicts a client that is being denied. The sliding logs are
-//! also held to a byte budget ([`MemoryStoreBuilder::max_log_bytes`]) the same way.
+//! they have doubled in size since the last sweep, before they grow, unless a quarter or more of
+//! the keys added since were keys that recent sweeps dropped (a per-second quota over many
+//! clients: each key resets between its requests and comes back); then the shard keeps them and
+//! grows, rather than adding them again and again. Which keys were dropped is kept as a bit set
+//! of one to two bytes per key of the shard's share of `max_keys`, from its first sweep. When a
+//! shard is at its share of `max_keys`, it drops expired entries and, if that is not enough, the
+//! sixteenth of its entries with the least at stake: the smallest share of their quota in use
+//! (what eviction would hand back to them), then the earliest to expire, so a flood of new keys
+//! evicts other one-request keys long before it evicts a client that is being denied. The
+//! sliding logs are also held to a byte budget ([`MemoryStoreBuilder::max_log_bytes`]) the same
+//! way.
 
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};

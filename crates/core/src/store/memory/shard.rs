@@ -39,8 +39,10 @@ macro_rules! by_algorithm {
     };
 }
 
+mod ghosts;
 mod policy_table;
 
+use ghosts::Ghosts;
 use policy_table::{PolicyTable, Room};
 
 #[derive(Debug, Default)]
@@ -52,6 +54,12 @@ pub(super) struct Shard {
     len: AtomicUsize,
     /// Sweep expired entries once the shard holds this many.
     sweep_at: usize,
+    /// The keys held after the last sweep.
+    swept_len: usize,
+    /// The keys the recent sweeps dropped.
+    ghosts: Ghosts,
+    /// New keys added under the shared lock since the last sweep that were among `ghosts`.
+    returns: AtomicUsize,
     /// Bytes held by the sliding logs; they grow under the shared lock.
     log_bytes: AtomicUsize,
 }
@@ -153,9 +161,11 @@ impl Shard {
             return Shared::Exclusive;
         };
         // A new key may be added here while make_room would have nothing to do.
-        let room = Room {
+        let room = || Room {
             len: &self.len,
             limit: self.sweep_at.min(limits.keys),
+            ghosts: &self.ghosts,
+            returns: &self.returns,
         };
         by_algorithm!(policy.quota(), alg => {
             match table.try_packed(alg, hash, now, cost, room) {
@@ -348,26 +358,44 @@ impl Shard {
 
     /// Makes room for one more key: sweeps expired entries when the shard has doubled since the
     /// last sweep or is full, then evicts the entries with the least at stake if still full.
+    /// When a quarter or more of the keys added since the last sweep are keys it dropped, the
+    /// doubled shard keeps its expired entries instead (see `ghosts`); a full one never does.
     fn make_room(&mut self, now: Timestamp, limits: Limits) {
         let cap = limits.keys;
         let len = *self.len_mut();
         if len < self.sweep_at && len < cap {
             return;
         }
-        self.sweep(now.as_micros());
+        let returned = std::mem::take(self.returns.get_mut());
+        let added = len.saturating_sub(self.swept_len);
+        if len < cap && added > 0 && returned * 4 >= added {
+            self.sweep_at = (len * 2).clamp(MIN_SWEEP.min(cap), cap);
+            self.swept_len = len;
+            return;
+        }
+        let mut ghosts = std::mem::take(&mut self.ghosts);
+        ghosts.prepare(cap);
+        self.sweep_recording(now.as_micros(), &mut ghosts);
+        self.ghosts = ghosts;
         let len = *self.len_mut();
         if len >= cap {
             let count = cap.div_ceil(16).max(len + 1 - cap);
             self.evict(now, count, None);
         }
-        self.sweep_at = (*self.len_mut() * 2).clamp(MIN_SWEEP.min(cap), cap);
+        self.swept_len = *self.len_mut();
+        self.sweep_at = (self.swept_len * 2).clamp(MIN_SWEEP.min(cap), cap);
     }
 
     /// Drops entries whose quota has fully reset; returns how many.
     pub(super) fn sweep(&mut self, now: u64) -> usize {
+        self.sweep_recording(now, &mut Ghosts::default())
+    }
+
+    /// [`sweep`](Self::sweep), recording the keys dropped in `ghosts`.
+    fn sweep_recording(&mut self, now: u64, ghosts: &mut Ghosts) -> usize {
         let before = *self.len_mut();
         for table in &mut self.tables {
-            table.sweep(now);
+            table.sweep(now, ghosts);
         }
         self.tables.retain(|t| t.len() > 0);
         self.recount();

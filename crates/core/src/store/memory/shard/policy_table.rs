@@ -10,6 +10,7 @@ use std::sync::{Mutex, PoisonError};
 use super::super::log::LogTable;
 use super::super::packing::{Packed, SPILLED, Slot, VACANT};
 use super::super::table::{Claim, Table};
+use super::ghosts::Ghosts;
 use crate::algorithm::Algorithm;
 use crate::{Policy, Quota, Timestamp, Verdict};
 
@@ -113,17 +114,17 @@ impl PolicyTable {
     /// Decides under the shared lock: a compare-and-swap loop on the key's word, after claiming
     /// a slot for a new key that the decision stores. `None`: the exclusive lock is needed.
     #[inline(always)]
-    pub(super) fn try_packed<A: Packed>(
+    pub(super) fn try_packed<'s, A: Packed>(
         &self,
         alg: &A,
         hash: u64,
         now: Timestamp,
         cost: u32,
-        room: Room<'_>,
+        room: impl FnOnce() -> Room<'s>,
     ) -> Option<Verdict> {
         match self.packed.find(hash) {
             Ok(word) => self.decide_word(alg, hash, word, word.load(Ordering::Relaxed), now, cost),
-            Err(vacant) => self.try_new(alg, hash, vacant?, now, cost, room),
+            Err(vacant) => self.try_new(alg, hash, vacant?, now, cost, room()),
         }
     }
 
@@ -158,7 +159,10 @@ impl PolicyTable {
             return None;
         }
         let word = match self.packed.claim(hash, vacant) {
-            Claim::New(word) => word,
+            Claim::New(word) => {
+                room.count_return(hash);
+                word
+            }
             Claim::Existing(word) => {
                 room.release();
                 return self.decide_word(alg, hash, word, word.load(Ordering::Relaxed), now, cost);
@@ -250,15 +254,23 @@ impl PolicyTable {
     }
 
     /// Drops the states that have fully reset by `now`.
-    pub(super) fn sweep(&mut self, now: u64) {
+    /// Drops the states that have fully reset by `now`, recording the packed ones' hashes in
+    /// `ghosts` (new logs are added under the exclusive lock, which counts no returns).
+    pub(super) fn sweep(&mut self, now: u64, ghosts: &mut Ghosts) {
         let base = self.base;
         by_algorithm!(&self.quota, alg => {
             self.spill.retain(|_, s| alg.expires_at(&alg.narrow(*get_mut(s))).as_micros() > now);
             let spill = &self.spill;
-            self.packed.retain(|hash, word| match word {
-                SPILLED => spill.contains_key(&hash),
-                VACANT => false,
-                word => alg.expires_at(&alg.decode(base, word)).as_micros() > now,
+            self.packed.retain(|hash, word| {
+                let keep = match word {
+                    SPILLED => spill.contains_key(&hash),
+                    VACANT => false,
+                    word => alg.expires_at(&alg.decode(base, word)).as_micros() > now,
+                };
+                if !keep {
+                    ghosts.record(hash);
+                }
+                keep
             });
         }, alg => {
             self.logs.retain(|log| alg.expires_at_log(log).as_micros() > now);
@@ -268,14 +280,23 @@ impl PolicyTable {
 
 /// The shard's count of keys, for a new key added under the shared lock: it may add one while
 /// the count is under `limit`, the count at which the shard must sweep or evict first (which
-/// takes the exclusive lock).
+/// takes the exclusive lock). And the keys its last sweep dropped, to count those that return.
 #[derive(Clone, Copy)]
 pub(super) struct Room<'s> {
     pub(super) len: &'s AtomicUsize,
     pub(super) limit: usize,
+    pub(super) ghosts: &'s Ghosts,
+    pub(super) returns: &'s AtomicUsize,
 }
 
 impl Room<'_> {
+    /// Counts a new key that the last sweep dropped.
+    fn count_return(self, hash: u64) {
+        if self.ghosts.contains(hash) {
+            self.returns.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Counts one more key, if there is room for it.
     fn reserve(self) -> bool {
         if self.len.fetch_add(1, Ordering::Relaxed) < self.limit {
