@@ -242,21 +242,21 @@ impl MemoryStore {
     /// receives it, rather than carried past the release (which cost copies of it).
     #[inline(always)]
     pub fn apply_one_now(&self, now: Timestamp, check: &Check<'_>) -> Decision {
-        let name = check.policy.shared_name();
         let hash = self.hash(check.key);
         let lock = self.shard(hash);
-        let limits = self.inner.limits;
+        let limits = &self.inner.limits;
         let shard = read(lock);
         match shard.try_shared(check.policy, hash, now, check.cost, limits) {
-            Shared::Decided(verdict) => verdict.into_decision(name),
-            Shared::DecidedOverBudget(verdict) => {
+            Shared::Decided(decision) => decision,
+            Shared::DecidedOverBudget(decision) => {
                 drop(shard);
-                trim_logs(lock, now, limits, hash);
-                verdict.into_decision(name)
+                trim_logs(lock, now, *limits, hash);
+                decision
             }
             Shared::Exclusive => {
                 drop(shard);
-                decide_exclusive(lock, now, check, hash, limits).into_decision(name)
+                decide_exclusive(lock, now, check, hash, *limits)
+                    .into_decision(check.policy.shared_name())
             }
         }
     }

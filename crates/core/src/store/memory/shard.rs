@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::log::{self, CompactLog};
 use super::packing::{Packed, Slot};
 use crate::algorithm::{Algorithm, SlidingWindowLog};
-use crate::{Policy, Quota, Timestamp, Verdict};
+use crate::{Decision, Policy, Quota, Timestamp, Verdict};
 
 /// A sweep never runs on a shard smaller than this.
 const MIN_SWEEP: usize = 64;
@@ -66,9 +66,9 @@ pub(super) struct Shard {
 
 /// What the shared-lock attempt came to.
 pub(super) enum Shared {
-    Decided(Verdict),
+    Decided(Decision),
     /// Decided, and the logs are over their budget: trim them under the exclusive lock.
-    DecidedOverBudget(Verdict),
+    DecidedOverBudget(Decision),
     /// Needs the exclusive lock (a new key, a spilled or spilling state).
     Exclusive,
 }
@@ -155,7 +155,7 @@ impl Shard {
         hash: u64,
         now: Timestamp,
         cost: u32,
-        limits: Limits,
+        limits: &Limits,
     ) -> Shared {
         let Some(table) = self.table(policy.fingerprint()) else {
             return Shared::Exclusive;
@@ -169,7 +169,7 @@ impl Shard {
         };
         by_algorithm!(policy.quota(), alg => {
             match table.try_packed(alg, hash, now, cost, room) {
-                Some(verdict) => Shared::Decided(verdict),
+                Some(verdict) => Shared::Decided(verdict.into_decision(policy.shared_name())),
                 None => Shared::Exclusive,
             }
         }, alg => {
@@ -178,10 +178,11 @@ impl Shard {
             };
             let (verdict, delta) = log::lock(entry).step(alg, now, cost, true);
             add_bytes(&self.log_bytes, delta);
+            let decision = verdict.into_decision(policy.shared_name());
             if delta > 0 && self.log_bytes() > limits.log_bytes {
-                Shared::DecidedOverBudget(verdict)
+                Shared::DecidedOverBudget(decision)
             } else {
-                Shared::Decided(verdict)
+                Shared::Decided(decision)
             }
         })
     }
