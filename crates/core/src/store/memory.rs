@@ -242,11 +242,14 @@ impl MemoryStore {
     /// receives it, rather than carried past the release (which cost copies of it).
     #[inline(always)]
     pub fn apply_one_now(&self, now: Timestamp, check: &Check<'_>) -> Decision {
-        let hash = self.hash(check.key);
+        // By value: the fields stay in registers (a `&Check` kept a copy in memory for the cold
+        // path below, callgrind: 4 instructions a check).
+        let Check { policy, key, cost } = *check;
+        let hash = self.hash(key);
         let lock = self.shard(hash);
         let limits = &self.inner.limits;
         let shard = read(lock);
-        match shard.try_shared(check.policy, hash, now, check.cost, limits) {
+        match shard.try_shared(policy, hash, now, cost, limits) {
             Shared::Decided(decision) => decision,
             Shared::DecidedOverBudget(decision) => {
                 drop(shard);
@@ -255,8 +258,8 @@ impl MemoryStore {
             }
             Shared::Exclusive => {
                 drop(shard);
-                decide_exclusive(lock, now, check, hash, *limits)
-                    .into_decision(check.policy.shared_name())
+                decide_exclusive(lock, now, &Check::new(policy, key, cost), hash, *limits)
+                    .into_decision(policy.shared_name())
             }
         }
     }
