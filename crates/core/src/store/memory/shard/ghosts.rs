@@ -1,4 +1,4 @@
-//! The keys a shard's last sweep dropped, as bits of their hashes: enough to tell whether the
+//! The keys a shard's recent sweeps dropped, as bits of their hashes: enough to tell whether the
 //! new keys that follow are mostly those same keys coming back.
 //!
 //! Why: a key whose quota fully comes back between two of its requests (a per-second quota over
@@ -18,21 +18,18 @@ const BITS_PER_KEY: usize = 8;
 #[derive(Debug, Default)]
 pub(super) struct Ghosts {
     bits: Vec<u64>,
+    /// The most keys the shard holds: what the set is sized for.
+    keys: usize,
     /// Keys recorded since the set was last cleared.
     recorded: usize,
 }
 
 impl Ghosts {
-    /// Before a sweep of a shard that holds at most `keys`: makes room for its drops, forgetting
-    /// every key once half of `keys` have been recorded. Allocated at the first sweep, so a
-    /// store that never sweeps pays nothing; then one to two bytes per key of `keys`.
+    /// Before a sweep of a shard that holds at most `keys`: forgets every key once half of
+    /// `keys` have been recorded, so that the set stays sparse.
     pub(super) fn prepare(&mut self, keys: usize) {
-        if self.bits.is_empty() {
-            let words = (keys.max(1) * BITS_PER_KEY)
-                .div_ceil(64)
-                .next_power_of_two();
-            self.bits.resize(words, 0);
-        } else if self.recorded >= keys / 2 {
+        self.keys = keys;
+        if self.recorded >= keys / 2 {
             self.bits.fill(0);
             self.recorded = 0;
         }
@@ -46,9 +43,15 @@ impl Ghosts {
         (i / 64, 1 << (i % 64))
     }
 
+    /// Records a dropped key. The set is allocated at the first, so a store that never drops a
+    /// key pays nothing for it; then one to two bytes per key of the bound.
     pub(super) fn record(&mut self, hash: u64) {
         if self.bits.is_empty() {
-            return;
+            if self.keys == 0 {
+                return;
+            }
+            let words = (self.keys * BITS_PER_KEY).div_ceil(64).next_power_of_two();
+            self.bits.resize(words, 0);
         }
         let (word, bit) = self.bit(hash);
         if let Some(w) = self.bits.get_mut(word) {
