@@ -68,6 +68,16 @@ pub(crate) struct ReplayArgs {
     /// JSON: the field with the authenticated user (for the `user` key selector).
     #[arg(long, default_value = "user", value_name = "FIELD")]
     user_field: String,
+    /// JSON: the field with the status the server answered (`count_status` counts by it).
+    #[arg(long, default_value = "status", value_name = "FIELD")]
+    status_field: String,
+    /// JSON: the field with what the request cost (`charge = "response"` charges it).
+    #[arg(long, default_value = "cost", value_name = "FIELD")]
+    cost_field: String,
+    /// JSON: the field with how long the request took, in seconds (a concurrency limit holds
+    /// its slot for it).
+    #[arg(long, default_value = "request_time", value_name = "FIELD")]
+    duration_field: String,
 }
 
 /// A header name as a command-line value.
@@ -118,6 +128,9 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         ip: args.ip_field,
         api_key: args.api_key_field,
         user: args.user_field,
+        status: args.status_field,
+        cost: args.cost_field,
+        duration: args.duration_field,
     };
     options.api_key_header = args.api_key_header.0.parse().context("--api-key-header")?;
     options.host = args.host;

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tollgate::{AlgorithmKind, Policy, Quota, Rate};
 
-use tollgate_http::{JwtVerifier, KeyChain, RouteMatch, TrustedProxies};
+use tollgate_http::{Charge, JwtVerifier, KeyChain, RouteMatch, StatusSet, TrustedProxies};
 
 pub use envoy::DEFAULT_GRPC_LISTEN;
 pub use forward_auth::ForwardAuthConfig;
@@ -280,6 +280,10 @@ pub struct PolicyConfig {
     pub require_key: bool,
     /// The `queue_*` fields, for a `queue` policy.
     pub queue: Option<QueueSettings>,
+    /// `charge` (with `cost_from`): when a request is charged.
+    pub charge: Charge,
+    /// `count_status`: the statuses that count; the others are given back.
+    pub count_status: Option<StatusSet>,
     /// Where a `jwt:` selector was written, for the error when `[jwt]` is missing.
     jwt_key_at: Option<usize>,
 }
@@ -292,12 +296,17 @@ impl PolicyConfig {
 
     /// The policy as the HTTP engine runs it.
     pub fn to_http(&self) -> tollgate_http::HttpPolicy {
-        tollgate_http::HttpPolicy::new(self.policy.clone())
+        let http = tollgate_http::HttpPolicy::new(self.policy.clone())
             .keys(self.keys.clone())
             .route(self.route.clone())
             .cost(self.cost)
             .action(self.action)
-            .require_key(self.require_key)
+            .require_key(self.require_key);
+        let http = http.charge(self.charge.clone());
+        match &self.count_status {
+            Some(set) => http.count_status(set.clone()),
+            None => http,
+        }
     }
 }
 
@@ -331,6 +340,12 @@ impl fmt::Display for PolicyConfig {
             self.cost,
             self.action.as_str()
         )?;
+        if let (Action::Delay { max_delay }, tollgate::Quota::Concurrency(_)) =
+            (self.action, self.policy.quota())
+        {
+            // A leaky bucket's bound is in its quota's text; a concurrency limit's wait is not.
+            write!(f, " max_delay={}", tollgate::format_duration(max_delay))?;
+        }
         if self.require_key {
             f.write_str(" require_key=true")?;
         }
@@ -343,6 +358,12 @@ impl fmt::Display for PolicyConfig {
         }
         if let Some(lease) = self.policy.lease() {
             write!(f, " {lease}")?;
+        }
+        if let Charge::Response(from) = &self.charge {
+            write!(f, " charge=response cost_from={from}")?;
+        }
+        if let Some(set) = &self.count_status {
+            write!(f, " count_status=[{set}]")?;
         }
         Ok(())
     }

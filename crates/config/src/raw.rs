@@ -150,6 +150,9 @@ pub(super) struct RawPolicy {
     queue_concurrency: Option<S<i64>>,
     lease: Option<S<i64>>,
     lease_ttl: Option<S<String>>,
+    charge: Option<S<String>>,
+    cost_from: Option<S<String>>,
+    count_status: Option<S<Vec<S<String>>>>,
 }
 
 #[derive(Deserialize)]

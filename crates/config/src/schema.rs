@@ -78,6 +78,9 @@ const POLICY: &[(&str, Ty)] = &[
     ("queue_concurrency", Ty::Int),
     ("lease", Ty::Int),
     ("lease_ttl", Ty::Str),
+    ("charge", Ty::Str),
+    ("cost_from", Ty::Str),
+    ("count_status", Ty::StrArray),
 ];
 const JWT: &[(&str, Ty)] = &[
     ("hs256_secret_env", Ty::Str),

@@ -1,21 +1,27 @@
-//! The five algorithms as pure state machines: `(state, now, cost, quota) → (state, verdict)`.
+//! The algorithms as pure state machines: `(state, now, cost, quota) → (state, verdict)`.
 //!
 //! No I/O, no clock, no locks: a store loads a key's state, runs a step and persists the state,
 //! atomically. The step is split in two so a request checked against several policies can be
 //! all-or-nothing: [`Algorithm::evaluate`] decides without consuming, and [`Algorithm::commit`]
 //! consumes once every policy has admitted the request. The Redis store's Lua scripts implement
 //! the same integer arithmetic; `docs/algorithms.md` explains the math of each.
+//!
+//! The five rate algorithms implement [`Algorithm`]. [`Concurrency`] (requests in flight, not
+//! per time) has the same evaluate/commit split but its steps also name the request's permit,
+//! so it has methods of its own.
 
 use std::fmt;
 
 use crate::{Timestamp, Verdict};
 
+mod concurrency;
 mod fixed_window;
 mod leaky_bucket;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
+pub use concurrency::{Concurrency, ConcurrencyState, Occupancy};
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use leaky_bucket::{LeakyBucket, LeakyBucketState};
 pub(crate) use sliding_log::LogEntries;

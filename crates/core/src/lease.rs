@@ -46,7 +46,7 @@ impl Lease {
             Quota::FixedWindow(a) => a.window_micros(),
             Quota::SlidingWindowLog(a) => a.window_micros(),
             Quota::SlidingWindowCounter(a) => a.window_micros(),
-            Quota::TokenBucket(_) | Quota::LeakyBucket(_) => u64::MAX,
+            Quota::TokenBucket(_) | Quota::LeakyBucket(_) | Quota::Concurrency(_) => u64::MAX,
         };
         DEFAULT_LEASE_TTL.min(Duration::from_micros((window / 10).max(1)))
     }
@@ -68,8 +68,9 @@ impl Lease {
 
     /// Whether `quota` can be leased this way: refused for a leaky bucket (it paces requests
     /// one departure slot at a time; a batch of slots spent locally would break the pace), for
-    /// a lease larger than the quota, and for a window algorithm whose window is shorter than
-    /// the ttl.
+    /// concurrency (a permit is held by one request and given back by it, by id: there is no
+    /// batch of them to spend locally), for a lease larger than the quota, and for a window
+    /// algorithm whose window is shorter than the ttl.
     pub(crate) fn check(&self, quota: &Quota) -> Result<(), QuotaError> {
         let input = format!("lease {} for {:?} on {quota}", self.size, self.ttl());
         let window = match quota {
@@ -78,6 +79,13 @@ impl Lease {
                     &input,
                     "a leaky bucket paces requests one slot at a time, which a lease spent \
                      locally would not; lease a token bucket (capacity = queue + 1) instead",
+                ));
+            }
+            Quota::Concurrency(_) => {
+                return Err(QuotaError::new(
+                    &input,
+                    "a concurrency limit's permits are held and given back one request at a \
+                     time, by id; they cannot be leased",
                 ));
             }
             Quota::FixedWindow(a) => Some(a.window_micros()),
@@ -136,6 +144,8 @@ mod tests {
         }
         let leaky = Policy::new("pace", Quota::leaky_bucket("10/s".parse()?, 5)?)?;
         assert!(leaky.with_lease(lease).is_err());
+        let inflight = Policy::new("inflight", Quota::concurrency(100, second)?)?;
+        assert!(inflight.with_lease(lease).is_err());
         let small = Policy::new("small", Quota::fixed_window(5, second)?)?;
         assert!(small.with_lease(lease).is_err(), "larger than the quota");
         let short = Policy::new(

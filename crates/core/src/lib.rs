@@ -1,7 +1,9 @@
 //! Tollgate's core: *has this key made too many requests in the current window?*
 //!
-//! - Five algorithms as pure state machines ([`algorithm`]): fixed window, sliding window log,
-//!   sliding window counter (the recommended default), token bucket and leaky bucket.
+//! - Six algorithms as pure state machines ([`algorithm`]): fixed window, sliding window log,
+//!   sliding window counter (the recommended default), token bucket and leaky bucket limit
+//!   requests per time; concurrency limits requests in flight (permits taken on admission and
+//!   given back by [`Store::release`]).
 //! - [`Quota`], [`Rate`] and [`parse_duration`]: the configuration notation (`"100/1m"`,
 //!   `"10/s"`, `"250ms"`) parsed into values that cannot be invalid.
 //! - [`Decision`]: allowed, limit, remaining, reset, retry_after, delay, policy.
@@ -59,5 +61,5 @@ pub use lease::{DEFAULT_LEASE_TTL, Lease};
 pub use limiter::{Limiter, LimiterBuilder};
 pub use on_error::{OnError, UNAVAILABLE_RETRY};
 pub use policy::{MAX_POLICY_NAME, Policy, intern};
-pub use quota::{AlgorithmKind, MAX_PERIOD, Quota, Rate, parse_duration};
+pub use quota::{AlgorithmKind, MAX_PERIOD, Quota, Rate, format_duration, parse_duration};
 pub use store::{Check, MemoryStore, Store};

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::algorithm::{
-    FixedWindow, LeakyBucket, SlidingWindowCounter, SlidingWindowLog, TokenBucket,
+    Concurrency, FixedWindow, LeakyBucket, SlidingWindowCounter, SlidingWindowLog, TokenBucket,
 };
 use crate::error::QuotaError;
 
@@ -78,8 +78,9 @@ pub fn parse_duration(input: &str) -> Result<Duration, QuotaError> {
     Ok(total)
 }
 
-/// Formats a duration in the configuration notation, choosing the largest exact unit.
-pub(crate) fn format_duration(d: Duration) -> String {
+/// Formats a duration in the configuration notation, choosing the largest exact unit: what
+/// [`parse_duration`] reads back.
+pub fn format_duration(d: Duration) -> String {
     let micros = crate::clock::duration_micros(d);
     const UNITS: [(u64, &str); 5] = [
         (86_400_000_000, "d"),
@@ -236,16 +237,19 @@ pub enum AlgorithmKind {
     TokenBucket,
     /// `leaky_bucket`
     LeakyBucket,
+    /// `concurrency`: requests in flight, not requests per time.
+    Concurrency,
 }
 
 impl AlgorithmKind {
     /// Every algorithm, in the order of the specification.
-    pub const ALL: [AlgorithmKind; 5] = [
+    pub const ALL: [AlgorithmKind; 6] = [
         AlgorithmKind::FixedWindow,
         AlgorithmKind::SlidingWindowLog,
         AlgorithmKind::SlidingWindowCounter,
         AlgorithmKind::TokenBucket,
         AlgorithmKind::LeakyBucket,
+        AlgorithmKind::Concurrency,
     ];
 
     /// The configuration name (`"sliding_window_counter"`).
@@ -256,6 +260,7 @@ impl AlgorithmKind {
             AlgorithmKind::SlidingWindowCounter => "sliding_window_counter",
             AlgorithmKind::TokenBucket => "token_bucket",
             AlgorithmKind::LeakyBucket => "leaky_bucket",
+            AlgorithmKind::Concurrency => "concurrency",
         }
     }
 }
@@ -277,7 +282,7 @@ impl FromStr for AlgorithmKind {
                 QuotaError::new(
                     s,
                     "unknown algorithm; use fixed_window, sliding_window_log, \
-                     sliding_window_counter, token_bucket or leaky_bucket",
+                     sliding_window_counter, token_bucket, leaky_bucket or concurrency",
                 )
             })
     }
@@ -296,6 +301,9 @@ pub enum Quota {
     TokenBucket(TokenBucket),
     /// Constant outflow; requests queue for their slot.
     LeakyBucket(LeakyBucket),
+    /// At most N requests in flight per key: a permit taken on admission, given back when the
+    /// request ends, taken back after a TTL if it never is.
+    Concurrency(Concurrency),
 }
 
 impl Quota {
@@ -324,6 +332,12 @@ impl Quota {
         LeakyBucket::new(rate, queue).map(Quota::LeakyBucket)
     }
 
+    /// At most `limit` (at least 1) requests in flight per key; a permit not given back is
+    /// taken back `lease_ttl` (above zero, at most [`MAX_PERIOD`]) after it was taken.
+    pub fn concurrency(limit: u32, lease_ttl: Duration) -> Result<Self, QuotaError> {
+        Concurrency::new(limit, lease_ttl).map(Quota::Concurrency)
+    }
+
     /// Which algorithm this is.
     pub fn kind(&self) -> AlgorithmKind {
         match self {
@@ -332,10 +346,12 @@ impl Quota {
             Quota::SlidingWindowCounter(_) => AlgorithmKind::SlidingWindowCounter,
             Quota::TokenBucket(_) => AlgorithmKind::TokenBucket,
             Quota::LeakyBucket(_) => AlgorithmKind::LeakyBucket,
+            Quota::Concurrency(_) => AlgorithmKind::Concurrency,
         }
     }
 
-    /// The quota as headers advertise it: `q`, the most a key can spend at once.
+    /// The quota as headers advertise it: `q`, the most a key can spend at once (for
+    /// concurrency, the most requests in flight).
     pub fn limit(&self) -> u32 {
         match self {
             Quota::FixedWindow(a) => a.limit(),
@@ -343,11 +359,13 @@ impl Quota {
             Quota::SlidingWindowCounter(a) => a.limit(),
             Quota::TokenBucket(a) => a.capacity(),
             Quota::LeakyBucket(a) => a.burst(),
+            Quota::Concurrency(a) => a.limit(),
         }
     }
 
     /// The window as headers advertise it: `w`, the time over which [`limit`](Self::limit)
-    /// applies (for the buckets, the time to refill or drain completely).
+    /// applies (for the buckets, the time to refill or drain completely; for concurrency, the
+    /// permits' `lease_ttl`).
     pub fn window(&self) -> Duration {
         let micros = match self {
             Quota::FixedWindow(a) => a.window_micros(),
@@ -355,6 +373,7 @@ impl Quota {
             Quota::SlidingWindowCounter(a) => a.window_micros(),
             Quota::TokenBucket(a) => a.interval_micros() * u64::from(a.capacity()),
             Quota::LeakyBucket(a) => a.interval_micros() * u64::from(a.burst()),
+            Quota::Concurrency(a) => a.lease_ttl_micros(),
         };
         Duration::from_micros(micros)
     }
@@ -401,106 +420,15 @@ impl fmt::Display for Quota {
                 }
                 Ok(())
             }
+            Quota::Concurrency(a) => write!(
+                f,
+                "concurrency limit={} lease_ttl={}",
+                a.limit(),
+                format_duration(a.lease_ttl())
+            ),
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_in_every_unit() -> Result<(), QuotaError> {
-        assert_eq!(parse_duration("250ms")?, Duration::from_millis(250));
-        assert_eq!(parse_duration("1s")?, Duration::from_secs(1));
-        assert_eq!(parse_duration("5m")?, Duration::from_secs(300));
-        assert_eq!(parse_duration("2h")?, Duration::from_secs(7200));
-        assert_eq!(parse_duration("1d")?, Duration::from_secs(86_400));
-        assert_eq!(parse_duration(" 1m30s ")?, Duration::from_secs(90));
-        Ok(())
-    }
-
-    #[test]
-    fn bad_durations_say_what_is_wrong() {
-        for (input, needle) in [
-            ("", "empty"),
-            ("5", "missing unit"),
-            ("5y", "unknown unit"),
-            ("ms", "whole number"),
-            ("-1s", "whole number"),
-            ("1.5s", "whole numbers"),
-            ("99999999999999999999999s", "too large"),
-        ] {
-            let err = parse_duration(input).err();
-            let text = err.map(|e| e.to_string()).unwrap_or_default();
-            assert!(text.contains(needle), "{input:?}: {text}");
-        }
-    }
-
-    #[test]
-    fn rates_and_limits() -> Result<(), QuotaError> {
-        let rate: Rate = "10/s".parse()?;
-        assert_eq!((rate.count(), rate.period()), (10, Duration::from_secs(1)));
-        let limit: Rate = "100/1m".parse()?;
-        assert_eq!(
-            (limit.count(), limit.period()),
-            (100, Duration::from_secs(60))
-        );
-        let odd: Rate = "3/250ms".parse()?;
-        assert_eq!(odd.to_string(), "3/250ms");
-        assert_eq!(rate.interval_micros("10/s")?, 100_000);
-        // 3 per second rounds the interval up: never faster than configured.
-        let three: Rate = "3/s".parse()?;
-        assert_eq!(three.interval_micros("3/s")?, 333_334);
-        Ok(())
-    }
-
-    #[test]
-    fn bad_rates_are_rejected_with_reasons() {
-        for (input, needle) in [
-            ("0/s", "at least 1"),
-            ("-5/s", "whole number"),
-            ("ten/s", "whole number"),
-            ("10", "COUNT/PERIOD"),
-            ("10/", "missing the period"),
-            ("10/0s", "longer than zero"),
-            ("10/401d", "at most 400 days"),
-            ("10/fortnight", "unknown unit"),
-        ] {
-            let text = input
-                .parse::<Rate>()
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default();
-            assert!(text.contains(needle), "{input:?}: {text}");
-            assert!(text.contains(input), "{input:?} should be named in: {text}");
-        }
-    }
-
-    #[test]
-    fn impossible_rates_are_rejected() -> Result<(), QuotaError> {
-        let fast: Rate = "2000/1ms".parse()?;
-        assert!(Quota::token_bucket(10, fast).is_err());
-        Ok(())
-    }
-
-    #[test]
-    fn algorithm_names_round_trip() {
-        for kind in AlgorithmKind::ALL {
-            assert_eq!(kind.as_str().parse::<AlgorithmKind>().ok(), Some(kind));
-        }
-        assert!("gcra".parse::<AlgorithmKind>().is_err());
-    }
-
-    #[test]
-    fn quotas_describe_themselves() -> Result<(), QuotaError> {
-        let q = Quota::sliding_window_counter(100, Duration::from_secs(60))?;
-        assert_eq!(q.to_string(), "sliding_window_counter limit=100 window=1m");
-        assert_eq!((q.limit(), q.window()), (100, Duration::from_secs(60)));
-        let t = Quota::token_bucket(20, "1/s".parse()?)?;
-        assert_eq!(t.window(), Duration::from_secs(20));
-        assert!(Quota::fixed_window(0, Duration::from_secs(1)).is_err());
-        assert!(Quota::fixed_window(10, Duration::ZERO).is_err());
-        Ok(())
-    }
-}
+mod tests;

@@ -18,12 +18,27 @@ pub struct Check<'a> {
     pub key: &'a [u8],
     /// What the request costs; 0 peeks without consuming.
     pub cost: u32,
+    /// The permit a [concurrency](crate::Quota::Concurrency) check takes: any value but 0,
+    /// chosen by the caller (one random value per request), which names it again to
+    /// [release](Store::release) it. A concurrency check of cost above 0 with permit 0 is
+    /// denied for good: nobody could give that permit back. Every other algorithm ignores it.
+    pub permit: u64,
 }
 
 impl<'a> Check<'a> {
-    /// A check of `key` against `policy` for `cost`.
+    /// A check of `key` against `policy` for `cost`, naming no permit.
     pub fn new(policy: &'a Policy, key: &'a [u8], cost: u32) -> Self {
-        Check { policy, key, cost }
+        Check {
+            policy,
+            key,
+            cost,
+            permit: 0,
+        }
+    }
+
+    /// The same check naming permit `id` (see [`permit`](Self::permit)).
+    pub fn with_permit(self, id: u64) -> Self {
+        Check { permit: id, ..self }
     }
 }
 
@@ -43,6 +58,9 @@ impl<'a> Check<'a> {
 ///   never absolute times, so callers need not know which.
 /// - Every key's state expires once its quota has fully reset; a store never grows without
 ///   bound.
+/// - A [concurrency](crate::Quota::Concurrency) check holds its permit from its admission
+///   until [`release`](Self::release) gives it back, or until `lease_ttl` after it was taken
+///   (`now >= expires_at`, and no sooner). A request denied by any policy holds no permit.
 ///
 /// The crate's `testing` module (feature `test-util`) holds a conformance suite that checks
 /// this contract against any implementation.
@@ -73,6 +91,9 @@ pub trait Store: Send + Sync + 'static {
     /// the true-up of a cost known only once the response is out (tokens an AI API answered
     /// with). Each check is charged on its own, atomically per key, even past the limit; the
     /// decisions say what each key has left afterwards (admitted, as a peek is).
+    ///
+    /// A concurrency check is not charged (it counts requests in flight, not usage): its
+    /// decision is a peek's.
     fn charge(
         &self,
         now: Timestamp,
@@ -80,12 +101,24 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Decisions, StoreError>> + Send;
 
     /// Gives back the cost of checks that were admitted but abandoned before they were used (a
-    /// request held for its leaky-bucket slot whose client went away).
+    /// request held for its leaky-bucket slot whose client went away). A concurrency check's
+    /// refund gives its permit back, as [`release`](Self::release) does.
     fn refund(
         &self,
         now: Timestamp,
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Gives back each concurrency check's permit ([`Check::permit`]) of its key, at the end of
+    /// its request; returns how many of them the keys still held. A permit that expired, was
+    /// never taken or was already released counts 0 and changes nothing, so releasing twice is
+    /// harmless. Checks of other algorithms are ignored (their cost is not given back: that is
+    /// [`refund`](Self::refund)).
+    fn release(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<u32, StoreError>> + Send;
 
     /// Whether every future this store returns is ready on its first poll: an in-process store
     /// that never waits for I/O. A caller may then decide inside a synchronous function, polling

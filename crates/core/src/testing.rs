@@ -21,7 +21,16 @@ use crate::algorithm::{
 };
 use crate::{Check, Decision, Decisions, Policy, Quota, Store, Timestamp, Verdict};
 
+mod concurrency;
 pub mod sliding_error;
+
+pub use concurrency::{
+    concurrency_admits_the_limit_then_denies, concurrency_all_or_nothing,
+    concurrency_batches_match_the_pure_algorithms, concurrency_charge_and_refund,
+    concurrency_concurrent_holders_never_exceed_the_limit, concurrency_matches_the_pure_algorithm,
+    concurrency_peek_takes_nothing, concurrency_permits_expire_at_their_ttl,
+    concurrency_release_frees_a_permit, concurrency_renewal_takes_no_second_permit,
+};
 
 /// A start time aligned to every window the scenarios use (a multiple of one day).
 pub const T0: Timestamp = Timestamp::from_secs(1_800_057_600);
@@ -334,6 +343,7 @@ impl Model {
             Quota::SlidingWindowCounter(a) => Model::Counter(a.clone(), HashMap::new()),
             Quota::TokenBucket(a) => Model::Token(a.clone(), HashMap::new()),
             Quota::LeakyBucket(a) => Model::Leaky(a.clone(), HashMap::new()),
+            Quota::Concurrency(_) => panic!("concurrency has a model of its own"),
         }
     }
 
@@ -363,6 +373,19 @@ impl Model {
     }
 }
 
+impl Xorshift {
+    /// The next instant of random traffic: half at once (bursts), the rest after gaps up to
+    /// 1.5 s (across window boundaries).
+    fn step(&mut self, now: Timestamp) -> Timestamp {
+        now.saturating_add(Duration::from_micros(match self.below(10) {
+            0..=4 => 0,
+            5..=7 => self.below(50_000),
+            8 => self.below(400_000),
+            _ => self.below(1_500_000),
+        }))
+    }
+}
+
 /// Random traffic (bursts, gaps across window boundaries, costs 0 to 4, three keys) decides
 /// exactly as the pure algorithms do, field by field.
 pub async fn matches_the_pure_algorithms<S: Store>(store: &S) {
@@ -386,12 +409,7 @@ pub async fn matches_the_pure_algorithms<S: Store>(store: &S) {
         let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15 ^ n as u64);
         let mut now = T0;
         for step in 0..400 {
-            now = now.saturating_add(Duration::from_micros(match rng.below(10) {
-                0..=4 => 0,
-                5..=7 => rng.below(50_000),
-                8 => rng.below(400_000),
-                _ => rng.below(1_500_000),
-            }));
+            now = rng.step(now);
             let key = rng.below(3) as u8;
             let cost = rng.below(5) as u32;
             let stored_key = format!("{prefix}-{key}");
@@ -429,12 +447,7 @@ pub async fn charges_match_the_pure_algorithms<S: Store>(store: &S) {
         let mut rng = Xorshift(0x51ed_2701_f3a4_c6b9 ^ n as u64);
         let mut now = T0;
         for step in 0..300 {
-            now = now.saturating_add(Duration::from_micros(match rng.below(10) {
-                0..=4 => 0,
-                5..=7 => rng.below(50_000),
-                8 => rng.below(400_000),
-                _ => rng.below(1_500_000),
-            }));
+            now = rng.step(now);
             let key = rng.below(3) as u8;
             let stored_key = format!("{prefix}-{key}");
             let charge = rng.below(3) == 0;
@@ -535,7 +548,8 @@ pub async fn concurrent_callers_never_over_admit<S: Store + Clone>(store: &S) {
 }
 
 /// A store that says it [is immediate](Store::is_immediate) keeps the promise: `apply`,
-/// `apply_one` and `refund` are each ready on their first poll, with a waker that does nothing.
+/// `apply_one`, `refund` and `release` are each ready on their first poll, with a waker that
+/// does nothing.
 /// For a store that does not say so there is nothing to check.
 pub async fn immediate_means_ready_on_first_poll<S: Store>(store: &S) {
     use std::future::Future;
@@ -573,6 +587,16 @@ pub async fn immediate_means_ready_on_first_poll<S: Store>(store: &S) {
             policy.name()
         );
     }
+    let quota = Quota::concurrency(1, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"));
+    let inflight =
+        Policy::new(&unique("immediate-inflight"), quota).unwrap_or_else(|e| panic!("{e}"));
+    let check = Check::new(&inflight, key.as_bytes(), 1).with_permit(1);
+    let d = first_poll("apply_one", store.apply_one(T0, check))
+        .unwrap_or_else(|e| panic!("apply_one failed: {e}"));
+    assert!(d.allowed, "{d:?}");
+    let back = first_poll("release", store.release(T0, &[check]))
+        .unwrap_or_else(|e| panic!("release failed: {e}"));
+    assert_eq!(back, 1);
 }
 
 /// Instantiates every conformance scenario as a `#[tokio::test]` for the store that `$make`
@@ -595,6 +619,16 @@ macro_rules! store_conformance_tests {
             charges_are_never_refused,
             concurrent_callers_never_over_admit,
             immediate_means_ready_on_first_poll,
+            concurrency_admits_the_limit_then_denies,
+            concurrency_release_frees_a_permit,
+            concurrency_permits_expire_at_their_ttl,
+            concurrency_renewal_takes_no_second_permit,
+            concurrency_peek_takes_nothing,
+            concurrency_charge_and_refund,
+            concurrency_all_or_nothing,
+            concurrency_concurrent_holders_never_exceed_the_limit,
+            concurrency_matches_the_pure_algorithm,
+            concurrency_batches_match_the_pure_algorithms,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

@@ -145,6 +145,9 @@ impl RateLimit {
     pub(crate) fn enforced(&self) -> Result<Enforced, String> {
         let (requests_per_unit, unit, algorithm, burst) = match &self.kind {
             LimitKind::Unlimited => return Ok(Enforced::Unlimited),
+            LimitKind::Quota(q) if q.kind() == AlgorithmKind::Concurrency => {
+                return Err(NO_RELEASE.to_owned());
+            }
             LimitKind::Quota(q) => return Ok(Enforced::Quota(q.clone())),
             &LimitKind::PerUnit {
                 requests_per_unit,
@@ -170,10 +173,17 @@ impl RateLimit {
             AlgorithmKind::LeakyBucket => {
                 rate().and_then(|r| Quota::leaky_bucket(r, burst.unwrap_or(requests_per_unit)))
             }
+            AlgorithmKind::Concurrency => return Err(NO_RELEASE.to_owned()),
         };
         quota.map(Enforced::Quota).map_err(|e| e.to_string())
     }
 }
+
+/// Why a concurrency limit cannot be enforced over Envoy's protocol.
+pub(crate) const NO_RELEASE: &str = "a concurrency limit cannot be enforced through Envoy's rate limit \
+     service: its protocol has no message for a request's end, so a slot would never be given \
+     back before its lease_ttl; limit requests in flight with Envoy's own circuit breakers \
+     (max_requests) or put Tollgate's proxy in front";
 
 /// A node of a descriptor tree: matches a request descriptor entry by `key` and, when given,
 /// `value`; holds a [`RateLimit`] and/or nested descriptors.

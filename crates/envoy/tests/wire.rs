@@ -127,6 +127,18 @@ impl Store for Down {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         async { Ok(()) }
     }
+
+    fn release(
+        &self,
+        _now: Timestamp,
+        _checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<u32, StoreError>> + Send {
+        async {
+            Err(StoreError::Unavailable {
+                reason: "connection refused".into(),
+            })
+        }
+    }
 }
 
 #[tokio::test]
@@ -280,6 +292,14 @@ impl Store for Stuck {
         _checks: &[Check<'_>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         async { Ok(()) }
+    }
+
+    fn release(
+        &self,
+        _now: Timestamp,
+        _checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<u32, StoreError>> + Send {
+        std::future::pending()
     }
 }
 

@@ -27,15 +27,21 @@ use crate::{HeaderConfig, JwtVerifier, Refusal, RequestInfo, normalize};
 mod builder;
 mod evaluation;
 pub(crate) mod overrides;
+mod permits;
 mod policy;
 mod queue;
 mod respond;
+mod settle;
+mod slot_lease;
 
 pub use builder::EngineBuilder;
 pub use evaluation::{Answer, Disposition, Evaluation, Hold, Prepared, RateLimitHeaders};
 use evaluation::{Entry, RefundGuard};
+pub use permits::REMOTE_POLL;
 pub use policy::{Action, HttpPolicy};
 pub use queue::QueueTicket;
+pub use settle::{Charge, Settle, StatusSet};
+pub use slot_lease::LeaseError;
 
 use overrides::{KeyOverride, Overrides};
 
@@ -51,7 +57,29 @@ pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(10);
 struct Compiled {
     http: HttpPolicy,
     text: &'static PolicyHeaders,
+    /// Whether an admitted request has something to do when its exchange ends: a true-up
+    /// once its response is known (`charge = "response"` or `count_status`), or a slot to
+    /// give back (a concurrency limit).
+    settles: bool,
+    /// A concurrency limit: each request takes a permit.
+    concurrent: bool,
+    /// A concurrency limit with `delay`: a request denied a slot waits in line for one.
+    waits: bool,
+    /// This instance's slots of a concurrency limit, for metrics.
+    slots: permits::SlotCounts,
+    /// Responses charged the fallback because their cost was missing or bad.
+    usage_fallbacks: std::sync::atomic::AtomicU64,
+    /// Whether that was logged yet.
+    usage_warned: std::sync::atomic::AtomicBool,
 }
+
+/// What the tower layer takes of a decision made at once: the headers, what to do, and the
+/// true-up to hand the response to.
+pub(crate) type Now<S, C> = (
+    RateLimitHeaders,
+    Disposition<S, C>,
+    Option<Box<Settle<S, C>>>,
+);
 
 /// Finds a client address from the request; the engine's default reads the peer and, from
 /// trusted proxies, the forwarding header.
@@ -74,6 +102,10 @@ struct Inner<S, C> {
     headers_read: Vec<HeaderName>,
     /// Per-key quotas in place of the policies' own.
     overrides: Overrides,
+    /// Requests waiting for a concurrency slot, by policy and key.
+    lines: permits::Lines,
+    /// The key lease tokens are signed under.
+    lease_tag: tollgate::key_digest::KeyDigest,
 }
 
 impl<S, C> fmt::Debug for Inner<S, C> {
@@ -224,6 +256,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 key,
                 cost,
                 over,
+                permit: self.permit_for(index),
             });
         }
         if !prepared.entries.is_empty()
@@ -255,6 +288,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             key: stored,
             cost,
             over,
+            permit: self.permit_for(index),
         });
         Some(prepared)
     }
@@ -265,6 +299,23 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// engine's key secret. This is the form `/v1/top` shows and overrides and lists take.
     pub fn store_key(&self, key: &[u8], out: &mut impl Extend<u8>) {
         self.inner.hasher.write_key(key, out);
+    }
+
+    /// A fresh permit for a request under the policy at `index` when it is a concurrency
+    /// limit; 0 (none) otherwise.
+    #[inline]
+    fn permit_for(&self, index: usize) -> u64 {
+        if self.inner.policies[index].concurrent {
+            permits::next_permit()
+        } else {
+            0
+        }
+    }
+
+    /// Whether deciding `prepared` may wait for a concurrency slot, which only the general,
+    /// awaited path does.
+    fn may_wait(&self, prepared: &Prepared) -> bool {
+        prepared.entries.iter().any(|e| self.waits(e.index))
     }
 
     /// The override of `key` under the policy at `index`, if one applies now. The clock is
@@ -334,7 +385,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// [`decide_now`](Self::decide_now) without taking the request: `None` when the store
     /// does not answer at once.
     fn decide_now_ref(&self, prepared: &Prepared) -> Option<Evaluation<S, C>> {
-        if !self.inner.limiter.store().is_immediate() {
+        if !self.inner.limiter.store().is_immediate() || self.may_wait(prepared) {
             return None;
         }
         Some(match self.decide_one_now(prepared) {
@@ -352,20 +403,20 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// disposition, without the decisions. The request stays with the caller, and an admitted
     /// request (most) returns 136 bytes where an evaluation is 328: both are moves the layer
     /// pays on every request.
-    pub(crate) fn disposition_now(
-        &self,
-        prepared: &Prepared,
-    ) -> Option<(RateLimitHeaders, Disposition<S, C>)> {
-        if !self.inner.limiter.store().is_immediate() {
+    pub(crate) fn disposition_now(&self, prepared: &Prepared) -> Option<Now<S, C>> {
+        if !self.inner.limiter.store().is_immediate() || self.may_wait(prepared) {
             return None;
         }
-        let evaluation = match self.decide_one_now(prepared) {
-            Some(Ok((_, headers))) => return Some((RateLimitHeaders(headers), Disposition::Pass)),
+        let mut evaluation = match self.decide_one_now(prepared) {
+            Some(Ok((_, headers))) => {
+                return Some((RateLimitHeaders(headers), Disposition::Pass, None));
+            }
             Some(Err(evaluation)) => evaluation,
             None => self.decide_polled(prepared),
         };
+        let settle = evaluation.take_settle();
         let (_, headers, disposition) = evaluation.into_parts();
-        Some((headers, disposition))
+        Some((headers, disposition, settle))
     }
 
     /// The general path, polled once on an immediate store.
@@ -396,7 +447,8 @@ impl<S: Store, C: Clock> Engine<S, C> {
             return None;
         };
         let compiled = &self.inner.policies[entry.index];
-        if prepared.refusal.is_some() || compiled.http.action != Action::Reject {
+        if prepared.refusal.is_some() || compiled.http.action != Action::Reject || compiled.settles
+        {
             return None;
         }
         let now = self.inner.limiter.clock().now();
@@ -429,12 +481,24 @@ impl<S: Store, C: Clock> Engine<S, C> {
             return self.evaluation(Decisions::new(), HeaderList::new(), Disposition::Pass);
         }
         let entries = &prepared.entries;
-        let checks: SmallVec<[Check<'_>; 4]> = entries.iter().map(|e| self.check(e)).collect();
-        let mut decisions = match self.check_all(&checks).await {
+        let decided = if self.must_line_up(entries) {
+            // Others wait for this key's slots: behind them, without asking first.
+            self.wait_for_slot(entries, None).await.map(|(d, _)| d)
+        } else {
+            self.check_all(&self.checks(entries)).await
+        };
+        let mut decisions = match decided {
             Ok(d) if d.len() == entries.len() => d,
             Ok(_) => return self.failed(miscounted(), entries),
             Err(e) => return self.failed(e, entries),
         };
+        if !decisions.allowed() && self.only_slots_missing(&decisions, entries) {
+            decisions = match self.wait_for_slot(entries, Some(decisions)).await {
+                Ok((d, _)) if d.len() == entries.len() => d,
+                Ok(_) => return self.failed(miscounted(), entries),
+                Err(e) => return self.failed(e, entries),
+            };
+        }
         let mut consumed = decisions.allowed();
         if !consumed {
             let enforced_denial = decisions
@@ -531,15 +595,20 @@ impl<S: Store, C: Clock> Engine<S, C> {
             .filter(|(_, e)| matches!(self.action(e), Action::Delay { .. }))
             .filter_map(|(d, _)| d.delay)
             .max();
-        match delay {
+        let settle = self.settle_for(&decisions, entries);
+        let mut evaluation = match delay {
             Some(delay) if !delay.is_zero() => {
                 let hold = Hold {
                     delay,
                     guard: Some(RefundGuard {
                         engine: self.clone(),
+                        // A concurrency slot is given back by the request's settle, held
+                        // or not: only the others' quota is refunded here.
                         entries: entries
                             .iter()
-                            .filter(|e| !self.is_shadow(e))
+                            .filter(|e| {
+                                !self.is_shadow(e) && !self.inner.policies[e.index].concurrent
+                            })
                             .cloned()
                             .collect(),
                         armed: true,
@@ -548,7 +617,30 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 self.evaluation(decisions, headers, Disposition::Hold(hold))
             }
             _ => self.evaluation(decisions, headers, Disposition::Pass),
+        };
+        evaluation.settle = settle;
+        evaluation
+    }
+
+    /// The true-up of an admitted request: the policies that counted it and charge by its
+    /// response (`charge = "response"`, `count_status`); `None` when there are none.
+    fn settle_for(&self, decisions: &Decisions, entries: &[Entry]) -> Option<Box<Settle<S, C>>> {
+        let due = |(d, e): &(&tollgate::Decision, &Entry)| {
+            d.allowed && self.inner.policies[e.index].settles
+        };
+        let pairs = || decisions.as_slice().iter().zip(entries.iter());
+        if !pairs().any(|p| due(&p)) {
+            return None;
         }
+        let concurrent = |e: &Entry| self.inner.policies[e.index].concurrent;
+        let dues = pairs()
+            .filter(|p| due(p) && !concurrent(p.1))
+            .map(|(_, e)| e.clone());
+        let slots = pairs()
+            .filter(|p| due(p) && concurrent(p.1))
+            .map(|(_, e)| e.clone())
+            .collect();
+        Some(Box::new(Settle::new(self.clone(), dues, slots)))
     }
 
     fn evaluation(
@@ -562,6 +654,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             headers,
             disposition,
             store_failed: false,
+            settle: None,
         }
     }
 
@@ -579,7 +672,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
     fn check<'e>(&'e self, entry: &'e Entry) -> Check<'e> {
         let http = &self.inner.policies[entry.index].http;
         let policy = entry.over.as_ref().map_or(&http.policy, |o| &o.policy);
-        Check::new(policy, &entry.key, entry.cost)
+        Check::new(policy, &entry.key, entry.cost).with_permit(entry.permit)
     }
 
     /// The header text of the quota `entry` is decided under: its override's, or its policy's.

@@ -79,13 +79,15 @@ pub mod rate_limit;
 mod refusal;
 mod request;
 mod route;
+pub mod usage;
 
 pub use cidr::{Cidr, TrustedProxies};
 pub use client_ip::{ForwardedHeader, client_address};
 pub use engine::overrides::{KeyOverride, OverrideError, QuotaFields};
 pub use engine::{
-    ANONYMOUS_KEY, Action, Answer, DEFAULT_MAX_DELAY, Disposition, Engine, EngineBuilder,
-    Evaluation, Hold, HttpPolicy, Prepared, QueueTicket, RateLimitHeaders,
+    ANONYMOUS_KEY, Action, Answer, Charge, DEFAULT_MAX_DELAY, Disposition, Engine, EngineBuilder,
+    Evaluation, Hold, HttpPolicy, LeaseError, Prepared, QueueTicket, REMOTE_POLL, RateLimitHeaders,
+    Settle, StatusSet,
 };
 pub use error::ConfigError;
 pub use headers::{HeaderConfig, ResetFormat, RetryAfterFormat};
@@ -98,3 +100,4 @@ pub use route::{
     HostPattern, MAX_PATH_SEGMENTS, NormalizedPath, PathPattern, PathTooDeep, RouteMatch,
     parse_method,
 };
+pub use usage::CostFrom;

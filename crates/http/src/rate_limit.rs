@@ -7,6 +7,7 @@
 //! closed). Admitted requests reach the inner service and their responses get the rate-limit
 //! headers; requests no policy matches pass untouched, without even an allocation.
 
+mod body;
 mod future;
 mod layer;
 mod service;
@@ -15,15 +16,11 @@ use std::net::{IpAddr, SocketAddr};
 
 use bytes::Bytes;
 use http::Extensions;
-use http_body_util::{Either, Full};
 
+pub use body::{BodySettle, ResponseBody};
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use service::RateLimitService;
-
-/// The response body of a [`RateLimitService`] in the default [`WrapBody`] shape: the inner
-/// service's, or the engine's own problem+json.
-pub type ResponseBody<B> = Either<B, Full<Bytes>>;
 
 /// How a [`RateLimitService`] makes its response bodies from the inner service's body `B` and
 /// from the engine's own answers (a 429's problem+json). Two shapes: [`WrapBody`], the default,
@@ -37,6 +34,11 @@ pub trait BodyShape<B> {
 
     /// The engine's answer, as a response body.
     fn answer(body: Bytes) -> Self::Body;
+
+    /// The inner service's body, fed to `settle` as it streams (a policy that charges what
+    /// the response says it cost). A shape that cannot wrap the body settles at once, with
+    /// what the response's head says.
+    fn metered(body: B, settle: Box<dyn BodySettle>) -> Self::Body;
 }
 
 /// The default [`BodyShape`]: [`ResponseBody<B>`], either the inner service's body or the
@@ -49,11 +51,15 @@ impl<B> BodyShape<B> for WrapBody {
 
     #[inline]
     fn inner(body: B) -> Self::Body {
-        Either::Left(body)
+        ResponseBody::inner(body)
     }
 
     fn answer(body: Bytes) -> Self::Body {
-        Either::Right(Full::new(body))
+        ResponseBody::answer(body)
+    }
+
+    fn metered(body: B, settle: Box<dyn BodySettle>) -> Self::Body {
+        ResponseBody::metered(body, settle)
     }
 }
 
@@ -75,6 +81,14 @@ impl<B: From<Bytes>> BodyShape<B> for InnerBody {
 
     fn answer(body: Bytes) -> B {
         B::from(body)
+    }
+
+    /// The body keeps its own type, so it cannot be read on its way: the cost is what the head
+    /// says (a `header:` source, `count_status`); a `json:` source is charged the policy's
+    /// cost, and a warning says so once. Use the default shape to read costs from bodies.
+    fn metered(body: B, settle: Box<dyn BodySettle>) -> B {
+        settle.finish();
+        body
     }
 }
 

@@ -285,8 +285,24 @@ impl tollgate::Store for Down {
         })
     }
 
+    async fn charge(
+        &self,
+        _now: Timestamp,
+        _checks: &[Check<'_>],
+    ) -> Result<Decisions, StoreError> {
+        Err(StoreError::Unavailable {
+            reason: "connection refused".into(),
+        })
+    }
+
     async fn refund(&self, _now: Timestamp, _checks: &[Check<'_>]) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn release(&self, _now: Timestamp, _checks: &[Check<'_>]) -> Result<u32, StoreError> {
+        Err(StoreError::Unavailable {
+            reason: "connection refused to 10.1.2.3:6379 (secret detail)".into(),
+        })
     }
 }
 

@@ -40,6 +40,11 @@ impl Store for Deferred {
         tokio::task::yield_now().await;
         self.0.refund(now, checks).await
     }
+
+    async fn release(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<u32, StoreError> {
+        tokio::task::yield_now().await;
+        self.0.release(now, checks).await
+    }
 }
 
 /// A store that claims to be immediate but is not: the engine must not hang or panic, and
@@ -58,6 +63,10 @@ impl Store for Liar {
 
     async fn refund(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<(), StoreError> {
         self.0.refund(now, checks).await
+    }
+
+    async fn release(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<u32, StoreError> {
+        self.0.release(now, checks).await
     }
 
     fn is_immediate(&self) -> bool {

@@ -1,5 +1,6 @@
 //! The server-side scripts: one small script per algorithm for the usual one-check request, one
-//! for the all-or-nothing multi-check request, one for refunds and lease returns.
+//! for the all-or-nothing multi-check request, one for refunds and lease returns, one for
+//! concurrency permits given back.
 //!
 //! Each script only decides what to write, atomically, and replies with the key's state as it
 //! found it; the caller computes the verdict from that state with the pure algorithms
@@ -40,10 +41,12 @@ pub(crate) enum ScriptKind {
     LeakyBucket,
     Multi,
     Refund,
+    Concurrency,
+    Release,
 }
 
 impl ScriptKind {
-    pub(crate) const ALL: [ScriptKind; 7] = [
+    pub(crate) const ALL: [ScriptKind; 9] = [
         ScriptKind::FixedWindow,
         ScriptKind::SlidingLog,
         ScriptKind::SlidingCounter,
@@ -51,6 +54,8 @@ impl ScriptKind {
         ScriptKind::LeakyBucket,
         ScriptKind::Multi,
         ScriptKind::Refund,
+        ScriptKind::Concurrency,
+        ScriptKind::Release,
     ];
 
     /// The one-check script of `quota`'s algorithm.
@@ -61,6 +66,7 @@ impl ScriptKind {
             Quota::SlidingWindowCounter(_) => ScriptKind::SlidingCounter,
             Quota::TokenBucket(_) => ScriptKind::TokenBucket,
             Quota::LeakyBucket(_) => ScriptKind::LeakyBucket,
+            Quota::Concurrency(_) => ScriptKind::Concurrency,
         }
     }
 
@@ -73,6 +79,8 @@ impl ScriptKind {
             ScriptKind::LeakyBucket => include_str!("script/leaky_bucket.lua"),
             ScriptKind::Multi => include_str!("script/multi.lua"),
             ScriptKind::Refund => include_str!("script/refund.lua"),
+            ScriptKind::Concurrency => include_str!("script/concurrency.lua"),
+            ScriptKind::Release => include_str!("script/release.lua"),
         }
     }
 
@@ -128,11 +136,28 @@ fn code(quota: &Quota) -> i64 {
         Quota::SlidingWindowCounter(_) => 3,
         Quota::TokenBucket(_) => 4,
         Quota::LeakyBucket(_) => 5,
+        Quota::Concurrency(_) => 6,
     }
 }
 
 fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// A permit's id as the scripts store it: 16 hex digits, a string (a Lua number is a double and
+/// cannot hold a 64-bit id).
+pub(crate) fn permit_id(permit: u64) -> String {
+    format!("{permit:016x}")
+}
+
+/// The cost a concurrency check sends: its own, or one past the limit when it names no permit,
+/// so that the script takes nothing for what the algorithm denies for good.
+fn permit_cost(check: &Check<'_>, a: &tollgate::algorithm::Concurrency) -> u64 {
+    if check.permit == 0 && check.cost > 0 {
+        u64::from(a.limit()) + 1
+    } else {
+        u64::from(check.cost)
+    }
 }
 
 /// The leaky bucket's depth and `max_delay` as the scripts take them, or an error for a bucket
@@ -179,6 +204,16 @@ pub(crate) fn one_check_args(
 ) -> Result<(), StoreError> {
     let cost = check.cost;
     let (p1, p2) = match check.policy.quota() {
+        Quota::Concurrency(a) => {
+            cmd.arg(int(a.lease_ttl_micros()))
+                .arg(a.limit())
+                .arg(permit_id(check.permit));
+            let cost = permit_cost(check, a);
+            if cost != 1 {
+                cmd.arg(cost);
+            }
+            return Ok(());
+        }
         Quota::FixedWindow(a) => (a.window_micros(), u64::from(a.limit())),
         Quota::SlidingWindowCounter(a) => (a.window_micros(), u64::from(a.limit())),
         Quota::SlidingWindowLog(a) => (a.window_micros(), u64::from(a.limit())),
@@ -214,6 +249,14 @@ pub(crate) fn one_check_args(
 /// log's oldest units to report (enough for any retry time this request can have).
 pub(crate) fn multi_args(cmd: &mut Cmd, check: &Check<'_>, oldest: u64) -> Result<(), StoreError> {
     let quota = check.policy.quota();
+    if let Quota::Concurrency(a) = quota {
+        cmd.arg(code(quota))
+            .arg(int(a.lease_ttl_micros()))
+            .arg(a.limit())
+            .arg(permit_id(check.permit))
+            .arg(permit_cost(check, a));
+        return Ok(());
+    }
     let [p1, p2, p3] = match quota {
         Quota::FixedWindow(a) => [int(a.window_micros()), i64::from(a.limit()), 0],
         Quota::SlidingWindowLog(a) => [int(a.window_micros()), i64::from(a.limit()), int(oldest)],
@@ -224,13 +267,15 @@ pub(crate) fn multi_args(cmd: &mut Cmd, check: &Check<'_>, oldest: u64) -> Resul
             0,
         ],
         Quota::LeakyBucket(a) => leaky_params(check, a)?,
+        Quota::Concurrency(_) => [0; 3],
     };
     cmd.arg(code(quota)).arg(p1).arg(p2).arg(p3).arg(check.cost);
     Ok(())
 }
 
 /// Appends `refund.lua`'s five values: give back `cost` of `check`'s quota, only where `guard`
-/// says the units were taken (0: anywhere, as a plain refund does).
+/// says the units were taken (0: anywhere, as a plain refund does); a concurrency check's
+/// permit.
 pub(crate) fn refund_args(cmd: &mut Cmd, check: &Check<'_>, cost: u32, guard: u64) {
     let quota = check.policy.quota();
     let p1 = match quota {
@@ -239,12 +284,13 @@ pub(crate) fn refund_args(cmd: &mut Cmd, check: &Check<'_>, cost: u32, guard: u6
         Quota::SlidingWindowCounter(a) => a.window_micros(),
         Quota::TokenBucket(a) => a.interval_micros(),
         Quota::LeakyBucket(a) => a.interval_micros(),
+        Quota::Concurrency(a) => a.lease_ttl_micros(),
     };
-    cmd.arg(code(quota))
-        .arg(int(p1))
-        .arg(cost)
-        .arg(int(guard))
-        .arg(0);
+    cmd.arg(code(quota)).arg(int(p1)).arg(cost).arg(int(guard));
+    match quota {
+        Quota::Concurrency(_) => cmd.arg(permit_id(check.permit)),
+        _ => cmd.arg(0),
+    };
 }
 
 #[cfg(test)]

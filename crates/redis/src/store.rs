@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use redis::{RedisError, Value};
 use tollgate::{
-    Check, Decision, Decisions, MemoryStore, OnError, Store, StoreError, Timestamp, Verdict,
+    Check, Decision, Decisions, MemoryStore, OnError, Quota, Store, StoreError, Timestamp, Verdict,
 };
 
 use crate::config::{ClockSource, ConfigError, RedisConfig};
@@ -28,6 +28,7 @@ mod connection;
 mod failure;
 mod leased;
 mod overrides;
+mod release;
 
 use connection::Connection;
 pub(crate) use connection::classify;
@@ -63,7 +64,10 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// The counters and buckets keep one short string per key and cost O(1) per request. The
 /// sliding window log keeps a sorted set of up to `limit` members, one per admitted unit, and
 /// costs O((1 + cost) log n) per request; about 41 bytes per unit up to 128 units, 118 beyond
-/// (`docs/redis.md`).
+/// (`docs/redis.md`). A concurrency key is a sorted set of the permits held (at most `limit`),
+/// each scored by its expiry; the key's TTL is its newest permit's, so the permits of an
+/// instance that died come back when their `lease_ttl` passes. O(log n) per request and per
+/// release.
 ///
 /// # Hot-key leases
 ///
@@ -82,7 +86,15 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// call returns the error, and the caller's failure rule (the same [`OnError`]) decides what to
 /// answer. [`RedisStore::stats`] counts both (`fallbacks`, `errors`) and
 /// [`RedisStore::is_ready`] turns false meanwhile. A failed [`Store::refund`] is returned as an
-/// error (refunds are best effort: the quota comes back when its window passes anyway).
+/// error (refunds are best effort: the quota comes back when its window passes anyway), and so
+/// is a failed [`Store::release`] but with [`OnError::Local`], which then answers what the local
+/// store gave back (the permit in Redis comes back when its `lease_ttl` passes).
+///
+/// # Deny cache
+///
+/// A denied single check is answered from this process's memory until its `retry_after`
+/// (`deny_cache_size`), except a concurrency check's: any instance's release frees a permit at
+/// once, so its denials always go to Redis.
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -395,7 +407,12 @@ impl RedisStore {
         let checks = std::slice::from_ref(check);
         let prepared = self.prepare(checks)?;
         let cache = prepared[0].cache;
-        if let Some(v) = self.inner.deny.get(&cache, check.cost, self.cache_now(now)) {
+        // A concurrency denial ends whenever anyone releases a permit: never cached.
+        let cacheable = !matches!(check.policy.quota(), Quota::Concurrency(_));
+        let cached = cacheable
+            .then(|| self.inner.deny.get(&cache, check.cost, self.cache_now(now)))
+            .flatten();
+        if let Some(v) = cached {
             self.inner
                 .stats
                 .deny_cache_hits
@@ -412,7 +429,7 @@ impl RedisStore {
                     .into_iter()
                     .next()
                     .ok_or_else(|| crate::verdict::protocol("no verdict"))?;
-                if !v.allowed {
+                if !v.allowed && cacheable {
                     self.inner
                         .deny
                         .insert(cache, check.cost, self.cache_now(now), v);
@@ -537,6 +554,10 @@ impl Store for RedisStore {
             }
         }
         result
+    }
+
+    async fn release(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<u32, StoreError> {
+        self.release_permits(now, checks).await
     }
 }
 

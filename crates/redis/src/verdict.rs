@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use redis::Value;
 use tollgate::algorithm::{
-    Algorithm, FixedWindowState, LeakyBucketState, SlidingWindowCounterState,
+    Algorithm, FixedWindowState, LeakyBucketState, Occupancy, SlidingWindowCounterState,
     SlidingWindowLogState, TokenBucketState,
 };
 use tollgate::{Check, Quota, StoreError, Timestamp, Verdict};
@@ -20,6 +20,10 @@ pub(crate) enum State {
     Counter(SlidingWindowCounterState),
     Token(TokenBucketState),
     Leaky(LeakyBucketState),
+    /// A concurrency key as one check's permit sees it: reported per check, since what a
+    /// permit sees depends on which it is (and `multi.lua` counts the permits the request's
+    /// earlier checks took).
+    Permits(Occupancy),
 }
 
 impl State {
@@ -28,8 +32,10 @@ impl State {
         quota: &Quota,
         now: Timestamp,
         cost: u32,
+        permit: u64,
     ) -> Result<Verdict, StoreError> {
         Ok(match (quota, self) {
+            (Quota::Concurrency(a), State::Permits(o)) => a.decide(*o, now, cost, permit),
             (Quota::FixedWindow(a), State::Fixed(s)) => a.evaluate(s, now, cost),
             (Quota::SlidingWindowLog(a), State::Log(s)) => a.evaluate(s, now, cost),
             (Quota::SlidingWindowCounter(a), State::Counter(s)) => a.evaluate(s, now, cost),
@@ -46,6 +52,7 @@ impl State {
             (Quota::SlidingWindowCounter(a), State::Counter(s)) => a.charge(s, now, cost),
             (Quota::TokenBucket(a), State::Token(s)) => a.charge(s, now, cost),
             (Quota::LeakyBucket(a), State::Leaky(s)) => a.charge(s, now, cost),
+            // A charge takes no permit.
             _ => {}
         }
     }
@@ -57,6 +64,7 @@ impl State {
             (Quota::SlidingWindowCounter(a), State::Counter(s)) => a.commit(s, now, cost),
             (Quota::TokenBucket(a), State::Token(s)) => a.commit(s, now, cost),
             (Quota::LeakyBucket(a), State::Leaky(s)) => a.commit(s, now, cost),
+            // The script reports each check's occupancy with the earlier checks' permits.
             _ => {}
         }
     }
@@ -193,6 +201,9 @@ fn unpack(check: &Check<'_>, packed: i64, out: &mut [i64; 4]) -> Result<usize, S
 
 /// The verdict of a one-check script's reply (see the scripts' headers for the layouts).
 pub(crate) fn one_check(check: &Check<'_>, reply: Value) -> Result<Grant, StoreError> {
+    if let Quota::Concurrency(alg) = check.policy.quota() {
+        return permits::one_check(check, alg, reply);
+    }
     let mut unpacked = [0; 4];
     let array;
     let ints: &[i64] = match reply {
@@ -252,10 +263,13 @@ pub(crate) fn one_check(check: &Check<'_>, reply: Value) -> Result<Grant, StoreE
             let next_free = BASE + unsigned(at(ints, 1)?)?;
             (BASE, State::Leaky(LeakyBucketState { next_free }))
         }
+        Quota::Concurrency(_) => return Err(protocol("a concurrency reply read as a rate's")),
     };
     pruned(quota, &state, now)?;
     let time = Timestamp::from_micros(now);
-    let verdict = state.clone().evaluate(quota, time, check.cost)?;
+    let verdict = state
+        .clone()
+        .evaluate(quota, time, check.cost, check.permit)?;
     let leaky = matches!(quota, Quota::LeakyBucket(_));
     let admitted = if leaky {
         granted == 1
@@ -270,7 +284,7 @@ pub(crate) fn one_check(check: &Check<'_>, reply: Value) -> Result<Grant, StoreE
         )));
     }
     let after_grant = if granted > check.cost && !leaky {
-        state.clone().evaluate(quota, time, granted)?
+        state.clone().evaluate(quota, time, granted, check.permit)?
     } else {
         verdict
     };
@@ -300,14 +314,17 @@ pub(crate) fn multi(
     let now = Timestamp::from_micros(unsigned(at(&ints, 0)?)?);
     let script_admitted = at(&ints, 1)? == 1;
     let mut pos = 2;
-    // One state per distinct key, from its first check's report.
+    // One state per distinct key, from its first check's report; and each check's own, which
+    // concurrency checks decide on.
     let mut initial: Vec<(&str, State)> = Vec::with_capacity(checks.len());
+    let mut reported: Vec<State> = Vec::with_capacity(checks.len());
     for (check, &key) in checks.iter().zip(keys) {
         let state = read_state(check.policy.quota(), &ints, &mut pos)?;
         pruned(check.policy.quota(), &state, now.as_micros())?;
         if !initial.iter().any(|(k, _)| *k == key) {
-            initial.push((key, state));
+            initial.push((key, state.clone()));
         }
+        reported.push(state);
     }
     if pos != ints.len() {
         return Err(protocol(
@@ -318,10 +335,13 @@ pub(crate) fn multi(
     let mut states: Vec<State> = initial.iter().map(|(_, s)| s.clone()).collect();
     let mut verdicts = Vec::with_capacity(checks.len());
     let mut all = true;
-    for (check, &key) in checks.iter().zip(keys) {
+    for ((check, &key), own) in checks.iter().zip(keys).zip(reported.iter_mut()) {
         let quota = check.policy.quota();
-        let state = &mut states[index(key)];
-        let verdict = state.evaluate(quota, now, check.cost)?;
+        let state = match own {
+            State::Permits(_) => own,
+            _ => &mut states[index(key)],
+        };
+        let verdict = state.evaluate(quota, now, check.cost, check.permit)?;
         if all && verdict.allowed && check.cost > 0 {
             state.commit(quota, now, check.cost);
         }
@@ -337,8 +357,9 @@ pub(crate) fn multi(
         // Nothing was written: report each admitting check's quota as it stands.
         for ((check, &key), verdict) in checks.iter().zip(keys).zip(verdicts.iter_mut()) {
             if verdict.allowed {
+                // A concurrency key's first check sees all its permits as they stood.
                 let mut state = initial[index(key)].1.clone();
-                *verdict = state.evaluate(check.policy.quota(), now, 0)?;
+                *verdict = state.evaluate(check.policy.quota(), now, 0, 0)?;
             }
         }
     }
@@ -357,31 +378,45 @@ pub(crate) fn charged(
     let now = Timestamp::from_micros(unsigned(at(&ints, 0)?)?);
     let mut pos = 2;
     let mut states: Vec<(&str, State)> = Vec::with_capacity(checks.len());
+    let mut reported: Vec<State> = Vec::with_capacity(checks.len());
     for (check, &key) in checks.iter().zip(keys) {
         let state = read_state(check.policy.quota(), &ints, &mut pos)?;
         pruned(check.policy.quota(), &state, now.as_micros())?;
         if !states.iter().any(|(k, _)| *k == key) {
-            states.push((key, state));
+            states.push((key, state.clone()));
         }
+        reported.push(state);
     }
     if pos != ints.len() {
         return Err(protocol("the charge replied more than its states"));
     }
     let mut verdicts = Vec::with_capacity(checks.len());
-    for (check, &key) in checks.iter().zip(keys) {
+    for ((check, &key), own) in checks.iter().zip(keys).zip(reported.iter_mut()) {
         let quota = check.policy.quota();
-        let Some((_, state)) = states.iter_mut().find(|(k, _)| *k == key) else {
-            return Err(protocol("a charged key without a state"));
+        let state = match own {
+            State::Permits(_) => own,
+            _ => match states.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, state)) => state,
+                None => return Err(protocol("a charged key without a state")),
+            },
         };
         state.charge(quota, now, check.cost);
-        verdicts.push(Verdict::charged(state.evaluate(quota, now, 0)?));
+        verdicts.push(Verdict::charged(state.evaluate(quota, now, 0, 0)?));
     }
     Ok(verdicts)
 }
 
 /// A log the script reports must hold no unit that has left the window (the script prunes
-/// first): one that does would count twice against the pure algorithm's own pruning.
+/// first): one that does would count twice against the pure algorithm's own pruning. Likewise
+/// a concurrency key's permits must all be live.
 fn pruned(quota: &Quota, state: &State, now: u64) -> Result<(), StoreError> {
+    if let State::Permits(o) = state {
+        if (o.own != 0 && o.own <= now) || (o.others > 0 && o.others_earliest <= now) {
+            return Err(protocol(
+                "the concurrency script reported an expired permit",
+            ));
+        }
+    }
     if let (Quota::SlidingWindowLog(a), State::Log(s)) = (quota, state) {
         if s.entries
             .front()
@@ -411,6 +446,11 @@ fn read_state(quota: &Quota, ints: &[i64], pos: &mut usize) -> Result<State, Sto
         }),
         Quota::TokenBucket(_) => State::Token(TokenBucketState { tat: next()? }),
         Quota::LeakyBucket(_) => State::Leaky(LeakyBucketState { next_free: next()? }),
+        Quota::Concurrency(_) => State::Permits(Occupancy {
+            others: next()?,
+            own: next()?,
+            others_earliest: next()?,
+        }),
         Quota::SlidingWindowLog(_) => {
             let (total, newest, listed) = (next()?, next()?, next()?);
             if listed > total {
@@ -431,5 +471,6 @@ pub(crate) fn protocol(reason: &str) -> StoreError {
     }
 }
 
+mod permits;
 #[cfg(test)]
 mod tests;

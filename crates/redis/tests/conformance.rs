@@ -142,4 +142,14 @@ mod with_deny_cache {
     async fn quota_returns_with_time() {
         tollgate::testing::quota_returns_with_time(&store().await).await;
     }
+    /// Concurrency denials are never cached: a release frees a permit at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrency_release_frees_a_permit() {
+        tollgate::testing::concurrency_release_frees_a_permit(&store().await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrency_renewal_takes_no_second_permit() {
+        tollgate::testing::concurrency_renewal_takes_no_second_permit(&store().await).await;
+    }
 }

@@ -113,7 +113,7 @@ fn over_admitted(quota: &Quota, admitted: &[(u64, u32)], extra: u64) -> u64 {
                 })
                 .max()
                 .unwrap_or(0),
-            Quota::LeakyBucket(_) => unreachable!("not leased"),
+            Quota::LeakyBucket(_) | Quota::Concurrency(_) => unreachable!("not leased"),
         };
         worst = worst.max(over);
     }

@@ -86,6 +86,13 @@ pub struct LoggedRequest<'a> {
     pub api_key: Option<Cow<'a, [u8]>>,
     /// The authenticated user, for the `user` key selector.
     pub user: Option<Cow<'a, str>>,
+    /// The status the server answered with (`count_status` counts by it).
+    pub status: Option<u16>,
+    /// What the request cost, when the log says (`charge = "response"` charges it).
+    pub cost: Option<u64>,
+    /// How long the request took, when the log says (`$request_time`): a concurrency limit's
+    /// slot is held for it.
+    pub took: Option<std::time::Duration>,
 }
 
 /// Why a line is not a request.
@@ -113,14 +120,15 @@ pub struct Parser {
 #[derive(Debug)]
 enum Kind {
     Combined(combined::Parser),
-    Json(json::Parser),
+    // Boxed: one parser per file, made once; the enum stays small either way.
+    Json(Box<json::Parser>),
 }
 
 impl Parser {
     /// A parser for `format` (`Auto` reads combined; resolve it first with [`Format::resolve`]).
     pub fn new(format: Format, fields: &JsonFields) -> Self {
         let kind = match format {
-            Format::Json => Kind::Json(json::Parser::new(fields.clone())),
+            Format::Json => Kind::Json(Box::new(json::Parser::new(fields.clone()))),
             Format::Combined | Format::Auto => Kind::Combined(combined::Parser::default()),
         };
         Parser { kind }

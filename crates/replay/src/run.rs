@@ -18,7 +18,7 @@ use tollgate::{ManualClock, Timestamp};
 use tollgate_config::Config;
 use tollgate_http::{RequestInfo, UserId};
 
-use crate::engine::Run;
+use crate::engine::{Logged, Run};
 use crate::format::{LineError, LoggedRequest};
 use crate::input::Source;
 pub use crate::options::Options;
@@ -324,7 +324,12 @@ impl Replayer {
             .with_extensions(Some(&self.extensions));
         let mut status = 200;
         for (i, run) in self.runs.iter_mut().enumerate() {
-            let s = run.evaluate(&info, now);
+            let logged = Logged {
+                status: request.status,
+                cost: request.cost,
+                took: request.took,
+            };
+            let s = run.evaluate(&info, now, logged);
             if i == 0 {
                 status = s;
             }

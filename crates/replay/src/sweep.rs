@@ -171,7 +171,8 @@ fn expand(grid: Vec<Point>, dimension: &Dimension) -> Vec<Point> {
     out
 }
 
-/// The quota of `algorithm` with `q = limit` and `w = window`.
+/// The quota of `algorithm` with `q = limit` and `w = window` (for a concurrency limit, the
+/// permits' lifetime).
 pub fn quota_of(
     algorithm: AlgorithmKind,
     limit: u32,
@@ -185,6 +186,8 @@ pub fn quota_of(
         AlgorithmKind::LeakyBucket => {
             Quota::leaky_bucket(Rate::new(limit, window)?, limit.saturating_sub(1))
         }
+        // Requests in flight have no window: `window` is how long a permit lives.
+        AlgorithmKind::Concurrency => Quota::concurrency(limit, window),
     }
 }
 

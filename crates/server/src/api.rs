@@ -2,7 +2,9 @@
 //! attributes), and `/v1/forward-auth` for Traefik and Caddy with `/v1/forward-auth/nginx` for
 //! nginx `auth_request`.
 
+mod by_policy;
 mod forward_auth;
+mod lease;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -17,7 +19,6 @@ use tollgate::Decisions;
 use tollgate_http::{Refusal, RequestInfo, normalize};
 
 use crate::Shared;
-use crate::config::Action;
 use crate::generation::{Disposition, Generation};
 use crate::response::{Body, decision_json, full, json_response, problem, problem_response, text};
 
@@ -32,6 +33,12 @@ pub(crate) async fn handle(
     let engine = shared.engine();
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/check") => check(&engine, req).await,
+        (&Method::POST, "/v1/release") => lease::release(&engine, req).await,
+        (_, "/v1/release") => problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Method not allowed",
+            Some("use POST /v1/release with {\"lease\": \"...\"}"),
+        ),
         (_, "/v1/check") => problem(
             StatusCode::METHOD_NOT_ALLOWED,
             "Method not allowed",
@@ -48,7 +55,7 @@ pub(crate) async fn handle(
             StatusCode::NOT_FOUND,
             "Not found",
             Some(
-                "the decision API serves POST /v1/check, /v1/forward-auth and /v1/forward-auth/nginx",
+                "the decision API serves POST /v1/check, POST /v1/release, /v1/forward-auth and /v1/forward-auth/nginx",
             ),
         ),
     }
@@ -58,11 +65,25 @@ fn bad_request(detail: &str) -> Response<Body> {
     problem(StatusCode::BAD_REQUEST, "Bad request", Some(detail))
 }
 
+/// Reads a JSON body of at most [`MAX_BODY`] bytes; `Err` is the 400 to answer.
+async fn json_body(req: Request<Incoming>) -> Result<Value, Response<Body>> {
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return Err(bad_request("the body could not be read or exceeds 64 KiB")),
+    };
+    serde_json::from_slice(&body).map_err(|e| bad_request(&format!("malformed JSON: {e}")))
+}
+
 async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return bad_request("the body could not be read or exceeds 64 KiB"),
     };
+    // The common call, by policy and key, is read field by field without building a tree;
+    // anything else (by attributes, or a body the quick reading cannot take) the general way.
+    if let Some(asked) = by_policy::Asked::read(&body) {
+        return by_policy::check(engine, asked).await;
+    }
     let value: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return bad_request(&format!("malformed JSON: {e}")),
@@ -73,103 +94,10 @@ async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
         );
     };
     if obj.contains_key("policy") {
-        check_by_policy(engine, obj).await
+        by_policy::check(engine, by_policy::Asked::from_map(obj)).await
     } else {
         check_by_attributes(engine, obj).await
     }
-}
-
-async fn check_by_policy(
-    engine: &Generation,
-    obj: &serde_json::Map<String, Value>,
-) -> Response<Body> {
-    let Some(name) = obj.get("policy").and_then(Value::as_str) else {
-        return bad_request("\"policy\" must be a string");
-    };
-    let Some(key) = obj.get("key").and_then(Value::as_str) else {
-        return bad_request("\"key\" is required and must be a string");
-    };
-    let cost = match obj.get("cost") {
-        None | Some(Value::Null) => 1,
-        Some(v) => match v.as_u64().and_then(|c| u32::try_from(c).ok()) {
-            Some(c) => c,
-            None => return bad_request("\"cost\" must be a whole number from 0 to 4294967295"),
-        },
-    };
-    let report = match obj.get("mode") {
-        None | Some(Value::Null) => false,
-        Some(Value::String(m)) if m == "check" => false,
-        Some(Value::String(m)) if m == "report" => true,
-        Some(_) => {
-            return problem_response(&Refusal::bad_field(
-                "\"mode\"",
-                "must be \"check\" (the default) or \"report\" (charge the cost, never deny)",
-            ));
-        }
-    };
-    let decided = if report {
-        engine.report_key(name, key.as_bytes(), cost).await
-    } else {
-        engine.check_key(name, key.as_bytes(), cost).await
-    };
-    let (Some(pc), Some(eval)) = (engine.policy(name), decided) else {
-        let known: Vec<&str> = engine.config().policies.iter().map(|p| p.name()).collect();
-        return problem(
-            StatusCode::NOT_FOUND,
-            "Unknown policy",
-            Some(&format!(
-                "no policy named {:?}; configured: {}",
-                name.chars().take(128).collect::<String>(),
-                known.join(", ")
-            )),
-        );
-    };
-    let shadow = pc.action == Action::Shadow;
-    let fail_open = eval.store_failed() && eval.allowed();
-    let (decisions, headers, disposition) = eval.into_parts();
-    match disposition {
-        // Refused before any count, or the store failed closed: the engine's own answer.
-        Disposition::Respond(a) if a.status() != StatusCode::TOO_MANY_REQUESTS => {
-            return a.into_response().map(full);
-        }
-        // The caller holds the request; keep its slot rather than give it back.
-        Disposition::Hold(hold) => drop(tokio::spawn(hold.wait())),
-        _ => {}
-    }
-    let mut body = match decisions.as_slice().first() {
-        Some(d) => decision_json(d),
-        // Failed open: admitted, with no quota to report, since none was counted.
-        None => json!({"allowed": true, "policy": pc.name(), "limit": null, "remaining": null,
-            "reset": null, "retry_after": null, "delay": null}),
-    };
-    let allowed = decisions.allowed();
-    if let Some(obj) = body.as_object_mut() {
-        obj.insert("action".into(), Value::from(pc.action.as_str()));
-        obj.insert("fail_open".into(), Value::from(fail_open));
-        if let Some(d) = decisions.as_slice().first()
-            && !d.allowed
-            && d.retry_after.is_none()
-        {
-            // Never admissible: denied, and no retry_after, which would lie.
-            obj.insert(
-                "detail".into(),
-                Value::from(format!(
-                    "cost {cost} exceeds what the quota can ever admit ({})",
-                    d.limit
-                )),
-            );
-        }
-    }
-    let status = if allowed || shadow {
-        StatusCode::OK
-    } else {
-        StatusCode::TOO_MANY_REQUESTS
-    };
-    let mut res = json_response(status, &body);
-    if !shadow {
-        headers.apply(res.headers_mut());
-    }
-    res
 }
 
 /// A request described attribute by attribute to `/v1/check`.
@@ -280,8 +208,11 @@ async fn check_by_attributes(
     let info = RequestInfo::new(&method, target, &headers)
         .with_host(host)
         .with_client_ip(ip);
-    let eval = engine.evaluate(&info).await;
+    let mut eval = engine.evaluate(&info).await;
     let fail_open = eval.store_failed() && eval.allowed();
+    // A described request that took concurrency slots gets a lease to give them back with,
+    // whatever its mode: nothing else could.
+    let lease = eval.take_settle().and_then(|mut s| s.lease());
     let (decisions, rate_limit, disposition) = eval.into_parts();
     let status = match disposition {
         Disposition::Respond(a) if a.status() != StatusCode::TOO_MANY_REQUESTS => {
@@ -336,6 +267,7 @@ async fn check_by_attributes(
             ),
         );
         o.insert("fail_open".into(), Value::from(fail_open));
+        o.insert("lease".into(), Value::from(lease));
     }
     let mut res = json_response(status, &body);
     *res.headers_mut() = {

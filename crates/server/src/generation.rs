@@ -22,6 +22,9 @@ pub(crate) type Disposition = tollgate_http::Disposition<AnyStore, SystemClock>;
 /// A request held for its slot (leaky bucket `delay`).
 pub(crate) type Hold = tollgate_http::Hold<AnyStore, SystemClock>;
 
+/// The true-up of a request whose policies charge by its response.
+pub(crate) type Settle = tollgate_http::Settle<AnyStore, SystemClock>;
+
 /// What the HTTP engine decided for one request.
 pub(crate) type Evaluation = tollgate_http::Evaluation<AnyStore, SystemClock>;
 
@@ -139,7 +142,7 @@ impl Generation {
     }
 
     /// Decides a prepared request and counts it.
-    async fn decide(&self, prepared: Prepared) -> Evaluation {
+    pub(crate) async fn decide(&self, prepared: Prepared) -> Evaluation {
         let started = (!prepared.is_empty()).then(Instant::now);
         let evaluation = self.http.decide_prepared(&prepared).await;
         if let Some(started) = started {

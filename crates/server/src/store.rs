@@ -131,6 +131,13 @@ impl Store for AnyStore {
         }
     }
 
+    async fn release(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<u32, StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.release(now, checks).await,
+            AnyStore::Redis(r) => r.release(now, checks).await,
+        }
+    }
+
     fn is_immediate(&self) -> bool {
         match self {
             AnyStore::Memory(m) => m.is_immediate(),

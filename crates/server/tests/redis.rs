@@ -5,58 +5,12 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
 use common::*;
 use hyper::StatusCode;
 
-struct Redis {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn redis() -> Option<Redis> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .ok()?
-        .local_addr()
-        .ok()?
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some(Redis { child, port })
-}
-
 #[tokio::test]
 async fn two_instances_share_one_redis_count() {
-    let Some(mut redis) = redis() else {
+    let Some(mut redis) = common::redis::redis() else {
         panic!("redis-server could not be started: install redis-server (scripts/test.sh does)");
     };
     let text = format!(
@@ -90,8 +44,7 @@ async fn two_instances_share_one_redis_count() {
     assert_eq!(r.json()["remaining"], 1);
 
     // Redis goes away: not ready, and on_error = "allow" keeps admitting.
-    let _ = redis.child.kill();
-    let _ = redis.child.wait();
+    redis.kill();
     let r = get(&a.admin_url("/readyz"), &[]).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     let r = post_json(

@@ -3,7 +3,7 @@
 //! `algorithm` cannot silently drop a limit.
 
 use tollgate::{AlgorithmKind, Lease, Policy, Quota, parse_duration};
-use tollgate_http::{KeyChain, KeySelector, RouteMatch, parse_method};
+use tollgate_http::{Charge, CostFrom, KeyChain, KeySelector, RouteMatch, StatusSet, parse_method};
 
 use super::fields::{count, duration, one_of};
 use super::{Errors, RawMatch, RawPolicy};
@@ -65,7 +65,7 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
             })
             .ok()
     });
-    let (policy, lease_ok) = validate_lease(&p, policy, &cx.prefix, errs);
+    let (policy, lease_ok) = validate_lease(&p, policy, (&cx.prefix, cx.kind), errs);
     ok &= lease_ok;
     let (cost, cost_ok) = cost(&p, policy.as_ref(), &cx, errs);
     ok &= cost_ok;
@@ -81,6 +81,29 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
     };
     let (action, action_ok) = action(&p, &cx, errs);
     ok &= action_ok;
+    let (charge, count_status, charge_ok) = charge(&p, &cx, errs);
+    ok &= charge_ok;
+    if kind == AlgorithmKind::Concurrency {
+        let by_response = [
+            (
+                "charge",
+                p.charge
+                    .as_ref()
+                    .filter(|c| c.get_ref() != "request")
+                    .map(|c| c.span().start),
+            ),
+            (
+                "count_status",
+                p.count_status.as_ref().map(|c| c.span().start),
+            ),
+        ];
+        for (field, at) in by_response {
+            if let Some(at) = at {
+                errs.at(at, format!("{}field \"{field}\" does not apply to algorithm \"concurrency\": a slot is held while the request runs and given back at its end, whatever the response says", cx.prefix));
+                ok = false;
+            }
+        }
+    }
     let queue_fields = crate::queue::RawQueueFields {
         max_body: p.queue_max_body.as_ref(),
         max_depth: p.queue_max_depth.as_ref(),
@@ -107,7 +130,120 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
         action: action?,
         require_key: p.require_key.unwrap_or(false),
         queue: queue?,
+        charge,
+        count_status,
     })
+}
+
+/// `charge`, `cost_from` and `count_status`: when a request is charged, where its cost is read
+/// from the response, and which statuses count. `charge = "response"` needs `cost_from`, and
+/// `cost_from` needs it.
+fn charge(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> (Charge, Option<StatusSet>, bool) {
+    let mut ok = true;
+    let cost_from = match &p.cost_from {
+        Some(v) => match v.get_ref().parse::<CostFrom>() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                errs.at(
+                    v.span().start,
+                    format!(
+                        "{}field \"cost_from\": {}; write e.g. cost_from = \"json:usage.total_tokens\" or \"header:x-usage-tokens\"",
+                        cx.prefix,
+                        e.reason()
+                    ),
+                );
+                ok = false;
+                None
+            }
+        },
+        None => None,
+    };
+    let charge = match (&p.charge, cost_from) {
+        (None, None) => Charge::Request,
+        (Some(v), cost_from) if v.get_ref() == "request" => {
+            if let (Some(c), Some(at)) = (cost_from, &p.cost_from) {
+                errs.at(
+                    at.span().start,
+                    format!(
+                        "{}field \"cost_from\" ({c}) reads the cost from the response: it needs charge = \"response\"",
+                        cx.prefix
+                    ),
+                );
+                ok = false;
+            }
+            Charge::Request
+        }
+        (Some(v), Some(c)) if v.get_ref() == "response" => Charge::Response(c),
+        (Some(v), None) if v.get_ref() == "response" => {
+            if p.cost_from.is_none() {
+                errs.at(
+                    v.span().start,
+                    format!(
+                        "{}charge = \"response\" needs cost_from, where the response says what it cost; write e.g. cost_from = \"json:usage.total_tokens\"",
+                        cx.prefix
+                    ),
+                );
+            }
+            ok = false;
+            Charge::Request
+        }
+        (Some(v), _) => {
+            errs.at(
+                v.span().start,
+                format!(
+                    "{}field \"charge\": use \"request\" (the default: charged up front) or \"response\" (charged what the response says, from cost_from)",
+                    cx.prefix
+                ),
+            );
+            ok = false;
+            Charge::Request
+        }
+        (None, Some(c)) => {
+            if let Some(at) = &p.cost_from {
+                errs.at(
+                    at.span().start,
+                    format!(
+                        "{}field \"cost_from\" ({c}) reads the cost from the response: add charge = \"response\"",
+                        cx.prefix
+                    ),
+                );
+            }
+            ok = false;
+            Charge::Request
+        }
+    };
+    let count_status = match &p.count_status {
+        Some(list) => {
+            let items: Vec<&str> = list
+                .get_ref()
+                .iter()
+                .map(|s| s.get_ref().as_str())
+                .collect();
+            match StatusSet::parse(&items) {
+                Ok(set) => Some(set),
+                Err(e) => {
+                    let at = list
+                        .get_ref()
+                        .iter()
+                        .find(|s| s.get_ref().trim() == e.input())
+                        .map_or(list.span().start, |s| s.span().start);
+                    errs.at(
+                        at,
+                        format!(
+                            "{}field \"count_status\": {:?}: {}; write e.g. count_status = [\"401\", \"403\", \"5xx\"]",
+                            cx.prefix,
+                            e.input(),
+                            e.reason()
+                        ),
+                    );
+                    ok = false;
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    (charge, count_status, ok)
 }
 
 /// Refuses the quota fields of other algorithms; false when there was one.
@@ -124,6 +260,7 @@ fn foreign_fields(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> bool {
     let own: &[&str] = match cx.kind {
         AlgorithmKind::TokenBucket => &["capacity", "refill"],
         AlgorithmKind::LeakyBucket => &["rate", "queue", "max_delay"],
+        AlgorithmKind::Concurrency => &["limit", "max_delay"],
         _ => &["limit", "window"],
     };
     let mut ok = true;
@@ -151,10 +288,39 @@ fn quota(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> Option<Quota> {
     match cx.kind {
         AlgorithmKind::TokenBucket => token_bucket_quota(p, cx, errs),
         AlgorithmKind::LeakyBucket => leaky_bucket_quota(p, cx, errs),
+        AlgorithmKind::Concurrency => concurrency_quota(p, cx, errs),
         AlgorithmKind::FixedWindow
         | AlgorithmKind::SlidingWindowLog
         | AlgorithmKind::SlidingWindowCounter => window_quota(p, cx, errs),
     }
+}
+
+/// How long a concurrency permit lives unless its request ends first, when `lease_ttl` is not
+/// given: long enough for a slow export, short enough that a crashed instance's slots come
+/// back within minutes.
+const DEFAULT_PERMIT_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `limit` and `lease_ttl` (how long a permit lives when nothing gives it back).
+fn concurrency_quota(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> Option<Quota> {
+    let ctx = cx.prefix.as_str();
+    let limit = match &p.limit {
+        Some(v) => count(v, "limit", ctx, 1, errs),
+        None => {
+            cx.required(errs, "limit", "4");
+            None
+        }
+    };
+    let ttl = match &p.lease_ttl {
+        Some(v) => duration(v, "lease_ttl", ctx, errs),
+        None => Some(DEFAULT_PERMIT_TTL),
+    };
+    let (limit, ttl) = (limit?, ttl?);
+    Quota::concurrency(limit, ttl)
+        .map_err(|e| {
+            let pos = p.lease_ttl.as_ref().map_or(cx.at, |v| v.span().start);
+            errs.at(pos, format!("{ctx}{}", e.reason()));
+        })
+        .ok()
 }
 
 /// `limit` and `window`: the fixed window and both sliding windows.
@@ -275,6 +441,16 @@ fn cost(
         Some(v) => count(v, "cost", &cx.prefix, 1, errs),
         None => Some(1),
     };
+    if let (Some(c), Some(at)) = (cost, &p.cost)
+        && cx.kind == AlgorithmKind::Concurrency
+        && c != 1
+    {
+        errs.at(
+            at.span().start,
+            format!("{}field \"cost\" = {c}: a request holds one slot of a concurrency limit, so its cost is 1; remove the field", cx.prefix),
+        );
+        return (cost, false);
+    }
     if let (Some(c), Some(pol)) = (cost, policy) {
         let max = pol.quota().max_cost();
         if c > max {
@@ -416,9 +592,14 @@ fn action(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> (Option<Action>, bo
         ),
         None => Some(Action::Reject),
     };
-    if matches!(action, Some(Action::Delay { .. })) && cx.kind != AlgorithmKind::LeakyBucket {
+    if matches!(action, Some(Action::Delay { .. }))
+        && !matches!(
+            cx.kind,
+            AlgorithmKind::LeakyBucket | AlgorithmKind::Concurrency
+        )
+    {
         let pos = p.action.as_ref().map_or(cx.at, |v| v.span().start);
-        errs.at(pos, format!("{}action \"delay\" needs algorithm \"leaky_bucket\" (it holds a request until its slot); use action = \"reject\" with \"{}\"", cx.prefix, cx.kind.as_str()));
+        errs.at(pos, format!("{}action \"delay\" needs algorithm \"leaky_bucket\" or \"concurrency\" (it holds a request until its slot); use action = \"reject\" with \"{}\"", cx.prefix, cx.kind.as_str()));
         ok = false;
     }
     if action == Some(Action::Queue) && cx.kind != AlgorithmKind::LeakyBucket {
@@ -434,9 +615,19 @@ fn action(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> (Option<Action>, bo
 fn validate_lease(
     p: &RawPolicy,
     policy: Option<Policy>,
-    ctx: &str,
+    (ctx, kind): (&str, AlgorithmKind),
     errs: &mut Errors<'_>,
 ) -> (Option<Policy>, bool) {
+    if kind == AlgorithmKind::Concurrency {
+        if let Some(size) = &p.lease {
+            errs.at(
+                size.span().start,
+                format!("{ctx}field \"lease\" does not apply to algorithm \"concurrency\": a permit is taken and given back at the store each time; its lease_ttl is how long a permit lives when its request never ends"),
+            );
+            return (policy, false);
+        }
+        return (policy, true);
+    }
     let Some(size) = &p.lease else {
         if let Some(ttl) = &p.lease_ttl {
             errs.at(

@@ -17,17 +17,18 @@
 //! the table. The sliding log keeps a 64-byte record per key in a table of its own, with up to
 //! its entries bit-packed in it while they fit (12 for a one-second window, 9 for a minute, 8
 //! for an hour, fewer when costs are not 1) and longer logs on the heap (`log`), within a byte
-//! budget.
+//! budget. A concurrency key keeps its permits, a sorted vector of at most `limit` of them
+//! (16 bytes each), in a map beside them.
 //!
 //! # Concurrency
 //!
 //! Each shard is behind a [`ShardedLock`]: a reader locks only its own thread's part of it, so
 //! threads never write to a shared cache line just to read. A known key is decided under that
-//! shared lock, by compare-and-swap on its word, as `governor` does; a sliding log under its own
-//! mutex. A new counter or bucket key is added under it too, by claiming an empty slot with
-//! compare-and-swap, unless the shard is due a sweep or its table must grow. Only those, a new
-//! sliding log, a spilled state, a batch of several checks (all-or-nothing), a refund or a
-//! sweep take the shard exclusively.
+//! shared lock, by compare-and-swap on its word, as `governor` does; a sliding log and a
+//! concurrency key's permits under their own mutex. A new counter or bucket key is added under
+//! it too, by claiming an empty slot with compare-and-swap, unless the shard is due a sweep or
+//! its table must grow. Only those, another new key, a spilled state, a batch of several checks
+//! (all-or-nothing), a refund, a release or a sweep take the shard exclusively.
 //!
 //! # Eviction
 //!
@@ -46,9 +47,7 @@
 
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use smallvec::SmallVec;
@@ -56,12 +55,14 @@ use smallvec::SmallVec;
 use super::{Check, Store};
 use crate::{Decision, Decisions, StoreError, Timestamp, Verdict};
 
+mod immediate;
 mod key_hash;
 mod log;
 mod packing;
 mod shard;
 mod table;
 
+use immediate::{ApplyOne, Immediate};
 use key_hash::KeyHasher;
 use shard::{Limits, Mode, Shard, Shared, Undo};
 
@@ -244,12 +245,17 @@ impl MemoryStore {
     pub fn apply_one_now(&self, now: Timestamp, check: &Check<'_>) -> Decision {
         // By value: the fields stay in registers (a `&Check` kept a copy in memory for the cold
         // path below, callgrind: 4 instructions a check).
-        let Check { policy, key, cost } = *check;
+        let Check {
+            policy,
+            key,
+            cost,
+            permit,
+        } = *check;
         let hash = self.hash(key);
         let lock = self.shard(hash);
         let limits = &self.inner.limits;
         let shard = read(lock);
-        match shard.try_shared(policy, hash, now, cost, limits) {
+        match shard.try_shared(policy, hash, now, cost, permit, limits) {
             Shared::Decided(decision) => decision,
             Shared::DecidedOverBudget(decision) => {
                 drop(shard);
@@ -258,7 +264,7 @@ impl MemoryStore {
             }
             Shared::Exclusive => {
                 drop(shard);
-                decide_exclusive(lock, now, &Check::new(policy, key, cost), hash, *limits)
+                decide_exclusive(lock, now, check, hash, *limits)
                     .into_decision(policy.shared_name())
             }
         }
@@ -288,8 +294,15 @@ impl MemoryStore {
             } else {
                 Mode::Evaluate
             };
-            let (verdict, step_undo) =
-                shard.step(check.policy, hash, now, check.cost, mode, limits);
+            let (verdict, step_undo) = shard.step(
+                check.policy,
+                hash,
+                now,
+                check.cost,
+                check.permit,
+                mode,
+                limits,
+            );
             all_allowed &= verdict.allowed;
             verdicts.push(verdict);
             undo.push(step_undo);
@@ -309,7 +322,7 @@ impl MemoryStore {
                 if verdict.allowed {
                     let shard = guard_for(&mut guards, self.shard_index(hash));
                     *verdict = shard
-                        .step(check.policy, hash, now, 0, Mode::Evaluate, limits)
+                        .step(check.policy, hash, now, 0, 0, Mode::Evaluate, limits)
                         .0;
                 }
             }
@@ -336,12 +349,28 @@ impl MemoryStore {
             .collect()
     }
 
-    /// Gives back the cost of admitted checks (see [`Store::refund`]).
+    /// Gives back the cost of admitted checks (see [`Store::refund`]); a concurrency check's
+    /// permit.
     pub fn refund_now(&self, now: Timestamp, checks: &[Check<'_>]) {
         for check in checks {
             let hash = self.hash(check.key);
-            write(self.shard(hash)).refund(check.policy, hash, now, check.cost);
+            write(self.shard(hash)).refund(check.policy, hash, now, check.cost, check.permit);
         }
+    }
+
+    /// Gives back the concurrency checks' permits; how many were still held (see
+    /// [`Store::release`]).
+    pub fn release_now(&self, now: Timestamp, checks: &[Check<'_>]) -> u32 {
+        let mut held = 0;
+        for check in checks {
+            if let crate::Quota::Concurrency(_) = check.policy.quota() {
+                let hash = self.hash(check.key);
+                let released =
+                    write(self.shard(hash)).release_permit(check.policy, hash, now, check.permit);
+                held += u32::from(released);
+            }
+        }
+        held
     }
 
     /// The key's identity: SipHash-1-3 of its bytes under this store's random key
@@ -403,49 +432,17 @@ impl Store for MemoryStore {
         }))
     }
 
+    fn release(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> impl Future<Output = Result<u32, StoreError>> + Send {
+        Immediate(Some(move || Ok(self.release_now(now, checks))))
+    }
+
     /// Every operation runs under a shard lock and never waits for anything else.
     fn is_immediate(&self) -> bool {
         true
-    }
-}
-
-/// A future that does its work when first polled and is ready then: the memory store's
-/// answers, without the state machine an `async` block would wrap around them (it showed in
-/// the instruction count of every check).
-struct Immediate<F>(Option<F>);
-
-impl<F: FnOnce() -> T + Unpin, T> Future for Immediate<F> {
-    type Output = T;
-
-    #[inline(always)]
-    fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<T> {
-        match self.0.take() {
-            Some(work) => Poll::Ready(work()),
-            // Polled again after completing: stays pending, as a fused future would.
-            None => Poll::Pending,
-        }
-    }
-}
-
-/// [`Store::apply_one`]'s future: [`Immediate`] without a closure, whose call shim the compiler
-/// stopped inlining once two callers polled it (about 110 instructions more per check,
-/// callgrind).
-struct ApplyOne<'s, 'c> {
-    store: &'s MemoryStore,
-    now: Timestamp,
-    check: Option<Check<'c>>,
-}
-
-impl Future for ApplyOne<'_, '_> {
-    type Output = Result<Decision, StoreError>;
-
-    #[inline(always)]
-    fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.check.take() {
-            Some(check) => Poll::Ready(Ok(self.store.apply_one_now(self.now, &check))),
-            // Polled again after completing: stays pending, as a fused future would.
-            None => Poll::Pending,
-        }
     }
 }
 
@@ -468,7 +465,15 @@ fn decide_exclusive(
     limits: Limits,
 ) -> Verdict {
     write(lock)
-        .step(check.policy, hash, now, check.cost, Mode::Commit, limits)
+        .step(
+            check.policy,
+            hash,
+            now,
+            check.cost,
+            check.permit,
+            Mode::Commit,
+            limits,
+        )
         .0
 }
 

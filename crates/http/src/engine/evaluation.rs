@@ -14,7 +14,7 @@ use crate::headers::{HeaderList, write_lines};
 use crate::key::KeyBuf;
 use crate::{Refusal, problem};
 
-use super::{Engine, KeyOverride, QueueTicket};
+use super::{Engine, KeyOverride, QueueTicket, Settle};
 
 /// One matching policy and the key the request is counted under.
 #[derive(Clone, Debug)]
@@ -26,6 +26,8 @@ pub(super) struct Entry {
     pub(super) cost: u32,
     /// The key's override of the policy's quota, when it has one.
     pub(super) over: Option<Arc<KeyOverride>>,
+    /// The permit a concurrency limit's check takes (0 for the other algorithms).
+    pub(super) permit: u64,
 }
 
 /// The synchronous half of an evaluation: which policies match and the keys. Owns its data, so
@@ -151,6 +153,9 @@ pub struct Evaluation<S: Store, C: Clock> {
     pub(super) headers: HeaderList,
     pub(super) disposition: Disposition<S, C>,
     pub(super) store_failed: bool,
+    /// The true-up of an admitted request whose policies charge by the response
+    /// (`charge = "response"`, `count_status`).
+    pub(super) settle: Option<Box<Settle<S, C>>>,
 }
 
 impl<S: Store, C: Clock> Evaluation<S, C> {
@@ -165,6 +170,13 @@ impl<S: Store, C: Clock> Evaluation<S, C> {
     /// ([`OnError::Deny`](tollgate::OnError::Deny)) undecided.
     pub fn store_failed(&self) -> bool {
         self.store_failed
+    }
+
+    /// The true-up the door hands the response to, when a policy that admitted the request
+    /// charges by its response (`charge = "response"` or `count_status`): taken once. A door
+    /// that drops it unfed charges every such policy its `cost`, as admission did.
+    pub fn take_settle(&mut self) -> Option<Box<Settle<S, C>>> {
+        self.settle.take()
     }
 
     /// Whether the request goes on (now or after a hold).

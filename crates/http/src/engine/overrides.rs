@@ -103,28 +103,33 @@ impl QuotaFields {
     /// The quota `base` becomes with these fields (same algorithm; a leaky bucket keeps its
     /// `max_delay`), or the first field that does not fit and why.
     pub fn apply(&self, base: &Quota) -> Result<Quota, OverrideError> {
-        let own: [&'static str; 2] = match base {
+        let own: &[&'static str] = match base {
             Quota::FixedWindow(_) | Quota::SlidingWindowLog(_) | Quota::SlidingWindowCounter(_) => {
-                ["limit", "window"]
+                &["limit", "window"]
             }
-            Quota::TokenBucket(_) => ["capacity", "refill"],
-            Quota::LeakyBucket(_) => ["rate", "queue"],
+            Quota::TokenBucket(_) => &["capacity", "refill"],
+            Quota::LeakyBucket(_) => &["rate", "queue"],
+            // A permit's TTL is the policy's: how long a lost request may hold a slot is not a
+            // per-key matter.
+            Quota::Concurrency(_) => &["limit"],
         };
         let algorithm = base.kind().as_str();
         if let Some(other) = self.given().find(|f| !own.contains(f)) {
+            let fields = match own {
+                [one] => format!("whose quota field is {one}"),
+                _ => format!("whose quota fields are {}", own.join(" and ")),
+            };
             return Err(field_error(
                 other,
-                format!(
-                    "the policy is a {algorithm}, whose quota fields are {} and {}",
-                    own[0], own[1]
-                ),
+                format!("the policy is a {algorithm}, {fields}"),
             ));
         }
         if self.given().next().is_none() {
-            return Err(field_error(
-                own[0],
-                format!("give {} or {} (or both)", own[0], own[1]),
-            ));
+            let give = match own {
+                [one] => format!("give {one}"),
+                _ => format!("give {} (or both)", own.join(" or ")),
+            };
+            return Err(field_error(own[0], give));
         }
         let quota = match base {
             Quota::FixedWindow(_) | Quota::SlidingWindowLog(_) | Quota::SlidingWindowCounter(_) => {
@@ -144,7 +149,7 @@ impl QuotaFields {
                     Quota::SlidingWindowLog(_) => Quota::sliding_window_log(limit, window),
                     _ => Quota::sliding_window_counter(limit, window),
                 };
-                made.map_err(|e| field_error(self.first_of(&own), e.reason()))?
+                made.map_err(|e| field_error(self.first_of(own), e.reason()))?
             }
             Quota::TokenBucket(bucket) => {
                 let capacity = self.capacity.unwrap_or(bucket.capacity());
@@ -152,14 +157,14 @@ impl QuotaFields {
                     return Err(field_error("capacity", "must be at least 1"));
                 }
                 Quota::token_bucket(capacity, self.refill.unwrap_or(bucket.refill()))
-                    .map_err(|e| field_error(self.first_of(&own), e.reason()))?
+                    .map_err(|e| field_error(self.first_of(own), e.reason()))?
             }
             Quota::LeakyBucket(bucket) => {
                 let made = Quota::leaky_bucket(
                     self.rate.unwrap_or(bucket.rate()),
                     self.queue.unwrap_or(bucket.queue()),
                 )
-                .map_err(|e| field_error(self.first_of(&own), e.reason()))?;
+                .map_err(|e| field_error(self.first_of(own), e.reason()))?;
                 match (made, bucket.max_delay()) {
                     (Quota::LeakyBucket(b), Some(max_delay)) => {
                         Quota::LeakyBucket(b.with_max_delay(max_delay))
@@ -167,13 +172,24 @@ impl QuotaFields {
                     (made, _) => made,
                 }
             }
+            Quota::Concurrency(c) => {
+                let limit = self.limit.unwrap_or(c.limit());
+                if limit == 0 {
+                    return Err(field_error("limit", "must be at least 1"));
+                }
+                Quota::concurrency(limit, c.lease_ttl())
+                    .map_err(|e| field_error("limit", e.reason()))?
+            }
         };
         Ok(quota)
     }
 
     /// The first of `own` that is set (both are not set only when the other is).
-    fn first_of(&self, own: &[&'static str; 2]) -> &'static str {
-        self.given().find(|f| own.contains(f)).unwrap_or(own[0])
+    fn first_of(&self, own: &[&'static str]) -> &'static str {
+        self.given()
+            .find(|f| own.contains(f))
+            .or(own.first().copied())
+            .unwrap_or("limit")
     }
 }
 

@@ -9,6 +9,8 @@ use tollgate::Policy;
 
 use crate::{ConfigError, KeyChain, KeySelector, RouteMatch};
 
+use super::{Charge, StatusSet};
+
 use super::DEFAULT_MAX_DELAY;
 
 /// What happens to a request a policy denies.
@@ -99,6 +101,10 @@ pub struct HttpPolicy {
     pub action: Action,
     /// Answer 401 rather than count a request with no key under the anonymous key.
     pub require_key: bool,
+    /// When a request is charged: up front, or as its response says (`charge = "response"`).
+    pub charge: Charge,
+    /// Only responses with these statuses count (`count_status`); the others are given back.
+    pub count_status: Option<StatusSet>,
 }
 
 impl HttpPolicy {
@@ -111,6 +117,8 @@ impl HttpPolicy {
             cost: 1,
             action: Action::Reject,
             require_key: false,
+            charge: Charge::Request,
+            count_status: None,
         }
     }
 
@@ -141,6 +149,19 @@ impl HttpPolicy {
     /// Sets whether a key is required.
     pub fn require_key(mut self, require: bool) -> Self {
         self.require_key = require;
+        self
+    }
+
+    /// Sets when a request is charged: [`Charge::Response`] charges what the response says it
+    /// cost (the [`cost`](Self::cost) is what admission needs left, and charges up front).
+    pub fn charge(mut self, charge: Charge) -> Self {
+        self.charge = charge;
+        self
+    }
+
+    /// Counts only responses with these statuses; the others cost nothing.
+    pub fn count_status(mut self, statuses: StatusSet) -> Self {
+        self.count_status = Some(statuses);
         self
     }
 }

@@ -91,17 +91,18 @@ where
         }
         // The memory store decides here and now: the inner service, which was polled ready,
         // takes the request directly and nothing is boxed.
-        let later = match self.engine.disposition_now(&prepared) {
-            Some((headers, disposition)) => match disposition {
-                Disposition::Pass => {
+        let (later, settle) = match self.engine.disposition_now(&prepared) {
+            Some((headers, disposition, settle)) => match disposition {
+                Disposition::Pass if settle.is_none() => {
                     return ResponseFuture::admitted(self.inner.call(request), headers);
                 }
+                Disposition::Pass => (Later::Pass(headers), settle),
                 Disposition::Respond(response) => {
                     return ResponseFuture::answered(answer::<K, ResBody>(*response));
                 }
-                Disposition::Hold(hold) => Later::Hold(hold, headers),
+                Disposition::Hold(hold) => (Later::Hold(hold, headers), settle),
             },
-            None => Later::Decide(prepared),
+            None => (Later::Decide(prepared), None),
         };
         // A remote store to wait for, or a hold: the inner service that was polled ready goes
         // with the request into a boxed future; this one keeps a fresh clone for the next call
@@ -110,13 +111,16 @@ where
         let mut inner = std::mem::replace(&mut self.inner, fresh);
         let engine = self.engine.clone();
         ResponseFuture::boxed(Box::pin(async move {
-            let headers = match later {
+            let (headers, settle) = match later {
+                Later::Pass(headers) => (headers, settle),
                 Later::Hold(hold, headers) => {
                     hold.wait().await;
-                    headers
+                    (headers, settle)
                 }
                 Later::Decide(prepared) => {
-                    let (_, headers, disposition) = engine.decide(prepared).await.into_parts();
+                    let mut evaluation = engine.decide(prepared).await;
+                    let settle = evaluation.take_settle();
+                    let (_, headers, disposition) = evaluation.into_parts();
                     match disposition {
                         Disposition::Respond(response) => {
                             return Ok(answer::<K, ResBody>(*response));
@@ -124,12 +128,23 @@ where
                         Disposition::Hold(hold) => hold.wait().await,
                         Disposition::Pass => {}
                     }
-                    headers
+                    (headers, settle)
                 }
             };
             let mut response = inner.call(request).await?;
             headers.apply(response.headers_mut());
-            Ok(response.map(K::inner))
+            let Some(mut settle) = settle else {
+                return Ok(response.map(K::inner));
+            };
+            // What the response says it cost: its status and headers now, its body as it
+            // streams to the client (never held back). A concurrency slot is given back when
+            // the body ends (or is dropped), not at the head.
+            settle.response(response.status(), response.headers());
+            if !settle.reads_body() && !settle.holds_slots() {
+                settle.finish();
+                return Ok(response.map(K::inner));
+            }
+            Ok(response.map(|body| K::metered(body, settle)))
         }))
     }
 }
@@ -143,6 +158,8 @@ fn answer<K: BodyShape<B>, B>(answer: Answer) -> Response<K::Body> {
 /// the future that is boxed anyway; boxing a variant would only add an allocation.
 #[allow(clippy::large_enum_variant)]
 enum Later<S: Store, C: Clock> {
+    /// Pass the request on with these headers (it has a true-up to hand its response to).
+    Pass(RateLimitHeaders),
     /// Wait out the hold, then pass the request on with these headers.
     Hold(Hold<S, C>, RateLimitHeaders),
     /// Ask the store (which answers asynchronously), then act on its disposition.

@@ -129,6 +129,8 @@ fn minimal_args(policy: &Policy) -> String {
             a.interval_micros(),
             u64::from(a.burst()) * a.interval_micros()
         ),
+        // Not benchmarked: no minimal script of its own.
+        Quota::Concurrency(a) => format!("{} {}", a.lease_ttl_micros(), a.limit()),
     }
 }
 

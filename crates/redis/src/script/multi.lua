@@ -14,9 +14,13 @@
 --   3 sliding window counter  window_us, limit, 0
 --   4 token bucket            interval_us, horizon_us, 0
 --   5 leaky bucket            interval_us, depth_us, max_delay_us (2^52 for none)
+--   6 concurrency             lease_ttl_us, limit, the permit's id (16 hex digits: a string,
+--                             never converted, since a Lua number cannot hold a 64-bit id)
 -- Reply: now, all admitted (0/1), then per check its key's state before this request, as the
 -- one-check scripts report it: fixed e c | log total newest n ts_1..ts_n (the n oldest units)
--- | counter e current previous | token tat | leaky next_free.
+-- | counter e current previous | token tat | leaky next_free | concurrency others own first
+-- (absolute µs, 0 for none), as the check's permit sees the key after the permits that the
+-- request's earlier checks took, while all of them admitted.
 local n = #KEYS
 local commit = ARGV[1] ~= '0'
 local force = ARGV[1] == '2'
@@ -24,7 +28,7 @@ local states, out = {}, {now, 1}
 
 local function load(key, alg, p1, p2, p3)
   local v
-  if alg ~= 2 then v = redis.call('GET', key) end
+  if alg ~= 2 and alg ~= 6 then v = redis.call('GET', key) end
   if alg == 1 then
     local e, c = now - now % p1 + p1, 0
     if v then
@@ -53,6 +57,11 @@ local function load(key, alg, p1, p2, p3)
       --[[ceil_mul_div]]
     end
     return {e = e, c = cur, prev = prev, weighted = q, report = {e, cur, prev}}
+  elseif alg == 6 then
+    -- A permit expiring at e is live while now < e. `c` counts the live permits with those
+    -- this request takes; `taken` holds the ids it takes (or renews), which expire at now + p1.
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))
+    return {c = redis.call('ZCARD', key), taken = {}, ntaken = 0, report = {}}
   elseif alg == 2 then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - p1))
     local total = redis.call('ZCARD', key)
@@ -73,9 +82,53 @@ local function load(key, alg, p1, p2, p3)
   return {t = stored, report = {stored}}
 end
 
+-- A concurrency key's permits as permit `id` sees them: the live permits but its own, the
+-- earliest expiry among them (0: none) and its own expiry (0: not held), counting the permits
+-- this request took before (at now + ttl) rather than their stored scores.
+local function occupancy(key, s, id, ttl)
+  local own = 0
+  if s.taken[id] then
+    own = now + ttl
+  else
+    local score = redis.call('ZSCORE', key, id)
+    if score then own = tonumber(score) end
+  end
+  local others = s.c
+  if own > 0 then others = others - 1 end
+  local first = 0
+  if others > 0 then
+    for t, _ in pairs(s.taken) do
+      if t ~= id then
+        first = now + ttl
+        break
+      end
+    end
+    -- The earliest stored permit neither this one nor taken by this request: among the
+    -- ntaken + 2 earliest, at most ntaken + 1 are excluded.
+    local range = redis.call('ZRANGE', key, 0, s.ntaken + 1, 'WITHSCORES')
+    for i = 1, #range, 2 do
+      if range[i] ~= id and not s.taken[range[i]] then
+        local score = tonumber(range[i + 1])
+        if first == 0 or score < first then first = score end
+        break
+      end
+    end
+  end
+  return others, own, first
+end
+
 -- Whether check (alg, p.., cost) admits on state s (always, when forced); if so, counts it in s.
 local function take(s, alg, p1, p2, p3, cost)
-  if alg == 1 or alg == 2 then
+  if alg == 6 then
+    -- A charge takes no permit: a concurrency limit counts requests in flight, not usage.
+    if force or cost == 0 then return true end
+    if s.others + cost > p2 then return false end
+    if s.own == 0 then s.c = s.c + 1 end
+    if not s.taken[p3] then
+      s.taken[p3] = true
+      s.ntaken = s.ntaken + 1
+    end
+  elseif alg == 1 or alg == 2 then
     if not force and s.c + cost > p2 then return false end
     s.c = s.c + cost
     if alg == 2 then s.added = s.added + cost end
@@ -98,7 +151,20 @@ local function take(s, alg, p1, p2, p3, cost)
 end
 
 local function write(key, s, alg, p1)
-  if alg == 1 then
+  if alg == 6 then
+    if s.ntaken == 0 then return end
+    local expires = string.format('%d', now + p1)
+    local args = {}
+    for id, _ in pairs(s.taken) do
+      args[#args + 1] = expires
+      args[#args + 1] = id
+    end
+    redis.call('ZADD', key, unpack(args))
+    -- The key lives as long as its newest permit, and no longer.
+    local newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+    if newest < now + p1 then newest = now + p1 end
+    redis.call('PEXPIRE', key, math.ceil((newest - now) / 1000))
+  elseif alg == 1 then
     redis.call('SET', key, string.format('%d %d', s.e, s.c), 'PX', math.ceil((s.e - now) / 1000))
   elseif alg == 3 then
     redis.call('SET', key, string.format('%d %d %d', s.e, s.c, s.prev), 'PX',
@@ -132,7 +198,8 @@ local all, dirty = true, {}
 for i = 1, n do
   local b = 1 + (i - 1) * 5
   local alg, p1, p2, p3, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
-    tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+    tonumber(ARGV[b + 3]), ARGV[b + 4], tonumber(ARGV[b + 5])
+  if alg ~= 6 then p3 = tonumber(p3) end
   local key = KEYS[i]
   local s = states[key]
   if not s then
@@ -140,6 +207,13 @@ for i = 1, n do
     states[key] = s
   end
   for _, x in ipairs(s.report) do out[#out + 1] = x end
+  if alg == 6 then
+    local others, own, first = occupancy(key, s, p3, p1)
+    s.others, s.own = others, own
+    out[#out + 1] = others
+    out[#out + 1] = own
+    out[#out + 1] = first
+  end
   if all then
     if take(s, alg, p1, p2, p3, cost) then
       if cost > 0 then dirty[key] = {s, alg, p1} end

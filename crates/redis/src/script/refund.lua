@@ -3,16 +3,21 @@
 --
 -- KEYS[i]  the state key of check i
 -- ARGV[1 + 5(i-1) ..] per check: algorithm (codes as in multi.lua), p1 (window_us or
---          interval_us), cost, guard, 0. The guard ties a lease's return to where its units
---          were taken: the window end (fixed window, sliding window counter: nothing comes
---          back once that window is over) or the score they were logged at (sliding window
---          log); 0 for a plain refund.
+--          interval_us), cost, guard, 0 (concurrency: the permit's id). The guard ties a
+--          lease's return to where its units were taken: the window end (fixed window, sliding
+--          window counter: nothing comes back once that window is over) or the score they were
+--          logged at (sliding window log); 0 for a plain refund. A concurrency refund gives the
+--          permit back, as release.lua does.
 for i = 1, #KEYS do
   local b = (i - 1) * 5
   local alg, p1, cost, guard = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
     tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
   local key = KEYS[i]
-  if alg == 2 then
+  if alg == 6 then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now))
+    redis.call('ZREM', key, ARGV[b + 5])
+    if redis.call('ZCARD', key) == 0 then redis.call('DEL', key) end
+  elseif alg == 2 then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - p1))
     if cost > 0 then
       if guard > 0 then

@@ -1,5 +1,5 @@
 //! The script calls: one check, several checks all-or-nothing (one call, or one per slot with
-//! refunds when a Cluster spreads them), and refunds.
+//! refunds when a Cluster spreads them), and refunds. Releases are in `release.rs`.
 
 use std::sync::atomic::Ordering;
 
@@ -73,7 +73,7 @@ impl RedisStore {
     }
 
     /// One script call: EVALSHA, and EVAL when the node does not know the script yet.
-    async fn eval(
+    pub(super) async fn eval(
         &self,
         conn: &mut Conn,
         kind: ScriptKind,
@@ -158,19 +158,7 @@ impl RedisStore {
     ) -> Result<Vec<Verdict>, StoreError> {
         let mut conn = self.inner.connection.get().await?;
         let mut verdicts: Vec<Option<Verdict>> = vec![None; checks.len()];
-        let mut slots: Vec<u16> = Vec::new();
-        for p in prepared {
-            if !slots.contains(&p.slot) {
-                slots.push(p.slot);
-            }
-        }
-        if !self.inner.config.cluster {
-            slots.truncate(1);
-        }
-        for s in slots {
-            let members: Vec<usize> = (0..prepared.len())
-                .filter(|&i| !self.inner.config.cluster || prepared[i].slot == s)
-                .collect();
+        for members in self.slot_groups(prepared) {
             let group: Vec<&Check<'_>> = members.iter().map(|&i| &checks[i]).collect();
             let keys: Vec<&str> = members.iter().map(|&i| prepared[i].key.as_str()).collect();
             let reply = self
@@ -305,19 +293,7 @@ impl RedisStore {
         prepared: &[Prepared],
     ) -> Result<(), StoreError> {
         let mut conn = self.inner.connection.get().await?;
-        let mut slots: Vec<u16> = Vec::new();
-        for p in prepared {
-            if !slots.contains(&p.slot) {
-                slots.push(p.slot);
-            }
-        }
-        if !self.inner.config.cluster {
-            slots.truncate(1);
-        }
-        for s in slots {
-            let members: Vec<usize> = (0..prepared.len())
-                .filter(|&i| !self.inner.config.cluster || prepared[i].slot == s)
-                .collect();
+        for members in self.slot_groups(prepared) {
             let group_checks: Vec<&Check<'_>> = members.iter().map(|&i| &checks[i]).collect();
             let keys: Vec<&str> = members.iter().map(|&i| prepared[i].key.as_str()).collect();
             let costs: Vec<(u32, u64)> = group_checks.iter().map(|c| (c.cost, 0)).collect();
@@ -325,5 +301,28 @@ impl RedisStore {
                 .await?;
         }
         Ok(())
+    }
+
+    /// The checks of each slot the keys land in, by index: one group on a standalone Redis,
+    /// one per slot in a Cluster (a script may touch one slot only). For calls that need no
+    /// all-or-nothing across slots: refunds, charges and releases.
+    pub(super) fn slot_groups(&self, prepared: &[Prepared]) -> Vec<Vec<usize>> {
+        if !self.inner.config.cluster {
+            return vec![(0..prepared.len()).collect()];
+        }
+        let mut slots: Vec<u16> = Vec::new();
+        for p in prepared {
+            if !slots.contains(&p.slot) {
+                slots.push(p.slot);
+            }
+        }
+        slots
+            .into_iter()
+            .map(|s| {
+                (0..prepared.len())
+                    .filter(|&i| prepared[i].slot == s)
+                    .collect()
+            })
+            .collect()
     }
 }

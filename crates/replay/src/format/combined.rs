@@ -40,12 +40,16 @@ impl Parser {
         let mut time = self.times.local(&line[open + 1..close])?;
         let mut rest = &line[close + 1..];
         let request = quoted(&mut rest)?.ok_or_else(|| LineError::new("no \"request\" field"))?;
-        let _status = token(&mut rest).ok_or_else(|| LineError::new("no status field"))?;
+        let status = token(&mut rest).ok_or_else(|| LineError::new("no status field"))?;
+        let status = std::str::from_utf8(status)
+            .ok()
+            .and_then(|s| s.parse::<u16>().ok())
+            .filter(|s| (100..=999).contains(s));
         let _size = token(&mut rest);
         let _referer = quoted(&mut rest)?;
         let _agent = quoted(&mut rest)?;
         let api_key = quoted(&mut rest)?;
-        let (msec, took) = trailing_times(&mut rest)?;
+        let (msec, took, cost) = trailing_times(&mut rest)?;
         if let Some(msec) = msec {
             time = msec;
         }
@@ -62,6 +66,9 @@ impl Parser {
             ip,
             api_key: api_key.filter(|k| present(k).is_some()),
             user: None,
+            status,
+            cost,
+            took,
         })
     }
 }
@@ -70,9 +77,14 @@ impl Parser {
 /// three years as the one and March 1973 as the other, and no log holds either.
 const TIME_FROM: f64 = 1e8;
 
-/// `[$msec] [$request_time]` at the end of the line: when nginx wrote it, and how long the
-/// request took. Either may stand alone; a lone number is told apart by its size.
-fn trailing_times(rest: &mut &[u8]) -> Result<(Option<Timestamp>, Option<Duration>), LineError> {
+/// What ends a line: `[$msec] [$request_time] [cost]`.
+type Trailing = (Option<Timestamp>, Option<Duration>, Option<u64>);
+
+/// `[$msec] [$request_time] [cost]` at the end of the line: when nginx wrote it, how long the
+/// request took, and what it cost (`$upstream_http_x_usage_tokens`: the usage the upstream
+/// answered with; `-` for none), which needs both times before it. Either time may stand
+/// alone; a lone number is told apart by its size.
+fn trailing_times(rest: &mut &[u8]) -> Result<Trailing, LineError> {
     let number = |t: &[u8]| {
         std::str::from_utf8(t)
             .ok()
@@ -87,18 +99,29 @@ fn trailing_times(rest: &mut &[u8]) -> Result<(Option<Timestamp>, Option<Duratio
     };
     let first = token(rest);
     let second = token(rest);
+    let cost = match token(rest) {
+        None | Some(b"-") => None,
+        Some(c) => Some(
+            std::str::from_utf8(c)
+                .ok()
+                .and_then(|c| c.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    LineError::new("the field after $request_time is not a cost (digits, or -)")
+                })?,
+        ),
+    };
     if !rest.trim_ascii().is_empty() {
         return Err(LineError::new(
-            "unexpected fields after $msec $request_time",
+            "unexpected fields after $msec $request_time cost",
         ));
     }
     let Some(first) = first else {
-        return Ok((None, None));
+        return Ok((None, None, None));
     };
     let first = number(first).ok_or_else(not_msec)?;
     match second {
-        None if first >= TIME_FROM => Ok((Some(msec(first)?), None)),
-        None => Ok((None, Some(took(first)?))),
+        None if first >= TIME_FROM => Ok((Some(msec(first)?), None, None)),
+        None => Ok((None, Some(took(first)?), None)),
         Some(_) if first < TIME_FROM => Err(LineError::new(
             "the field after the API key is not $msec (seconds since the epoch)",
         )),
@@ -106,7 +129,7 @@ fn trailing_times(rest: &mut &[u8]) -> Result<(Option<Timestamp>, Option<Duratio
             let second = number(second)
                 .filter(|n| *n < TIME_FROM)
                 .ok_or_else(|| LineError::new("the field after $msec is not $request_time"))?;
-            Ok((Some(msec(first)?), Some(took(second)?)))
+            Ok((Some(msec(first)?), Some(took(second)?), cost))
         }
     }
 }
@@ -297,7 +320,8 @@ mod tests {
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"-\" 400 0", "METHOD"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1", "not closed"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" soon", "$msec"),
-            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 971211336.250 0.1 2", "unexpected"),
+            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 971211336.250 0.1 2 3", "unexpected"),
+            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 971211336.250 0.1 2.5", "cost"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 1 2", "$msec"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 971211336.250 971211336.250", "$request_time"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 971211336.250 -0.5", "$request_time"),

@@ -26,6 +26,14 @@ pub struct JsonFields {
     pub api_key: String,
     /// The authenticated user (default `user`).
     pub user: String,
+    /// The status the server answered with (default `status`), for `count_status`.
+    pub status: String,
+    /// What the request cost (default `cost`), for `charge = "response"`: a number, or a
+    /// string of digits.
+    pub cost: String,
+    /// How long the request took, in seconds (default `request_time`): a concurrency limit
+    /// holds the request's slot for it.
+    pub duration: String,
 }
 
 impl Default for JsonFields {
@@ -38,6 +46,9 @@ impl Default for JsonFields {
             ip: "ip".to_owned(),
             api_key: "api_key".to_owned(),
             user: "user".to_owned(),
+            status: "status".to_owned(),
+            cost: "cost".to_owned(),
+            duration: "request_time".to_owned(),
         }
     }
 }
@@ -98,6 +109,30 @@ impl Parser {
                 Cow::Owned(s) => Cow::Owned(s.into_bytes()),
             }),
             user: text(&f.user),
+            status: text(&f.status).and_then(|s| s.parse::<u16>().ok()),
+            cost: match text(&f.cost) {
+                Some(c) => Some(c.parse::<u64>().map_err(|_| {
+                    LineError(Cow::Owned(format!(
+                        "field {:?} is not a cost (a whole number)",
+                        f.cost
+                    )))
+                })?),
+                None => None,
+            },
+            took: match text(&f.duration) {
+                Some(d) => Some(
+                    d.parse::<f64>()
+                        .ok()
+                        .and_then(|secs| std::time::Duration::try_from_secs_f64(secs).ok())
+                        .ok_or_else(|| {
+                            LineError(Cow::Owned(format!(
+                                "field {:?} is not a duration in seconds",
+                                f.duration
+                            )))
+                        })?,
+                ),
+                None => None,
+            },
         })
     }
 }

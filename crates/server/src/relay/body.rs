@@ -87,6 +87,17 @@ impl BodyCopy {
     /// Takes the body's bytes from the start of `input` (none past its end) and appends them to
     /// `out`, encoded; returns how many bytes of `input` it took.
     pub(super) fn copy(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<usize, Malformed> {
+        self.copy_tapped(input, out, &mut |_| {})
+    }
+
+    /// [`copy`](Self::copy), handing each piece of the body's payload (framing removed) to
+    /// `tap` as it passes: what reads a response's cost on its way to the client.
+    pub(super) fn copy_tapped(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        tap: &mut impl FnMut(&[u8]),
+    ) -> Result<usize, Malformed> {
         if self.done {
             return Ok(0);
         }
@@ -94,12 +105,14 @@ impl BodyCopy {
             Framing::None => Ok(0),
             Framing::Length(_) => {
                 let n = usize::try_from(self.remaining).map_or(input.len(), |r| r.min(input.len()));
+                tap(&input[..n]);
                 self.data(&input[..n], out);
                 self.remaining -= n as u64;
                 self.done = self.remaining == 0;
                 Ok(n)
             }
             Framing::Close => {
+                tap(input);
                 self.data(input, out);
                 Ok(input.len())
             }
@@ -111,7 +124,9 @@ impl BodyCopy {
                     match piece {
                         Piece::Data(range) => {
                             let start = used - n + range.start;
-                            self.data(&input[start..start + range.len()], out);
+                            let data = &input[start..start + range.len()];
+                            tap(data);
+                            self.data(data, out);
                         }
                         Piece::LastChunk => {
                             if self.encoding == Encoding::Chunked {

@@ -237,7 +237,7 @@ impl Conn {
         }
         let decided = self.decide(engine, head_len, &authority).await;
         self.inbuf.advance(head_len);
-        let (plan, rate_limit, verdict) = match decided {
+        let (plan, rate_limit, verdict, settle) = match decided {
             Ok(d) => d,
             Err((refusal, version)) => {
                 // The bytes after a head the relay cannot read cannot be trusted to start a
@@ -294,7 +294,7 @@ impl Conn {
             client,
             &authority,
             plan,
-            &rate_limit,
+            (&rate_limit, settle),
             hold,
             timeout,
             stopping,
@@ -310,7 +310,7 @@ impl Conn {
         engine: &Generation,
         head_len: usize,
         authority: &hyper::http::uri::Authority,
-    ) -> Result<(Plan, tollgate_http::RateLimitHeaders, Disposition), (Refusal, Version)> {
+    ) -> Result<Decided, (Refusal, Version)> {
         let bytes = &self.inbuf[..head_len];
         let mut stack = [httparse::EMPTY_HEADER; STACK_HEADERS];
         let mut heap;
@@ -359,7 +359,9 @@ impl Conn {
         let info = RequestInfo::new(&method, &head.target, &self.map)
             .with_host(Some(host))
             .with_peer(Some(self.peer.ip()));
-        let (_, rate_limit, verdict) = engine.evaluate(&info).await.into_parts();
+        let mut evaluation = engine.evaluate(&info).await;
+        let settle = evaluation.take_settle();
+        let (_, rate_limit, verdict) = evaluation.into_parts();
         match &verdict {
             Disposition::Respond(a) if a.queue_ticket().is_some() => head::write_queued_head(
                 &mut self.uphead,
@@ -379,7 +381,7 @@ impl Conn {
                 |name| engine.header_read(name).is_some(),
             ),
         }
-        Ok((plan_of(&head), rate_limit, verdict))
+        Ok((plan_of(&head), rate_limit, verdict, settle))
     }
 
     /// Answers `refusal` as problem+json and ends the connection (its next bytes cannot be
@@ -407,6 +409,15 @@ impl Conn {
         .await;
     }
 }
+
+/// What the relay decided on a request head: how to relay it, the rate-limit headers, what to
+/// do, and the true-up to hand its response to.
+type Decided = (
+    Plan,
+    tollgate_http::RateLimitHeaders,
+    Disposition,
+    Option<Box<crate::generation::Settle>>,
+);
 
 fn plan_of(head: &RequestHead<'_>) -> Plan {
     Plan {

@@ -15,6 +15,8 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::time::Instant;
 use tollgate_http::RateLimitHeaders;
 
+use crate::generation::Settle;
+
 use super::body::{BodyCopy, Encoding, Framing, Malformed, Trailers};
 use super::conn::{Conn, Plan, READ_CHUNK};
 use super::deadline::{self, Timer};
@@ -60,11 +62,13 @@ impl Conn {
         client: &mut TcpStream,
         authority: &Authority,
         plan: Plan,
-        rate_limit: &RateLimitHeaders,
+        (rate_limit, mut settle): (&RateLimitHeaders, Option<Box<Settle>>),
         hold: Option<crate::generation::Hold>,
         timeout: Duration,
         stopping: bool,
     ) -> bool {
+        // The true-up (`charge = "response"`, `count_status`) is settled when it is dropped,
+        // at the end of this exchange whichever way it ends, with what it was fed.
         if let Some(hold) = hold {
             // Held for its slot; a client that goes away meanwhile drops the hold, which gives
             // its quota back.
@@ -101,7 +105,7 @@ impl Conn {
                         return self
                             .upstream_error(
                                 client,
-                                StatusCode::BAD_GATEWAY,
+                                (StatusCode::BAD_GATEWAY, settle.as_deref_mut()),
                                 plan,
                                 stopping,
                                 timeout,
@@ -112,7 +116,7 @@ impl Conn {
                         return self
                             .upstream_error(
                                 client,
-                                StatusCode::GATEWAY_TIMEOUT,
+                                (StatusCode::GATEWAY_TIMEOUT, settle.as_deref_mut()),
                                 plan,
                                 stopping,
                                 timeout,
@@ -136,7 +140,7 @@ impl Conn {
                     client,
                     &mut up,
                     plan,
-                    rate_limit,
+                    (rate_limit, settle.as_deref_mut()),
                     (deadline, timeout),
                     stopping,
                 )
@@ -174,7 +178,13 @@ impl Conn {
                         StatusCode::BAD_GATEWAY
                     };
                     return self
-                        .upstream_error(client, status, plan, stopping, timeout)
+                        .upstream_error(
+                            client,
+                            (status, settle.as_deref_mut()),
+                            plan,
+                            stopping,
+                            timeout,
+                        )
                         .await;
                 }
             }
@@ -188,7 +198,7 @@ impl Conn {
         client: &mut TcpStream,
         up: &mut TcpStream,
         plan: Plan,
-        rate_limit: &RateLimitHeaders,
+        (rate_limit, settle): (&RateLimitHeaders, Option<&mut Settle>),
         (deadline, gap): (Instant, Duration),
         stopping: bool,
     ) -> Relayed {
@@ -201,14 +211,30 @@ impl Conn {
         // Set once a final head is on its way to the client: past it, a broken request body
         // can no longer be answered 400.
         let answered = AtomicBool::new(false);
-        let upload = upload(
-            &mut client_read,
-            &mut self.inbuf,
-            &mut up_write,
-            &mut self.uphead,
-            plan.framing,
-            &sent,
-        );
+        // A request that holds a concurrency slot gives it back as soon as its client goes
+        // away, even while the upstream is quiet: once the request is up, the client's side
+        // is watched for its close (as nginx does, by peeking; pipelined bytes end the watch).
+        let watch_client = settle.as_deref().is_some_and(Settle::holds_slots);
+        let body_sent = AtomicBool::new(false);
+        let upload = async {
+            upload(
+                &mut client_read,
+                &mut self.inbuf,
+                &mut up_write,
+                &mut self.uphead,
+                plan.framing,
+                &sent,
+            )
+            .await?;
+            if !watch_client {
+                return Ok(());
+            }
+            body_sent.store(true, Ordering::Relaxed);
+            match client_read.peek(&mut [0u8; 1]).await {
+                Ok(0) | Err(_) => Err(UploadError::Client),
+                Ok(_) => std::future::pending().await,
+            }
+        };
         let client_side = ForClient {
             version: plan.version,
             is_head: plan.is_head,
@@ -222,7 +248,7 @@ impl Conn {
                 out: &mut self.out,
                 timer: &mut self.timer,
             },
-            rate_limit,
+            (rate_limit, settle),
             client_side,
             (&sent, &answered),
             (deadline, gap),
@@ -251,7 +277,7 @@ impl Conn {
         match down {
             Ok(d) => {
                 // A request body not wholly read leaves the client connection mid-message.
-                let body_done = uploaded == Some(true);
+                let body_done = uploaded == Some(true) || body_sent.load(Ordering::Relaxed);
                 Relayed::Done {
                     reusable: d.reusable && body_done,
                     client_ok: d.client_ok && body_done,
@@ -264,7 +290,9 @@ impl Conn {
                 // Part of the body still unread: the answer must close the connection, and
                 // the request is not sent again.
                 nothing_received: nothing_received
-                    && (uploaded.is_some() || plan.framing == Framing::None),
+                    && (uploaded.is_some()
+                        || body_sent.load(Ordering::Relaxed)
+                        || plan.framing == Framing::None),
                 timed_out,
             },
             Err(DownloadError::AfterHead) => Relayed::Broken,
@@ -275,12 +303,16 @@ impl Conn {
     async fn upstream_error(
         &mut self,
         client: &mut TcpStream,
-        status: StatusCode,
+        (status, settle): (StatusCode, Option<&mut Settle>),
         plan: Plan,
         force_close: bool,
         timeout: Duration,
     ) -> bool {
         self.shared.metrics.upstream_error();
+        // The client gets this status: `count_status` counts it (a 5xx error budget does).
+        if let Some(settle) = settle {
+            settle.response_from(status.as_u16(), std::iter::empty());
+        }
         // A body the upstream never took is still on the client connection: close after.
         let close = force_close
             || plan.close
@@ -393,11 +425,39 @@ struct Download<'a, 'r, 'w> {
     timer: &'a mut Timer,
 }
 
+/// Hands the true-up the status and headers of the response head `head` (a head the relay
+/// already parsed once: parsed again here only for a request that has a true-up).
+fn read_response(settle: &mut Settle, head: &[u8]) {
+    if !settle.reads_response() {
+        // Only concurrency slots to give back: the response says nothing they need.
+        return;
+    }
+    // Room for the usual head on the stack; a head with more lines (cookies by the hundred)
+    // is read again with room for as many as the relay accepts at all.
+    let mut few = [httparse::EMPTY_HEADER; 48];
+    let mut response = httparse::Response::new(&mut few);
+    match response.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {
+            let status = response.code.unwrap_or(200);
+            settle.response_from(status, response.headers.iter().map(|h| (h.name, h.value)));
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            let mut many = vec![httparse::EMPTY_HEADER; super::response::MAX_RESPONSE_HEADERS];
+            let mut response = httparse::Response::new(&mut many);
+            if let Ok(httparse::Status::Complete(_)) = response.parse(head) {
+                let status = response.code.unwrap_or(200);
+                settle.response_from(status, response.headers.iter().map(|h| (h.name, h.value)));
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Reads the upstream's response head (interim 1xx ones forwarded), writes the client's version
 /// of it with the rate-limit headers, then relays the body, framed for the client by the relay.
 async fn download(
     io: Download<'_, '_, '_>,
-    rate_limit: &RateLimitHeaders,
+    (rate_limit, mut settle): (&RateLimitHeaders, Option<&mut Settle>),
     mut client: ForClient,
     (sent, answered): (&AtomicBool, &AtomicBool),
     (deadline, gap): (Instant, Duration),
@@ -423,6 +483,11 @@ async fn download(
                 });
             }
             Ok(Some(head)) => {
+                if !head.interim
+                    && let Some(settle) = settle.as_deref_mut()
+                {
+                    read_response(settle, &upbuf[..head.len]);
+                }
                 upbuf.advance(head.len);
                 if head.interim {
                     if !out.is_empty() {
@@ -461,9 +526,13 @@ async fn download(
     // send_timeout).
     let mut body = BodyCopy::new(head.framing, head.encoding, Trailers::Forward);
     loop {
-        let take = body
-            .copy(upbuf, out)
-            .map_err(|Malformed| DownloadError::AfterHead)?;
+        let take = match settle.as_deref_mut() {
+            Some(settle) if settle.reads_body() => {
+                body.copy_tapped(upbuf, out, &mut |chunk| settle.feed(chunk))
+            }
+            _ => body.copy(upbuf, out),
+        }
+        .map_err(|Malformed| DownloadError::AfterHead)?;
         upbuf.advance(take);
         if !out.is_empty() {
             deadline::within(timer, gap, to_client.write_all(out))

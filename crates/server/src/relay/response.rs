@@ -14,7 +14,7 @@ const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Headers parsed on the stack; a response with more is parsed again with room for
 /// [`MAX_RESPONSE_HEADERS`] (a response setting many cookies can have hundreds).
 const STACK_HEADERS: usize = 64;
-const MAX_RESPONSE_HEADERS: usize = 1024;
+pub(super) const MAX_RESPONSE_HEADERS: usize = 1024;
 
 /// What the request said that shapes its response.
 #[derive(Clone, Copy, Debug)]

@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 use tollgate_server::{Config, Listeners};
 
 pub mod raw;
+pub mod redis;
 
 pub struct Running {
     pub api: SocketAddr,

@@ -1,8 +1,8 @@
 //! One shard of the memory store: a table per policy for its slice of the key space, and the
 //! two ways in. [`Shard::try_shared`] runs under the shared lock and decides a known key by
-//! compare-and-swap (a sliding log under the key's own mutex). [`Shard::step`] runs under the
-//! exclusive lock and does everything else: new keys, spilled states, batches, refunds, sweeps
-//! and eviction.
+//! compare-and-swap (a sliding log or a concurrency key's permits under the key's own mutex).
+//! [`Shard::step`] runs under the exclusive lock and does everything else: new keys, spilled
+//! states, batches, refunds, releases, sweeps and eviction.
 //!
 //! Tables are per policy so that a packed word needs no room for what the policy already
 //! knows (the window, the refill interval), and a sweep can still tell when each state expires.
@@ -26,20 +26,24 @@ pub(super) struct Limits {
     pub(super) log_bytes: usize,
 }
 
-/// Dispatches on a quota's algorithm: `$packed` for the four packed ones, `$log` for the log.
+/// Dispatches on a quota's algorithm: `$packed` for the four packed ones, `$log` for the log,
+/// `$permits` for concurrency.
 macro_rules! by_algorithm {
-    ($quota:expr, $alg:ident => $packed:expr, $log:ident => $logged:expr) => {
+    ($quota:expr, $alg:ident => $packed:expr, $log:ident => $logged:expr,
+     $conc:ident => $permits:expr) => {
         match $quota {
             Quota::FixedWindow($alg) => $packed,
             Quota::SlidingWindowCounter($alg) => $packed,
             Quota::TokenBucket($alg) => $packed,
             Quota::LeakyBucket($alg) => $packed,
             Quota::SlidingWindowLog($log) => $logged,
+            Quota::Concurrency($conc) => $permits,
         }
     };
 }
 
 mod ghosts;
+mod permits;
 mod policy_table;
 
 use ghosts::Ghosts;
@@ -86,6 +90,12 @@ pub(super) enum Undo {
     Packed(Option<Slot>),
     /// Take the cost back out of the log.
     Log,
+    /// Give `permit` back, or put back its expiry `before` when it was renewed (0: it was not
+    /// held).
+    Permit {
+        permit: u64,
+        before: u64,
+    },
 }
 
 fn add_bytes(counter: &AtomicUsize, delta: isize) {
@@ -155,6 +165,7 @@ impl Shard {
         hash: u64,
         now: Timestamp,
         cost: u32,
+        permit: u64,
         limits: &Limits,
     ) -> Shared {
         let Some(table) = self.table(policy.fingerprint()) else {
@@ -184,23 +195,34 @@ impl Shard {
             } else {
                 Shared::Decided(decision)
             }
+        }, alg => {
+            match table.permits.get(&hash) {
+                Some(state) => Shared::Decided(
+                    alg.check(&mut policy_table::lock(state), now, cost, permit)
+                        .into_decision(policy.shared_name()),
+                ),
+                None => Shared::Exclusive,
+            }
         })
     }
 
     /// Decides under the exclusive lock; in [`Mode::Commit`], consumes when admitted and says
     /// how to undo it.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn step(
         &mut self,
         policy: &Policy,
         hash: u64,
         now: Timestamp,
         cost: u32,
+        permit: u64,
         mode: Mode,
         limits: Limits,
     ) -> (Verdict, Undo) {
         by_algorithm!(policy.quota(),
             alg => self.step_packed(alg, policy, hash, now, cost, mode, limits),
-            alg => self.step_log(alg, policy, hash, now, cost, mode, limits))
+            alg => self.step_log(alg, policy, hash, now, cost, mode, limits),
+            alg => self.step_permits(alg, policy, hash, now, cost, permit, mode, limits))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -281,13 +303,15 @@ impl Shard {
             Undo::Nothing => {}
             Undo::Packed(Some(slot)) => by_algorithm!(policy.quota(),
                 alg => self.table_mut(policy).save(alg, hash, &alg.narrow(*slot)),
-                _log => {}),
+                _log => {},
+                _permits => {}),
             Undo::Packed(None) => {
                 if self.table_mut(policy).remove(hash) {
                     *self.len_mut() -= 1;
                 }
             }
-            Undo::Log => self.refund(policy, hash, now, cost),
+            Undo::Log => self.refund(policy, hash, now, cost, 0),
+            Undo::Permit { permit, before } => self.undo_permit(policy, hash, *permit, *before),
         }
     }
 
@@ -338,11 +362,19 @@ impl Shard {
                 self.trim_logs(now, limits, hash);
             }
             verdict
-        })
+        }, alg => Verdict::charged(self.peek_permits(alg, policy, hash, now)))
     }
 
-    /// Gives back `cost` consumed earlier by `hash` (see [`Algorithm::refund`]).
-    pub(super) fn refund(&mut self, policy: &Policy, hash: u64, now: Timestamp, cost: u32) {
+    /// Gives back `cost` consumed earlier by `hash` (see [`Algorithm::refund`]); a concurrency
+    /// key's `permit`.
+    pub(super) fn refund(
+        &mut self,
+        policy: &Policy,
+        hash: u64,
+        now: Timestamp,
+        cost: u32,
+        permit: u64,
+    ) {
         by_algorithm!(policy.quota(), alg => {
             let Some(mut state) = self.table(policy.fingerprint()).and_then(|t| t.load(alg, hash)) else {
                 return;
@@ -354,6 +386,8 @@ impl Shard {
                 alg.refund_log(log, now, cost);
                 log.tidy();
             }
+        }, alg => {
+            self.release(alg, policy, hash, now, permit);
         });
     }
 

@@ -1,6 +1,6 @@
 //! A shard's table for one policy: the packed words of its keys, the states too wide for a
-//! word, and its sliding logs; deciding a known key by compare-and-swap, and what a sweep and an
-//! eviction read of each state.
+//! word, its sliding logs and its concurrency permits; deciding a known key by
+//! compare-and-swap, and what a sweep and an eviction read of each state.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -11,7 +11,7 @@ use super::super::log::LogTable;
 use super::super::packing::{Packed, SPILLED, Slot, VACANT};
 use super::super::table::{Claim, Table};
 use super::ghosts::Ghosts;
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, ConcurrencyState};
 use crate::{Policy, Quota, Timestamp, Verdict};
 
 #[derive(Debug)]
@@ -25,13 +25,16 @@ pub(super) struct PolicyTable {
     /// so a spilled key is still decided under the shared lock.
     spill: KeyMap<Mutex<Slot>>,
     pub(super) logs: LogTable,
+    /// Concurrency keys' permits, each under a mutex of its own, so that a known key is decided
+    /// under the shard's shared lock. A key's vector holds at most `limit` permits.
+    pub(super) permits: KeyMap<Mutex<ConcurrencyState>>,
 }
 
-type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
+pub(super) type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
 
 /// The map keys are already keyed SipHash outputs: hashing them again would only cost time.
 #[derive(Default)]
-struct PassThrough(u64);
+pub(super) struct PassThrough(u64);
 
 impl Hasher for PassThrough {
     fn write(&mut self, bytes: &[u8]) {
@@ -50,17 +53,17 @@ impl Hasher for PassThrough {
 }
 
 /// A poisoned entry still holds a valid state: steps do not panic midway.
-fn lock<T>(entry: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(entry: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     entry.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn get_mut<T>(entry: &mut Mutex<T>) -> &mut T {
+pub(super) fn get_mut<T>(entry: &mut Mutex<T>) -> &mut T {
     entry.get_mut().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl PolicyTable {
     pub(super) fn new(policy: &Policy) -> Self {
-        let base = by_algorithm!(policy.quota(), a => a.base(), _log => 0);
+        let base = by_algorithm!(policy.quota(), a => a.base(), _log => 0, _permits => 0);
         PolicyTable {
             fingerprint: policy.fingerprint(),
             quota: policy.quota().clone(),
@@ -68,11 +71,12 @@ impl PolicyTable {
             packed: Table::default(),
             spill: KeyMap::default(),
             logs: LogTable::default(),
+            permits: KeyMap::default(),
         }
     }
 
     pub(super) fn len(&self) -> usize {
-        self.packed.len() + self.logs.len()
+        self.packed.len() + self.logs.len() + self.permits.len()
     }
 
     pub(super) fn load<A: Packed>(&self, alg: &A, hash: u64) -> Option<A::State> {
@@ -108,7 +112,9 @@ impl PolicyTable {
 
     pub(super) fn remove(&mut self, hash: u64) -> bool {
         self.spill.remove(&hash);
-        self.packed.remove(hash) || self.logs.remove(hash).is_some()
+        self.packed.remove(hash)
+            || self.logs.remove(hash).is_some()
+            || self.permits.remove(&hash).is_some()
     }
 
     /// Decides under the shared lock: a compare-and-swap loop on the key's word, after claiming
@@ -250,6 +256,13 @@ impl PolicyTable {
                 let stake = stake(alg.evaluate_log(log, now, 0));
                 out.push(Candidate { stake, expires_at, hash, index });
             });
+        }, alg => {
+            for (&hash, state) in self.permits.iter_mut() {
+                let state = get_mut(state);
+                let expires_at = alg.expires_at(state).as_micros();
+                let stake = stake(alg.evaluate(state, now, 0, 0));
+                out.push(Candidate { stake, expires_at, hash, index });
+            }
         });
     }
 
@@ -274,6 +287,8 @@ impl PolicyTable {
             });
         }, alg => {
             self.logs.retain(|log| alg.expires_at_log(log).as_micros() > now);
+        }, alg => {
+            self.permits.retain(|_, state| alg.expires_at(get_mut(state)).as_micros() > now);
         });
     }
 }
