@@ -57,6 +57,8 @@ struct Inner<S: Store, C: Clock> {
     config: ArcSwap<Compiled>,
     overrides: Mutex<Overrides>,
     observer: Option<Observer>,
+    /// What `grpc.health.v1.Health` reports.
+    health: crate::Health,
 }
 
 impl<S: Store + std::fmt::Debug, C: Clock + std::fmt::Debug> std::fmt::Debug for Inner<S, C> {
@@ -118,6 +120,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 config: ArcSwap::from_pointee(Compiled::new(config)?),
                 overrides: Mutex::default(),
                 observer: None,
+                health: crate::Health::default(),
             }),
         })
     }
@@ -135,6 +138,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 config: ArcSwap::new(shared.config.load_full()),
                 overrides: Mutex::default(),
                 observer: Some(observer),
+                health: shared.health.clone(),
             },
         };
         RlsService {
@@ -149,6 +153,12 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         let compiled = Compiled::new(config)?;
         self.inner.config.store(Arc::new(compiled));
         Ok(())
+    }
+
+    /// The status `grpc.health.v1.Health` reports for this service (shared by every clone):
+    /// serving until set otherwise.
+    pub fn health(&self) -> &crate::Health {
+        &self.inner.health
     }
 
     /// The limiter.
