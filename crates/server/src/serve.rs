@@ -1,5 +1,6 @@
 //! The accept loop every listener shares: HTTP/1.1 with a header read timeout (slow-loris), a
-//! header size bound, a connection limit, and a graceful drain on shutdown.
+//! header size bound, a connection limit, and a graceful drain on shutdown; over TLS when the
+//! listener has it (`tls.rs`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,12 +13,14 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
 pub use tollgate_config::Limits;
 
 use crate::response::Body;
+use crate::tls::Tls;
 
 /// Completes once `rx` turns true (or its sender is gone).
 pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
@@ -25,13 +28,15 @@ pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
 }
 
 /// Serves `handler` on `listener` with hyper's HTTP/1.1 server until `shutdown` turns true,
-/// then drains.
+/// then drains. With `tls`, each connection's handshake comes first, in its own task, within
+/// the header read timeout.
 pub(crate) async fn serve<H, F>(
     name: &'static str,
     listener: TcpListener,
     handler: H,
     shutdown: watch::Receiver<bool>,
     limits: Limits,
+    tls: Option<Arc<Tls>>,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -40,22 +45,53 @@ pub(crate) async fn serve<H, F>(
         name,
         listener,
         move |stream, peer, stop| {
-            // A client that takes no byte of an answer for the header read timeout is cut off:
-            // one that never reads would otherwise hold its connection, and megabytes of send
-            // buffer, for ever (hyper bounds reading a head, not writing an answer).
-            let mut io = tokio_io_timeout::TimeoutStream::new(stream);
-            io.set_write_timeout(Some(limits.header_read_timeout));
-            serve_http1(
-                name,
-                TokioIo::new(Box::pin(io)),
-                peer,
-                handler.clone(),
-                limits,
-                stop,
-            )
+            let handler = handler.clone();
+            let tls = tls.clone();
+            async move {
+                match tls {
+                    None => serve_bounded(name, stream, peer, handler, limits, stop).await,
+                    Some(tls) => {
+                        let Some(stream) =
+                            tls.accept(stream, peer, limits.header_read_timeout).await
+                        else {
+                            return;
+                        };
+                        serve_bounded(name, stream, peer, handler, limits, stop).await;
+                    }
+                }
+            }
         },
         shutdown,
         limits,
+    )
+    .await;
+}
+
+/// [`serve_http1`] over `stream` with its writes bounded in time.
+async fn serve_bounded<S, H, F>(
+    name: &'static str,
+    stream: S,
+    peer: SocketAddr,
+    handler: H,
+    limits: Limits,
+    stop: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+    H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    // A client that takes no byte of an answer for the header read timeout is cut off: one
+    // that never reads would otherwise hold its connection, and megabytes of send buffer, for
+    // ever (hyper bounds reading a head, not writing an answer).
+    let mut io = tokio_io_timeout::TimeoutStream::new(stream);
+    io.set_write_timeout(Some(limits.header_read_timeout));
+    serve_http1(
+        name,
+        TokioIo::new(Box::pin(io)),
+        peer,
+        handler,
+        limits,
+        stop,
     )
     .await;
 }

@@ -18,6 +18,7 @@ use tollgate_http::RateLimitHeaders;
 use crate::generation::Settle;
 
 use super::body::{BodyCopy, Encoding, Framing, Malformed, Trailers};
+use super::client::{Client, ClientRead, ClientWrite};
 use super::conn::{Conn, Plan, READ_CHUNK};
 use super::deadline::{self, Timer};
 use super::head::MALFORMED_BODY;
@@ -59,7 +60,7 @@ impl Conn {
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn forward(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         authority: &Authority,
         plan: Plan,
         (rate_limit, mut settle): (&RateLimitHeaders, Option<Box<Settle>>),
@@ -195,7 +196,7 @@ impl Conn {
     /// upstream may answer before it has read the whole request body.
     async fn relay(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         up: &mut TcpStream,
         plan: Plan,
         (rate_limit, settle): (&RateLimitHeaders, Option<&mut Settle>),
@@ -284,7 +285,7 @@ impl Conn {
     /// A 502/504 problem (counted as an upstream error). `true` when the connection can go on.
     async fn upstream_error(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         (status, settle): (StatusCode, Option<&mut Settle>),
         plan: Plan,
         force_close: bool,
@@ -336,7 +337,7 @@ enum UploadError {
 /// here, then the rest of the body, framed as the head says: a length as it came, chunked
 /// written again (trailers checked and dropped).
 async fn upload(
-    client: &mut ReadHalf<'_>,
+    client: &mut ClientRead<'_>,
     inbuf: &mut BytesMut,
     up: &mut WriteHalf<'_>,
     head: &mut Vec<u8>,
@@ -402,7 +403,7 @@ struct Downloaded {
 struct Download<'a, 'r, 'w> {
     up: &'a mut ReadHalf<'r>,
     upbuf: &'a mut BytesMut,
-    client: &'a mut WriteHalf<'w>,
+    client: &'a mut ClientWrite<'w>,
     out: &'a mut Vec<u8>,
     timer: &'a mut Timer,
 }
