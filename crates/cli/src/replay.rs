@@ -74,6 +74,10 @@ pub(crate) struct ReplayArgs {
     /// JSON: the field with what the request cost (`charge = "response"` charges it).
     #[arg(long, default_value = "cost", value_name = "FIELD")]
     cost_field: String,
+    /// JSON: the field with how long the request took, in seconds (a concurrency limit holds
+    /// its slot for it).
+    #[arg(long, default_value = "request_time", value_name = "FIELD")]
+    duration_field: String,
 }
 
 /// A header name as a command-line value.
@@ -126,6 +130,7 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         user: args.user_field,
         status: args.status_field,
         cost: args.cost_field,
+        duration: args.duration_field,
     };
     options.api_key_header = args.api_key_header.0.parse().context("--api-key-header")?;
     options.host = args.host;

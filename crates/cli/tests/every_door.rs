@@ -5,6 +5,11 @@
 //! store fails, every door (Envoy's service too) answers by the one failure rule and counts it
 //! in the same metrics.
 //!
+//! A concurrency limit is held to each door's way of seeing a request end: the proxy and the
+//! layer give the slot back when the exchange ends, forward-auth leaves it to its lease_ttl,
+//! `/v1/check` answers a lease to give back, replay holds it for the logged duration; the
+//! Redis-protocol door refuses it (Envoy's refuses it in its configuration).
+//!
 //! A rule a door does not apply is a row that says why: `/v1/check` and replay are told the
 //! client's address outright, so a forwarding header is nothing to them; the tower layer gets
 //! its target from hyper, whose URI parser never hands a fragment on.
@@ -460,6 +465,7 @@ struct Server {
     admin: SocketAddr,
     proxy: Option<SocketAddr>,
     grpc: Option<SocketAddr>,
+    resp: Option<SocketAddr>,
     config: Config,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
@@ -491,6 +497,7 @@ impl Server {
             admin: addrs.admin.unwrap_or_else(|| panic!("no admin")),
             proxy: addrs.proxy,
             grpc: addrs.grpc,
+            resp: addrs.resp,
             config,
             stop,
             task,
@@ -793,4 +800,117 @@ async fn a_failed_store_is_answered_by_one_rule_at_every_door() {
         );
         server.stop().await;
     }
+}
+
+/// A concurrency limit of one request in flight per key, at every door, each key its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_limit_is_held_to_each_doors_view_of_the_end() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let up = upstream().await;
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nresp_listen = \"127.0.0.1:0\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n\
+         [proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{up}\"\n\
+         trusted_proxies = [\"127.0.0.0/8\"]\n\
+         [[policy]]\nname = \"exports\"\nalgorithm = \"concurrency\"\nlimit = 1\n\
+         key = [\"header:x-api-key\", \"ip\"]\nmatch = {{ path = \"/v1/export/**\" }}\n"
+    );
+    let server = Server::start(&text, dir.path()).await;
+    let request = |key: &'static str| Described {
+        method: "POST",
+        target: "/v1/export/7",
+        host: "api.example.com",
+        xff: "203.0.113.9",
+        client: "203.0.113.9",
+        api_key: Some(key),
+    };
+    let assert_slot = |a: &Answer, at: &str, status: u16| {
+        assert_eq!(
+            a.status,
+            status,
+            "{at}: {}",
+            String::from_utf8_lossy(&a.body)
+        );
+        assert_eq!(a.header("x-ratelimit-limit"), Some("1"), "{at}");
+        assert_eq!(
+            a.header("ratelimit-policy"),
+            Some("\"exports\";q=1"),
+            "{at}"
+        );
+    };
+    // The proxy: each exchange ends, and gives its slot back.
+    let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
+    for i in 0..3 {
+        let a = proxy(proxy_addr, &request("px")).await;
+        assert_slot(&a, &format!("the proxy, request {i}"), 200);
+    }
+    // The tower layer: the same.
+    let mut service = layered(&server.config);
+    for i in 0..3 {
+        let a = layer(&mut service, &request("ly"))
+            .await
+            .unwrap_or_else(|| panic!("no request"));
+        assert_slot(&a, &format!("the tower layer, request {i}"), 200);
+    }
+    // Forward-auth never learns the end: its slot is held for lease_ttl.
+    let fa = request("fa");
+    let first = forward_auth(server.api, "/v1/forward-auth", &fa).await;
+    assert_slot(&first, "forward-auth", 200);
+    let again = forward_auth(server.api, "/v1/forward-auth", &fa).await;
+    assert_slot(&again, "forward-auth, again", 429);
+    assert_eq!(again.header("retry-after"), Some("1"));
+    // /v1/check by attributes answers a lease, and the slot is back once it is released.
+    let first = check(server.api, &request("ck")).await;
+    assert_slot(&first, "/v1/check", 200);
+    let lease = first.json()["lease"].as_str().map(str::to_owned);
+    let lease = lease.unwrap_or_else(|| panic!("no lease: {}", first.json()));
+    assert_slot(
+        &check(server.api, &request("ck")).await,
+        "/v1/check, again",
+        429,
+    );
+    let body = json!({ "lease": lease }).to_string();
+    let head = format!(
+        "POST /v1/release HTTP/1.1\r\nhost: tollgate\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let released = raw(server.api, head, body.as_bytes()).await;
+    assert_eq!(
+        released.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&released.body)
+    );
+    assert_slot(
+        &check(server.api, &request("ck")).await,
+        "/v1/check, released",
+        200,
+    );
+    // The Redis-protocol door has no release: it refuses the policy, saying why.
+    let resp = server.resp.unwrap_or_else(|| panic!("no resp door"));
+    let mut stream = TcpStream::connect(resp)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    stream
+        .write_all(b"*3\r\n$14\r\nTOLLGATE.CHECK\r\n$7\r\nexports\r\n$2\r\nrs\r\n")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut reply = vec![0u8; 512];
+    let n = stream
+        .read(&mut reply)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let reply = String::from_utf8_lossy(&reply[..n]).into_owned();
+    assert!(
+        reply.starts_with("-ERR") && reply.contains("requests in flight"),
+        "{reply}"
+    );
+    // Replay: without a logged duration, each request ends as it starts.
+    let replay = replayed(&server.config, dir.path(), &[request("rp"), request("rp")]);
+    assert_eq!(
+        replay.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        [200, 200]
+    );
+    server.stop().await;
 }

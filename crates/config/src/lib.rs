@@ -344,6 +344,12 @@ impl fmt::Display for PolicyConfig {
             self.cost,
             self.action.as_str()
         )?;
+        if let (Action::Delay { max_delay }, tollgate::Quota::Concurrency(_)) =
+            (self.action, self.policy.quota())
+        {
+            // A leaky bucket's bound is in its quota's text; a concurrency limit's wait is not.
+            write!(f, " max_delay={}", tollgate::format_duration(max_delay))?;
+        }
         if self.require_key {
             f.write_str(" require_key=true")?;
         }

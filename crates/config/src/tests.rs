@@ -243,3 +243,68 @@ fn unsound_leases_are_refused_with_their_position() {
         "{orphan:?}"
     );
 }
+
+#[test]
+fn concurrency_limits_parse_and_refuse_what_does_not_apply() {
+    let ok = "[[policy]]\nname = \"exports\"\nalgorithm = \"concurrency\"\nlimit = 4\n\
+              lease_ttl = \"2m\"\naction = \"delay\"\nmax_delay = \"20s\"\n\
+              [[policy]]\nname = \"plain\"\nalgorithm = \"concurrency\"\nlimit = 2\n";
+    let c = match Config::parse("t.toml", ok) {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(
+        c.policies[0].policy.quota().to_string(),
+        "concurrency limit=4 lease_ttl=2m"
+    );
+    assert_eq!(
+        c.policies[0].action,
+        Action::Delay {
+            max_delay: std::time::Duration::from_secs(20)
+        }
+    );
+    assert!(
+        c.policies[1]
+            .policy
+            .quota()
+            .to_string()
+            .ends_with("lease_ttl=5m"),
+        "the default permit lifetime"
+    );
+    let head = "[[policy]]\nname = \"c\"\nalgorithm = \"concurrency\"\nlimit = 4\n";
+    for (extra, at, needle) in [
+        (
+            "window = \"1m\"\n",
+            "t.toml:5:10:",
+            "does not apply to algorithm \"concurrency\"",
+        ),
+        (
+            "lease = 2\n",
+            "t.toml:5:9:",
+            "field \"lease\" does not apply",
+        ),
+        ("cost = 2\n", "t.toml:5:8:", "holds one slot"),
+        (
+            "count_status = [\"401\"]\n",
+            "t.toml:5:16:",
+            "field \"count_status\" does not apply",
+        ),
+        (
+            "action = \"queue\"\n",
+            "t.toml:5:10:",
+            "needs algorithm \"leaky_bucket\"",
+        ),
+        ("lease_ttl = \"soon\"\n", "t.toml:5:13:", "lease_ttl"),
+    ] {
+        let e = errors(&format!("{head}{extra}"));
+        assert!(
+            e.len() == 1 && e[0].starts_with(at) && e[0].contains(needle),
+            "{extra}: {e:?}"
+        );
+    }
+    let e = errors("[[policy]]\nname = \"c\"\nalgorithm = \"concurrency\"\n");
+    assert!(
+        e.len() == 1 && e[0].contains("field \"limit\" is required"),
+        "{e:?}"
+    );
+}

@@ -227,11 +227,16 @@ pub fn quoted(name: &str) -> Option<String> {
 /// Appends one `RateLimit-Policy` item (draft-ietf-httpapi-ratelimit-headers-11 §3):
 /// `quoted_name;q=<limit>;w=<window in whole seconds, rounded up>`, e.g.
 /// `"burst";q=100;w=60`. For a token bucket `q` is the capacity and `w` the time to refill it
-/// fully, as the quota reports them. `quoted_name` comes from [`quoted`].
+/// fully, as the quota reports them. A concurrency limit has no window: its item is
+/// `"exports";q=4` (requests in flight), `w` left out as the draft allows. `quoted_name` comes
+/// from [`quoted`].
 pub fn write_policy_item(out: &mut String, quoted_name: &str, quota: &Quota) {
     out.push_str(quoted_name);
     out.push_str(";q=");
     write_u64(out, u64::from(quota.limit()));
+    if let Quota::Concurrency(_) = quota {
+        return;
+    }
     out.push_str(";w=");
     write_u64(out, ceil_secs(quota.window()));
 }

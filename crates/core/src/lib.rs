@@ -61,5 +61,5 @@ pub use lease::{DEFAULT_LEASE_TTL, Lease};
 pub use limiter::{Limiter, LimiterBuilder};
 pub use on_error::{OnError, UNAVAILABLE_RETRY};
 pub use policy::{MAX_POLICY_NAME, Policy, intern};
-pub use quota::{AlgorithmKind, MAX_PERIOD, Quota, Rate, parse_duration};
+pub use quota::{AlgorithmKind, MAX_PERIOD, Quota, Rate, format_duration, parse_duration};
 pub use store::{Check, MemoryStore, Store};

@@ -78,8 +78,9 @@ pub fn parse_duration(input: &str) -> Result<Duration, QuotaError> {
     Ok(total)
 }
 
-/// Formats a duration in the configuration notation, choosing the largest exact unit.
-pub(crate) fn format_duration(d: Duration) -> String {
+/// Formats a duration in the configuration notation, choosing the largest exact unit: what
+/// [`parse_duration`] reads back.
+pub fn format_duration(d: Duration) -> String {
     let micros = crate::clock::duration_micros(d);
     const UNITS: [(u64, &str); 5] = [
         (86_400_000_000, "d"),

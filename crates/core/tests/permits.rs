@@ -42,7 +42,12 @@ impl Reference {
             .map(|&(_, e)| e)
             .collect();
         let earliest = self.permits.iter().map(|&(_, e)| e).min();
-        let reset = earliest.map_or(0, |e| e - now);
+        // 0 while a permit is free; once full, until the earliest one expires, at most 1 s.
+        let soon = |remaining: u64, earliest: Option<u64>| match earliest {
+            Some(e) if remaining == 0 => (e - now).clamp(1, SECOND),
+            _ => 0,
+        };
+        let reset = soon(self.limit - live, earliest);
         let verdict = |allowed, remaining, reset, retry| Verdict {
             allowed,
             limit: self.limit,
@@ -73,8 +78,13 @@ impl Reference {
             self.permits.push((id, expires));
         }
         let after = self.permits.len() as u64;
-        let first = self.permits.iter().map(|&(_, e)| e).min().unwrap_or(now);
-        verdict(true, self.limit - after, first - now, None)
+        let first = self.permits.iter().map(|&(_, e)| e).min();
+        verdict(
+            true,
+            self.limit - after,
+            soon(self.limit - after, first),
+            None,
+        )
     }
 
     fn release(&mut self, now: u64, id: u64) -> bool {
@@ -334,11 +344,18 @@ fn a_batch_denied_anywhere_holds_no_permit() -> Result<(), Box<dyn std::error::E
     assert!(store.apply_now(t0, &batch[..1]).allowed());
     let later = t0.saturating_add(Duration::from_secs(30));
     assert!(!store.apply_now(later, &batch).allowed());
-    let expiry = t0.saturating_add(Duration::from_secs(60));
     let peek = store.apply_now(later, &[Check::new(&inflight, b"k", 0)]);
     assert_eq!(
-        peek.as_slice()[0].reset,
-        expiry.saturating_duration_since(later)
+        (peek.as_slice()[0].remaining, peek.as_slice()[0].reset),
+        (0, Duration::from_secs(1)),
+        "still held, so the key is full"
+    );
+    // Its first expiry stands: another permit is admitted at it.
+    let expiry = t0.saturating_add(Duration::from_secs(60));
+    let other = [Check::new(&inflight, b"k", 1).with_permit(8)];
+    assert!(
+        store.apply_now(expiry, &other).allowed(),
+        "the renewal was undone"
     );
     Ok(())
 }

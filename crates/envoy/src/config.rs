@@ -180,7 +180,7 @@ impl RateLimit {
 }
 
 /// Why a concurrency limit cannot be enforced over Envoy's protocol.
-const NO_RELEASE: &str = "a concurrency limit cannot be enforced through Envoy's rate limit \
+pub(crate) const NO_RELEASE: &str = "a concurrency limit cannot be enforced through Envoy's rate limit \
      service: its protocol has no message for a request's end, so a slot would never be given \
      back before its lease_ttl; limit requests in flight with Envoy's own circuit breakers \
      (max_requests) or put Tollgate's proxy in front";

@@ -204,6 +204,9 @@ fn rate_limit(rl: RateLimitYaml, here: &str) -> Result<RateLimit, ConfigError> {
             let kind = a
                 .parse::<AlgorithmKind>()
                 .map_err(|e| ConfigError::new(here, e.to_string()))?;
+            if kind == AlgorithmKind::Concurrency {
+                return Err(ConfigError::new(here, crate::config::NO_RELEASE));
+            }
             limit = limit.algorithm(kind);
         }
         if let Some(b) = rl.burst {

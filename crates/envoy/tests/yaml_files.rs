@@ -135,6 +135,17 @@ fn yaml_errors_name_the_file_and_the_reason() {
     assert!(err.to_string().contains("domain"), "{err}");
     let err = load_envoy_config_dir(fixtures().join("missing")).unwrap_err();
     assert!(err.to_string().contains("missing"), "{err}");
+    // Requests in flight cannot be limited over a protocol with no release.
+    let err = tollgate_envoy::parse_envoy_config(
+        "c.yaml",
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 3\n      algorithm: concurrency\n",
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("c.yaml")
+            && err.to_string().contains("no message for a request's end"),
+        "{err}"
+    );
     // Two files with one domain.
     let a = tollgate_envoy::parse_envoy_config("a.yaml", "domain: d\n").unwrap();
     let b = tollgate_envoy::parse_envoy_config("b.yaml", "domain: d\n").unwrap();

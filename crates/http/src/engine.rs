@@ -27,17 +27,21 @@ use crate::{HeaderConfig, JwtVerifier, Refusal, RequestInfo, normalize};
 mod builder;
 mod evaluation;
 pub(crate) mod overrides;
+mod permits;
 mod policy;
 mod queue;
 mod respond;
 mod settle;
+mod slot_lease;
 
 pub use builder::EngineBuilder;
 pub use evaluation::{Answer, Disposition, Evaluation, Hold, Prepared, RateLimitHeaders};
 use evaluation::{Entry, RefundGuard};
+pub use permits::REMOTE_POLL;
 pub use policy::{Action, HttpPolicy};
 pub use queue::QueueTicket;
 pub use settle::{Charge, Settle, StatusSet};
+pub use slot_lease::LeaseError;
 
 use overrides::{KeyOverride, Overrides};
 
@@ -53,9 +57,16 @@ pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(10);
 struct Compiled {
     http: HttpPolicy,
     text: &'static PolicyHeaders,
-    /// Whether an admitted request is trued up once its response is known
-    /// (`charge = "response"` or `count_status`).
+    /// Whether an admitted request has something to do when its exchange ends: a true-up
+    /// once its response is known (`charge = "response"` or `count_status`), or a slot to
+    /// give back (a concurrency limit).
     settles: bool,
+    /// A concurrency limit: each request takes a permit.
+    concurrent: bool,
+    /// A concurrency limit with `delay`: a request denied a slot waits in line for one.
+    waits: bool,
+    /// This instance's slots of a concurrency limit, for metrics.
+    slots: permits::SlotCounts,
     /// Responses charged the fallback because their cost was missing or bad.
     usage_fallbacks: std::sync::atomic::AtomicU64,
     /// Whether that was logged yet.
@@ -91,6 +102,10 @@ struct Inner<S, C> {
     headers_read: Vec<HeaderName>,
     /// Per-key quotas in place of the policies' own.
     overrides: Overrides,
+    /// Requests waiting for a concurrency slot, by policy and key.
+    lines: permits::Lines,
+    /// The key lease tokens are signed under.
+    lease_tag: tollgate::key_digest::KeyDigest,
 }
 
 impl<S, C> fmt::Debug for Inner<S, C> {
@@ -241,6 +256,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 key,
                 cost,
                 over,
+                permit: self.permit_for(index),
             });
         }
         if !prepared.entries.is_empty()
@@ -272,6 +288,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             key: stored,
             cost,
             over,
+            permit: self.permit_for(index),
         });
         Some(prepared)
     }
@@ -282,6 +299,23 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// engine's key secret. This is the form `/v1/top` shows and overrides and lists take.
     pub fn store_key(&self, key: &[u8], out: &mut impl Extend<u8>) {
         self.inner.hasher.write_key(key, out);
+    }
+
+    /// A fresh permit for a request under the policy at `index` when it is a concurrency
+    /// limit; 0 (none) otherwise.
+    #[inline]
+    fn permit_for(&self, index: usize) -> u64 {
+        if self.inner.policies[index].concurrent {
+            permits::next_permit()
+        } else {
+            0
+        }
+    }
+
+    /// Whether deciding `prepared` may wait for a concurrency slot, which only the general,
+    /// awaited path does.
+    fn may_wait(&self, prepared: &Prepared) -> bool {
+        prepared.entries.iter().any(|e| self.waits(e.index))
     }
 
     /// The override of `key` under the policy at `index`, if one applies now. The clock is
@@ -351,7 +385,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// [`decide_now`](Self::decide_now) without taking the request: `None` when the store
     /// does not answer at once.
     fn decide_now_ref(&self, prepared: &Prepared) -> Option<Evaluation<S, C>> {
-        if !self.inner.limiter.store().is_immediate() {
+        if !self.inner.limiter.store().is_immediate() || self.may_wait(prepared) {
             return None;
         }
         Some(match self.decide_one_now(prepared) {
@@ -370,7 +404,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
     /// request (most) returns 136 bytes where an evaluation is 328: both are moves the layer
     /// pays on every request.
     pub(crate) fn disposition_now(&self, prepared: &Prepared) -> Option<Now<S, C>> {
-        if !self.inner.limiter.store().is_immediate() {
+        if !self.inner.limiter.store().is_immediate() || self.may_wait(prepared) {
             return None;
         }
         let mut evaluation = match self.decide_one_now(prepared) {
@@ -447,12 +481,24 @@ impl<S: Store, C: Clock> Engine<S, C> {
             return self.evaluation(Decisions::new(), HeaderList::new(), Disposition::Pass);
         }
         let entries = &prepared.entries;
-        let checks: SmallVec<[Check<'_>; 4]> = entries.iter().map(|e| self.check(e)).collect();
-        let mut decisions = match self.check_all(&checks).await {
+        let decided = if self.must_line_up(entries) {
+            // Others wait for this key's slots: behind them, without asking first.
+            self.wait_for_slot(entries, None).await.map(|(d, _)| d)
+        } else {
+            self.check_all(&self.checks(entries)).await
+        };
+        let mut decisions = match decided {
             Ok(d) if d.len() == entries.len() => d,
             Ok(_) => return self.failed(miscounted(), entries),
             Err(e) => return self.failed(e, entries),
         };
+        if !decisions.allowed() && self.only_slots_missing(&decisions, entries) {
+            decisions = match self.wait_for_slot(entries, Some(decisions)).await {
+                Ok((d, _)) if d.len() == entries.len() => d,
+                Ok(_) => return self.failed(miscounted(), entries),
+                Err(e) => return self.failed(e, entries),
+            };
+        }
         let mut consumed = decisions.allowed();
         if !consumed {
             let enforced_denial = decisions
@@ -556,9 +602,13 @@ impl<S: Store, C: Clock> Engine<S, C> {
                     delay,
                     guard: Some(RefundGuard {
                         engine: self.clone(),
+                        // A concurrency slot is given back by the request's settle, held
+                        // or not: only the others' quota is refunded here.
                         entries: entries
                             .iter()
-                            .filter(|e| !self.is_shadow(e))
+                            .filter(|e| {
+                                !self.is_shadow(e) && !self.inner.policies[e.index].concurrent
+                            })
                             .cloned()
                             .collect(),
                         armed: true,
@@ -582,8 +632,15 @@ impl<S: Store, C: Clock> Engine<S, C> {
         if !pairs().any(|p| due(&p)) {
             return None;
         }
-        let dues = pairs().filter(due).map(|(_, e)| e.clone());
-        Some(Box::new(Settle::new(self.clone(), dues)))
+        let concurrent = |e: &Entry| self.inner.policies[e.index].concurrent;
+        let dues = pairs()
+            .filter(|p| due(p) && !concurrent(p.1))
+            .map(|(_, e)| e.clone());
+        let slots = pairs()
+            .filter(|p| due(p) && concurrent(p.1))
+            .map(|(_, e)| e.clone())
+            .collect();
+        Some(Box::new(Settle::new(self.clone(), dues, slots)))
     }
 
     fn evaluation(
@@ -615,7 +672,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
     fn check<'e>(&'e self, entry: &'e Entry) -> Check<'e> {
         let http = &self.inner.policies[entry.index].http;
         let policy = entry.over.as_ref().map_or(&http.policy, |o| &o.policy);
-        Check::new(policy, &entry.key, entry.cost)
+        Check::new(policy, &entry.key, entry.cost).with_permit(entry.permit)
     }
 
     /// The header text of the quota `entry` is decided under: its override's, or its policy's.

@@ -86,7 +86,8 @@ pub use client_ip::{ForwardedHeader, client_address};
 pub use engine::overrides::{KeyOverride, OverrideError, QuotaFields};
 pub use engine::{
     ANONYMOUS_KEY, Action, Answer, Charge, DEFAULT_MAX_DELAY, Disposition, Engine, EngineBuilder,
-    Evaluation, Hold, HttpPolicy, Prepared, QueueTicket, RateLimitHeaders, Settle, StatusSet,
+    Evaluation, Hold, HttpPolicy, LeaseError, Prepared, QueueTicket, REMOTE_POLL, RateLimitHeaders,
+    Settle, StatusSet,
 };
 pub use error::ConfigError;
 pub use headers::{HeaderConfig, ResetFormat, RetryAfterFormat};

@@ -2,6 +2,7 @@
 //! which key each request was checked against (the store key, credentials hashed, exactly as
 //! the store holds it), so the figures can name the keys that would be limited.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -106,6 +107,8 @@ pub(crate) struct Logged {
     pub(crate) status: Option<u16>,
     /// What the request cost.
     pub(crate) cost: Option<u64>,
+    /// How long it took.
+    pub(crate) took: Option<std::time::Duration>,
 }
 
 /// One policy's decision on the request last evaluated, for `--decisions`.
@@ -117,6 +120,8 @@ pub(crate) struct Traced {
     pub(crate) key: String,
 }
 
+type Settle = tollgate_http::Settle<RecordingStore, ManualClock>;
+
 /// One configuration replayed: its engine and what it decided.
 #[derive(Debug)]
 pub(crate) struct Run {
@@ -124,6 +129,9 @@ pub(crate) struct Run {
     pub(crate) stats: RunStats,
     /// When tracing: the last request's decisions.
     pub(crate) traced: Option<Vec<Traced>>,
+    /// Requests holding concurrency slots, by when they end (and arrival order).
+    in_flight: BTreeMap<(Timestamp, u64), Box<Settle>>,
+    arrivals: u64,
 }
 
 impl Run {
@@ -141,6 +149,8 @@ impl Run {
             engine: tollgate_config::http_engine(config, store, clock)?,
             stats: RunStats::new(config),
             traced: None,
+            in_flight: BTreeMap::new(),
+            arrivals: 0,
         })
     }
 
@@ -169,26 +179,42 @@ impl Run {
             seen.checks.clear();
         }
         self.stats.requests += 1;
+        self.end_requests(now);
         let prepared = self.engine.prepare(info);
         if prepared.is_empty() {
             return 200;
         }
         self.stats.matched += 1;
-        let Ok(mut evaluation) = self.engine.decide_now(prepared) else {
-            // The memory store always answers at once; were it ever not to, say so.
-            self.stats.undecided += 1;
-            return 503;
+        let mut evaluation = match self.engine.decide_now(prepared) {
+            Ok(evaluation) => evaluation,
+            // A concurrency limit with `delay` would hold it in line for a slot: whether one
+            // frees up within max_delay depends on requests still to come, so it is counted
+            // as delayed and takes no slot.
+            Err(_) => {
+                self.stats.delayed += 1;
+                return 200;
+            }
         };
         // What the logged response says it cost: policies that charge by the response
         // (`charge = "response"` from the log's cost, `count_status` from its status) are
-        // trued up as the server would have, at once (the memory store answers at once).
-        if let (Some(mut settle), Some(status)) = (evaluation.take_settle(), logged.status) {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-            settle.response(status, &http::HeaderMap::new());
-            if let Some(cost) = logged.cost {
-                settle.reported(cost);
+        // trued up as the server would have (the memory store answers at once). Concurrency
+        // slots are held until the request ends, by its logged duration.
+        if let Some(mut settle) = evaluation.take_settle() {
+            if let Some(status) = logged.status {
+                let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+                settle.response(status, &http::HeaderMap::new());
+                if let Some(cost) = logged.cost {
+                    settle.reported(cost);
+                }
             }
-            settle.finish();
+            match logged.took.filter(|t| !t.is_zero()) {
+                Some(took) if settle.holds_slots() => {
+                    self.arrivals += 1;
+                    let end = now.saturating_add(took);
+                    self.in_flight.insert((end, self.arrivals), settle);
+                }
+                _ => settle.finish(),
+            }
         }
         let status = match evaluation.disposition() {
             Disposition::Respond(a) => a.status().as_u16(),
@@ -230,6 +256,16 @@ impl Run {
             }
         }
         status
+    }
+
+    /// Ends the requests that were over by `now`, giving back their slots.
+    fn end_requests(&mut self, now: Timestamp) {
+        while let Some(entry) = self.in_flight.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            entry.remove().finish();
+        }
     }
 
     /// Forgets keys whose quota has fully reset, as the server does every ten seconds.

@@ -90,6 +90,9 @@ pub struct LoggedRequest<'a> {
     pub status: Option<u16>,
     /// What the request cost, when the log says (`charge = "response"` charges it).
     pub cost: Option<u64>,
+    /// How long the request took, when the log says (`$request_time`): a concurrency limit's
+    /// slot is held for it.
+    pub took: Option<std::time::Duration>,
 }
 
 /// Why a line is not a request.

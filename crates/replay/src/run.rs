@@ -327,6 +327,7 @@ impl Replayer {
             let logged = Logged {
                 status: request.status,
                 cost: request.cost,
+                took: request.took,
             };
             let s = run.evaluate(&info, now, logged);
             if i == 0 {

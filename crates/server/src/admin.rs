@@ -64,6 +64,7 @@ pub(crate) async fn handle(
                 &engine.store().lease_stats(),
             );
             crate::metrics::render_usage_fallbacks(&mut body, engine.http().usage_fallbacks());
+            crate::metrics::render_slots(&mut body, engine.http().slot_counts());
             let mut res = text(StatusCode::OK, body);
             res.headers_mut().insert(
                 CONTENT_TYPE,
@@ -293,10 +294,12 @@ fn key_text(key: &[u8]) -> String {
     }
 }
 
-/// `GET /v1/stats`: what the dashboard polls: decision counters per policy, store health, and
-/// how many overrides there are.
+/// `GET /v1/stats`: what the dashboard polls: decision counters per policy (with the requests
+/// in flight and slots taken back of a concurrency limit), store health, and how many overrides
+/// there are.
 async fn stats(shared: &Shared, engine: &Generation) -> Response<Body> {
     let counts = shared.metrics.decision_counts();
+    let slots: Vec<(&str, u64, u64)> = engine.http().slot_counts().collect();
     let policies: Vec<Value> = engine
         .config()
         .policies
@@ -306,13 +309,21 @@ async fn stats(shared: &Shared, engine: &Generation) -> Response<Body> {
                 .iter()
                 .find(|(name, _)| name == p.name())
                 .map_or([0; 5], |(_, c)| *c);
-            json!({
+            let mut v = json!({
                 "name": p.name(),
                 "action": p.action.as_str(),
                 "quota": p.policy.quota().to_string(),
                 "allowed": c[0], "denied": c[1], "shadow": c[2], "fail_open": c[3],
                 "fail_closed": c[4],
-            })
+            });
+            if let (Some((_, in_flight, expired)), Some(o)) = (
+                slots.iter().find(|(n, _, _)| *n == p.name()),
+                v.as_object_mut(),
+            ) {
+                o.insert("in_flight".into(), Value::from(*in_flight));
+                o.insert("slots_expired".into(), Value::from(*expired));
+            }
+            v
         })
         .collect();
     let ready = engine.store().ready().await;

@@ -3,6 +3,7 @@
 //! nginx `auth_request`.
 
 mod forward_auth;
+mod lease;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -32,6 +33,12 @@ pub(crate) async fn handle(
     let engine = shared.engine();
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/check") => check(&engine, req).await,
+        (&Method::POST, "/v1/release") => lease::release(&engine, req).await,
+        (_, "/v1/release") => problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Method not allowed",
+            Some("use POST /v1/release with {\"lease\": \"...\"}"),
+        ),
         (_, "/v1/check") => problem(
             StatusCode::METHOD_NOT_ALLOWED,
             "Method not allowed",
@@ -48,7 +55,7 @@ pub(crate) async fn handle(
             StatusCode::NOT_FOUND,
             "Not found",
             Some(
-                "the decision API serves POST /v1/check, /v1/forward-auth and /v1/forward-auth/nginx",
+                "the decision API serves POST /v1/check, POST /v1/release, /v1/forward-auth and /v1/forward-auth/nginx",
             ),
         ),
     }
@@ -58,14 +65,19 @@ fn bad_request(detail: &str) -> Response<Body> {
     problem(StatusCode::BAD_REQUEST, "Bad request", Some(detail))
 }
 
-async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
+/// Reads a JSON body of at most [`MAX_BODY`] bytes; `Err` is the 400 to answer.
+async fn json_body(req: Request<Incoming>) -> Result<Value, Response<Body>> {
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
-        Err(_) => return bad_request("the body could not be read or exceeds 64 KiB"),
+        Err(_) => return Err(bad_request("the body could not be read or exceeds 64 KiB")),
     };
-    let value: Value = match serde_json::from_slice(&body) {
+    serde_json::from_slice(&body).map_err(|e| bad_request(&format!("malformed JSON: {e}")))
+}
+
+async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
+    let value = match json_body(req).await {
         Ok(v) => v,
-        Err(e) => return bad_request(&format!("malformed JSON: {e}")),
+        Err(res) => return res,
     };
     let Some(obj) = value.as_object() else {
         return bad_request(
@@ -96,18 +108,16 @@ async fn check_by_policy(
             None => return bad_request("\"cost\" must be a whole number from 0 to 4294967295"),
         },
     };
-    let report = match obj.get("mode") {
-        None | Some(Value::Null) => false,
-        Some(Value::String(m)) if m == "check" => false,
-        Some(Value::String(m)) if m == "report" => true,
-        Some(_) => {
-            return problem_response(&Refusal::bad_field(
-                "\"mode\"",
-                "must be \"check\" (the default) or \"report\" (charge the cost, never deny)",
-            ));
-        }
+    let mode = match Mode::read(obj) {
+        Ok(m) => m,
+        Err(refusal) => return problem_response(&refusal),
     };
-    let decided = if report {
+    if let Some(pc) = engine.policy(name)
+        && let Err(refusal) = mode.fits(pc)
+    {
+        return problem_response(&refusal);
+    }
+    let decided = if mode == Mode::Report {
         engine.report_key(name, key.as_bytes(), cost).await
     } else {
         engine.check_key(name, key.as_bytes(), cost).await
@@ -126,6 +136,8 @@ async fn check_by_policy(
     };
     let shadow = pc.action == Action::Shadow;
     let fail_open = eval.store_failed() && eval.allowed();
+    let mut eval = eval;
+    let lease = eval.take_settle().and_then(|mut s| s.lease());
     let (decisions, headers, disposition) = eval.into_parts();
     match disposition {
         // Refused before any count, or the store failed closed: the engine's own answer.
@@ -146,6 +158,9 @@ async fn check_by_policy(
     if let Some(obj) = body.as_object_mut() {
         obj.insert("action".into(), Value::from(pc.action.as_str()));
         obj.insert("fail_open".into(), Value::from(fail_open));
+        if mode == Mode::Acquire {
+            obj.insert("lease".into(), Value::from(lease));
+        }
         if let Some(d) = decisions.as_slice().first()
             && !d.allowed
             && d.retry_after.is_none()
@@ -280,8 +295,11 @@ async fn check_by_attributes(
     let info = RequestInfo::new(&method, target, &headers)
         .with_host(host)
         .with_client_ip(ip);
-    let eval = engine.evaluate(&info).await;
+    let mut eval = engine.evaluate(&info).await;
     let fail_open = eval.store_failed() && eval.allowed();
+    // A described request that took concurrency slots gets a lease to give them back with,
+    // whatever its mode: nothing else could.
+    let lease = eval.take_settle().and_then(|mut s| s.lease());
     let (decisions, rate_limit, disposition) = eval.into_parts();
     let status = match disposition {
         Disposition::Respond(a) if a.status() != StatusCode::TOO_MANY_REQUESTS => {
@@ -336,6 +354,7 @@ async fn check_by_attributes(
             ),
         );
         o.insert("fail_open".into(), Value::from(fail_open));
+        o.insert("lease".into(), Value::from(lease));
     }
     let mut res = json_response(status, &body);
     *res.headers_mut() = {
@@ -344,4 +363,55 @@ async fn check_by_attributes(
         all
     };
     res
+}
+
+/// What a `/v1/check` by policy asks for (`"mode"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Decide, and count when admitted (the default).
+    Check,
+    /// Charge the cost whatever the quota says, never deny.
+    Report,
+    /// Take a concurrency slot, answered with a lease to give it back with.
+    Acquire,
+}
+
+impl Mode {
+    fn read(obj: &serde_json::Map<String, Value>) -> Result<Self, Refusal> {
+        match obj.get("mode") {
+            None | Some(Value::Null) => Ok(Mode::Check),
+            Some(Value::String(m)) if m == "check" => Ok(Mode::Check),
+            Some(Value::String(m)) if m == "report" => Ok(Mode::Report),
+            Some(Value::String(m)) if m == "acquire" => Ok(Mode::Acquire),
+            Some(_) => Err(Refusal::bad_field(
+                "\"mode\"",
+                "must be \"check\" (the default), \"report\" (charge the cost, never deny) or \
+                 \"acquire\" (take a concurrency slot, answered with a lease)",
+            )),
+        }
+    }
+
+    /// Whether the mode means anything for `policy`: a concurrency limit is asked with
+    /// `acquire` only (a slot taken by a plain check could never be given back), and only a
+    /// concurrency limit has slots to acquire.
+    fn fits(self, policy: &crate::config::PolicyConfig) -> Result<(), Refusal> {
+        let concurrent = policy.policy.quota().kind() == tollgate::AlgorithmKind::Concurrency;
+        let name = policy.name();
+        match (self, concurrent) {
+            (Mode::Acquire, false) => Err(Refusal::bad_field(
+                "\"mode\"",
+                format!(
+                    "\"acquire\" takes a concurrency slot, and policy {name:?} is a {}, which has none; use \"check\"",
+                    policy.policy.quota().kind().as_str()
+                ),
+            )),
+            (Mode::Check | Mode::Report, true) => Err(Refusal::bad_field(
+                "\"mode\"",
+                format!(
+                    "policy {name:?} limits requests in flight: ask with \"mode\": \"acquire\", which answers a lease, and give the slot back with POST /v1/release {{\"lease\": \"...\"}}"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
 }

@@ -349,6 +349,40 @@ pub(crate) fn render_usage_fallbacks<'a>(
     }
 }
 
+/// `tollgate_in_flight` and `tollgate_slots_expired_total`: per concurrency policy, the
+/// requests holding a slot through this instance now (at the proxy and the tower layer; slots
+/// handed out as leases or left to forward-auth are not), and the slots that were already taken
+/// back at their `lease_ttl` when their request ended. Counted since the configuration was
+/// last loaded.
+pub(crate) fn render_slots<'a>(out: &mut String, slots: impl Iterator<Item = (&'a str, u64, u64)>) {
+    let slots: Vec<_> = slots.collect();
+    if slots.is_empty() {
+        return;
+    }
+    out.push_str(
+        "# HELP tollgate_in_flight Requests holding a concurrency slot through this instance.\n\
+         # TYPE tollgate_in_flight gauge\n",
+    );
+    for (policy, in_flight, _) in &slots {
+        let _ = writeln!(
+            out,
+            "tollgate_in_flight{{policy=\"{}\"}} {in_flight}",
+            escape_label(policy)
+        );
+    }
+    out.push_str(
+        "# HELP tollgate_slots_expired_total Slots taken back at their lease_ttl before their \
+         request ended.\n# TYPE tollgate_slots_expired_total counter\n",
+    );
+    for (policy, _, expired) in &slots {
+        let _ = writeln!(
+            out,
+            "tollgate_slots_expired_total{{policy=\"{}\"}} {expired}",
+            escape_label(policy)
+        );
+    }
+}
+
 pub(crate) fn escape_label(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")

@@ -23,6 +23,15 @@ impl Decide for ServerDecide {
     async fn check(&self, policy: &[u8], key: &[u8], cost: u32) -> Result<CheckReply, CheckError> {
         let generation = self.shared.engine();
         let name = std::str::from_utf8(policy).map_err(|_| CheckError::unknown_policy(policy))?;
+        if generation
+            .policy(name)
+            .is_some_and(|p| p.policy.quota().kind() == tollgate::AlgorithmKind::Concurrency)
+        {
+            // A slot taken here could never be given back: the protocol has no release.
+            return Err(CheckError::Other(format!(
+                "policy '{name}' limits requests in flight, which this door cannot give back; use POST /v1/check with \"mode\": \"acquire\" and POST /v1/release"
+            )));
+        }
         let Some(evaluation) = generation.check_key(name, key, cost).await else {
             return Err(CheckError::unknown_policy(policy));
         };

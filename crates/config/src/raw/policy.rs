@@ -65,7 +65,7 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
             })
             .ok()
     });
-    let (policy, lease_ok) = validate_lease(&p, policy, &cx.prefix, errs);
+    let (policy, lease_ok) = validate_lease(&p, policy, (&cx.prefix, cx.kind), errs);
     ok &= lease_ok;
     let (cost, cost_ok) = cost(&p, policy.as_ref(), &cx, errs);
     ok &= cost_ok;
@@ -615,13 +615,10 @@ fn action(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> (Option<Action>, bo
 fn validate_lease(
     p: &RawPolicy,
     policy: Option<Policy>,
-    ctx: &str,
+    (ctx, kind): (&str, AlgorithmKind),
     errs: &mut Errors<'_>,
 ) -> (Option<Policy>, bool) {
-    let concurrency = policy
-        .as_ref()
-        .is_some_and(|p| p.quota().kind() == AlgorithmKind::Concurrency);
-    if concurrency {
+    if kind == AlgorithmKind::Concurrency {
         if let Some(size) = &p.lease {
             errs.at(
                 size.span().start,

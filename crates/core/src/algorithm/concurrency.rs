@@ -106,8 +106,11 @@ impl Concurrency {
     ///   with permit id 0 (no permit named: it could never be given back), is denied for good,
     ///   with no `retry_after`.
     /// - `remaining`: the permits free after this request (after taking its own when admitted).
-    /// - `reset`: the time until the key's earliest-expiring permit would be taken back by its
-    ///   TTL (after this request); 0 when none is held.
+    /// - `reset`: the time until a permit is expected free: 0 while one is (after this
+    ///   request), else the same wait as `retry_after`. Not the time until the earliest permit
+    ///   expires: requests usually end long before their TTL, and a client that waits for
+    ///   `reset` (the `t` of the `RateLimit` header) when nothing is left must wait seconds,
+    ///   not minutes.
     /// - `retry_after` when denied: the time until the earliest other permit expires, at most
     ///   [`MAX_RETRY_AFTER`](Self::MAX_RETRY_AFTER): a permit usually comes back sooner, when
     ///   some request ends.
@@ -123,7 +126,12 @@ impl Concurrency {
             (false, true) => occupancy.own,
             (false, false) => now_us,
         };
-        let reset = earliest.saturating_sub(now_us);
+        // A permit comes back when some request ends, or at the latest when the earliest one
+        // expires; the wait a full key advertises is capped like `retry_after`.
+        let soon = earliest
+            .saturating_sub(now_us)
+            .clamp(1, duration_micros(Self::MAX_RETRY_AFTER));
+        let reset = if available > 0 { 0 } else { soon };
         if cost > self.limit || (cost > 0 && permit == 0) {
             return never(self.limit, available, reset);
         }
@@ -138,17 +146,21 @@ impl Concurrency {
             };
         }
         if occupancy.others + u64::from(cost) <= limit {
+            let remaining = limit - occupancy.others - 1;
             let expires = now_us.saturating_add(self.lease_ttl);
             let first = if occupancy.others > 0 {
                 occupancy.others_earliest.min(expires)
             } else {
                 expires
             };
+            let soon = first
+                .saturating_sub(now_us)
+                .clamp(1, duration_micros(Self::MAX_RETRY_AFTER));
             return Verdict {
                 allowed: true,
                 limit,
-                remaining: limit - occupancy.others - 1,
-                reset_micros: first.saturating_sub(now_us),
+                remaining,
+                reset_micros: if remaining > 0 { 0 } else { soon },
                 retry_after_micros: None,
                 delay_micros: 0,
             };
@@ -302,10 +314,18 @@ mod tests {
         let mut s = ConcurrencyState::default();
         let a = alg.check(&mut s, at(0), 1, 11);
         assert!(a.allowed);
-        assert_eq!((a.remaining, a.reset_micros), (1, 300_000_000));
+        assert_eq!(
+            (a.remaining, a.reset_micros),
+            (1, 0),
+            "a permit is free now"
+        );
         let b = alg.check(&mut s, at(10), 1, 22);
         assert!(b.allowed);
-        assert_eq!((b.remaining, b.reset_micros), (0, 299_999_990));
+        assert_eq!(
+            (b.remaining, b.reset_micros),
+            (0, 1_000_000),
+            "full: one expected within a second, not at the TTL"
+        );
         let c = alg.check(&mut s, at(20), 1, 33);
         assert!(!c.allowed);
         assert_eq!(c.remaining, 0);
@@ -334,7 +354,10 @@ mod tests {
         let v = alg.check(&mut s, at(100), 1, 7);
         assert!(v.allowed, "{v:?}");
         assert_eq!(v.remaining, 0);
-        assert_eq!(v.reset_micros, 10_000_005 - 100, "8 is now the earliest");
+        assert_eq!(
+            v.reset_micros, 1_000_000,
+            "full: soon, capped like retry_after"
+        );
         assert_eq!(s.permits, vec![(T + 10_000_005, 8), (T + 10_000_100, 7)]);
         assert!(alg.release(&mut s, at(200), 7));
         assert!(!alg.release(&mut s, at(200), 7), "twice changes nothing");

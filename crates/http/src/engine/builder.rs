@@ -193,6 +193,8 @@ impl<S, C> EngineBuilder<S, C> {
                 on_error: self.on_error,
                 resolve_ip,
                 overrides: Overrides::default(),
+                lines: Default::default(),
+                lease_tag: super::slot_lease::tag_key(&self.key_secret),
             }),
         })
     }
@@ -219,11 +221,14 @@ fn compile(mut http: HttpPolicy, has_jwt: bool) -> Result<Compiled, ConfigError>
             ),
         ));
     }
-    if let Action::Delay { max_delay } = http.action {
+    if let Action::Delay { max_delay } = http.action
+        && !matches!(http.policy.quota(), Quota::Concurrency(_))
+    {
         // The bound is enforced by the algorithm, so a request that would wait too long
-        // is denied before it consumes anything.
+        // is denied before it consumes anything. (A concurrency limit's wait is the engine's:
+        // in line for a slot, at most `max_delay`.)
         let Quota::LeakyBucket(bucket) = http.policy.quota() else {
-            return fail("action \"delay\" needs algorithm \"leaky_bucket\"");
+            return fail("action \"delay\" needs algorithm \"leaky_bucket\" or \"concurrency\"");
         };
         let bound = bucket.max_delay().map_or(max_delay, |d| d.min(max_delay));
         let quota = Quota::LeakyBucket(bucket.clone().with_max_delay(bound));
@@ -237,12 +242,28 @@ fn compile(mut http: HttpPolicy, has_jwt: bool) -> Result<Compiled, ConfigError>
             "charge = \"response\" cannot go with action \"queue\" (a queued request's response comes long after, to nobody)",
         );
     }
+    let concurrent = matches!(http.policy.quota(), Quota::Concurrency(_));
+    if concurrent {
+        if http.cost != 1 {
+            return fail("a request holds one slot of a concurrency limit: its cost is 1");
+        }
+        if matches!(http.charge, Charge::Response(_)) || http.count_status.is_some() {
+            return fail(
+                "a concurrency limit holds a slot while the request runs, whatever the response says: charge = \"response\" and count_status do not apply",
+            );
+        }
+    }
     let text = PolicyHeaders::new(&http.policy)?;
-    let settles = matches!(http.charge, Charge::Response(_)) || http.count_status.is_some();
+    let settles =
+        concurrent || matches!(http.charge, Charge::Response(_)) || http.count_status.is_some();
+    let waits = concurrent && matches!(http.action, Action::Delay { .. });
     Ok(Compiled {
         http,
         text,
         settles,
+        concurrent,
+        waits,
+        slots: Default::default(),
         usage_fallbacks: Default::default(),
         usage_warned: Default::default(),
     })

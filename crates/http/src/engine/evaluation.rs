@@ -26,6 +26,8 @@ pub(super) struct Entry {
     pub(super) cost: u32,
     /// The key's override of the policy's quota, when it has one.
     pub(super) over: Option<Arc<KeyOverride>>,
+    /// The permit a concurrency limit's check takes (0 for the other algorithms).
+    pub(super) permit: u64,
 }
 
 /// The synchronous half of an evaluation: which policies match and the keys. Owns its data, so

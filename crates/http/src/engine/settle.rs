@@ -13,6 +13,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use smallvec::SmallVec;
 use tollgate::{Check, Clock, Store};
 
+use super::permits::SmallEntries;
 use super::{Engine, Entry};
 use crate::usage::{Usage, UsageMeter};
 use crate::{ConfigError, CostFrom};
@@ -131,6 +132,8 @@ struct Due {
 pub struct Settle<S: Store, C: Clock> {
     engine: Engine<S, C>,
     dues: SmallVec<[Due; 1]>,
+    /// The concurrency slots the request holds, given back when the exchange ends.
+    slots: SmallEntries,
     status: Option<u16>,
     done: bool,
 }
@@ -139,16 +142,24 @@ impl<S: Store, C: Clock> fmt::Debug for Settle<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settle")
             .field("dues", &self.dues)
+            .field("slots", &self.slots.len())
             .field("status", &self.status)
             .finish_non_exhaustive()
     }
 }
 
 impl<S: Store, C: Clock> Settle<S, C> {
-    pub(super) fn new(engine: Engine<S, C>, entries: impl IntoIterator<Item = Entry>) -> Self {
+    /// The true-up of `dues` (policies that charge by the response) and the release of
+    /// `slots` (concurrency permits taken).
+    pub(super) fn new(
+        engine: Engine<S, C>,
+        dues: impl IntoIterator<Item = Entry>,
+        slots: SmallEntries,
+    ) -> Self {
+        engine.hold_slots(&slots);
         Settle {
             engine,
-            dues: entries
+            dues: dues
                 .into_iter()
                 .map(|entry| Due {
                     entry,
@@ -156,9 +167,34 @@ impl<S: Store, C: Clock> Settle<S, C> {
                     reported: None,
                 })
                 .collect(),
+            slots,
             status: None,
             done: false,
         }
+    }
+
+    /// Whether the request holds concurrency slots, given back when this settles.
+    pub fn holds_slots(&self) -> bool {
+        !self.slots.is_empty()
+    }
+
+    /// Leaves the request's concurrency slots to their `lease_ttl`: for a door that never
+    /// learns when the request ends (forward-auth).
+    pub fn keep_slots(&mut self) {
+        let kept = std::mem::take(&mut self.slots);
+        self.engine.hand_off(&kept);
+    }
+
+    /// Hands the request's concurrency slots to the caller as a lease token, which
+    /// [`Engine::release_lease`] takes back (`/v1/check` in `"mode": "acquire"`); `None` when
+    /// it holds none. Unreleased, the slots return at their `lease_ttl`.
+    pub fn lease(&mut self) -> Option<String> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let slots = std::mem::take(&mut self.slots);
+        self.engine.hand_off(&slots);
+        Some(self.engine.lease_token(&slots))
     }
 
     /// The response's status and headers (a `header:` cost is read here).
@@ -256,6 +292,7 @@ impl<S: Store, C: Clock> Settle<S, C> {
             return;
         }
         self.done = true;
+        self.engine.release(std::mem::take(&mut self.slots));
         // No response at all (the request never left, or the upstream never answered a
         // head): admission's charge stands as it is (a held request's refund, if any, is its
         // hold's to give).
@@ -304,41 +341,56 @@ impl<S: Store, C: Clock> Settle<S, C> {
         }
         let engine = self.engine.clone();
         let dues: SmallVec<[Entry; 2]> = self.dues.drain(..).map(|d| d.entry).collect();
-        let work = async move {
-            let checks = |list: &[(usize, u32)]| -> SmallVec<[Check<'_>; 2]> {
-                list.iter()
-                    .map(|&(i, cost)| Check {
-                        cost,
-                        ..engine.check(&dues[i])
-                    })
-                    .collect()
-            };
-            let now = engine.inner.limiter.clock().now();
-            let store = engine.inner.limiter.store();
-            if !charges.is_empty()
-                && let Err(error) = store.charge(now, &checks(&charges)).await
-            {
-                tracing::warn!(%error, "could not charge a response's cost; it is lost");
-            }
-            if !refunds.is_empty()
-                && let Err(error) = store.refund(now, &checks(&refunds)).await
-            {
-                tracing::debug!(%error, "could not give back what a response did not cost");
-            }
-        };
-        if self.engine.inner.limiter.store().is_immediate() {
+        self.engine.run_now_or_spawn(
+            async move {
+                let checks = |list: &[(usize, u32)]| -> SmallVec<[Check<'_>; 2]> {
+                    list.iter()
+                        .map(|&(i, cost)| Check {
+                            cost,
+                            ..engine.check(&dues[i])
+                        })
+                        .collect()
+                };
+                let now = engine.inner.limiter.clock().now();
+                let store = engine.inner.limiter.store();
+                if !charges.is_empty()
+                    && let Err(error) = store.charge(now, &checks(&charges)).await
+                {
+                    tracing::warn!(%error, "could not charge a response's cost; it is lost");
+                }
+                if !refunds.is_empty()
+                    && let Err(error) = store.refund(now, &checks(&refunds)).await
+                {
+                    tracing::debug!(%error, "could not give back what a response did not cost");
+                }
+            },
+            "a response's true-up",
+        );
+    }
+}
+
+impl<S: Store, C: Clock> Engine<S, C> {
+    /// Runs `work` (a store call and what follows it) without making the caller wait: polled
+    /// once here on a store that answers at once, else spawned on the runtime. `what` names it
+    /// in the log if it cannot run.
+    pub(super) fn run_now_or_spawn(
+        &self,
+        work: impl Future<Output = ()> + Send + 'static,
+        what: &'static str,
+    ) {
+        if self.inner.limiter.store().is_immediate() {
             // The memory store answers on the first poll: done here, with no task.
             let future = std::pin::pin!(work);
             if future
                 .poll(&mut Context::from_waker(Waker::noop()))
                 .is_pending()
             {
-                tracing::warn!("an immediate store left a true-up pending; it is lost");
+                tracing::warn!(what, "an immediate store left a call pending; it is lost");
             }
         } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(work);
         } else {
-            tracing::warn!("no runtime to true up a response's cost on; it is lost");
+            tracing::warn!(what, "no runtime to call the store on; the call is lost");
         }
     }
 }

@@ -242,8 +242,10 @@ fn families_follow_the_config() {
     assert!(!HeaderList::retry_soon().is_empty());
 }
 
-/// What a response future carries: small enough to move cheaply, whatever the config.
+/// What a response future carries: small enough to move cheaply, whatever the config (two
+/// policy texts inline, each a pointer and the tag that says whether it is an override's).
 #[test]
 fn a_list_is_small() {
-    assert!(std::mem::size_of::<HeaderList>() <= 80);
+    let size = std::mem::size_of::<HeaderList>();
+    assert!(size <= 96, "{size} bytes");
 }

@@ -137,9 +137,10 @@ where
                 return Ok(response.map(K::inner));
             };
             // What the response says it cost: its status and headers now, its body as it
-            // streams to the client (never held back).
+            // streams to the client (never held back). A concurrency slot is given back when
+            // the body ends (or is dropped), not at the head.
             settle.response(response.status(), response.headers());
-            if !settle.reads_body() {
+            if !settle.reads_body() && !settle.holds_slots() {
                 settle.finish();
                 return Ok(response.map(K::inner));
             }

@@ -31,6 +31,9 @@ pub struct JsonFields {
     /// What the request cost (default `cost`), for `charge = "response"`: a number, or a
     /// string of digits.
     pub cost: String,
+    /// How long the request took, in seconds (default `request_time`): a concurrency limit
+    /// holds the request's slot for it.
+    pub duration: String,
 }
 
 impl Default for JsonFields {
@@ -45,6 +48,7 @@ impl Default for JsonFields {
             user: "user".to_owned(),
             status: "status".to_owned(),
             cost: "cost".to_owned(),
+            duration: "request_time".to_owned(),
         }
     }
 }
@@ -113,6 +117,20 @@ impl Parser {
                         f.cost
                     )))
                 })?),
+                None => None,
+            },
+            took: match text(&f.duration) {
+                Some(d) => Some(
+                    d.parse::<f64>()
+                        .ok()
+                        .and_then(|secs| std::time::Duration::try_from_secs_f64(secs).ok())
+                        .ok_or_else(|| {
+                            LineError(Cow::Owned(format!(
+                                "field {:?} is not a duration in seconds",
+                                f.duration
+                            )))
+                        })?,
+                ),
                 None => None,
             },
         })

@@ -69,7 +69,13 @@ pub(crate) async fn handle(
     if let Some(name) = counted_by_status(engine, &prepared) {
         return unseen_status(name);
     }
-    let (_, rate_limit, disposition) = engine.decide(prepared).await.into_parts();
+    let mut evaluation = engine.decide(prepared).await;
+    if let Some(mut settle) = evaluation.take_settle() {
+        // The proxy never says when the request ends: its concurrency slots live for their
+        // lease_ttl. (Its response's true-up, never learned either, leaves admission's charge.)
+        settle.keep_slots();
+    }
+    let (_, rate_limit, disposition) = evaluation.into_parts();
     match disposition {
         Disposition::Respond(answer) => {
             let mut res = answer.into_response();

@@ -212,14 +212,30 @@ impl Conn {
         // Set once a final head is on its way to the client: past it, a broken request body
         // can no longer be answered 400.
         let answered = AtomicBool::new(false);
-        let upload = upload(
-            &mut client_read,
-            &mut self.inbuf,
-            &mut up_write,
-            &mut self.uphead,
-            plan.framing,
-            &sent,
-        );
+        // A request that holds a concurrency slot gives it back as soon as its client goes
+        // away, even while the upstream is quiet: once the request is up, the client's side
+        // is watched for its close (as nginx does, by peeking; pipelined bytes end the watch).
+        let watch_client = settle.as_deref().is_some_and(Settle::holds_slots);
+        let body_sent = AtomicBool::new(false);
+        let upload = async {
+            upload(
+                &mut client_read,
+                &mut self.inbuf,
+                &mut up_write,
+                &mut self.uphead,
+                plan.framing,
+                &sent,
+            )
+            .await?;
+            if !watch_client {
+                return Ok(());
+            }
+            body_sent.store(true, Ordering::Relaxed);
+            match client_read.peek(&mut [0u8; 1]).await {
+                Ok(0) | Err(_) => Err(UploadError::Client),
+                Ok(_) => std::future::pending().await,
+            }
+        };
         let client_side = ForClient {
             version: plan.version,
             is_head: plan.is_head,
@@ -262,7 +278,7 @@ impl Conn {
         match down {
             Ok(d) => {
                 // A request body not wholly read leaves the client connection mid-message.
-                let body_done = uploaded == Some(true);
+                let body_done = uploaded == Some(true) || body_sent.load(Ordering::Relaxed);
                 Relayed::Done {
                     reusable: d.reusable && body_done,
                     client_ok: d.client_ok && body_done,
@@ -275,7 +291,9 @@ impl Conn {
                 // Part of the body still unread: the answer must close the connection, and
                 // the request is not sent again.
                 nothing_received: nothing_received
-                    && (uploaded.is_some() || plan.framing == Framing::None),
+                    && (uploaded.is_some()
+                        || body_sent.load(Ordering::Relaxed)
+                        || plan.framing == Framing::None),
                 timed_out,
             },
             Err(DownloadError::AfterHead) => Relayed::Broken,

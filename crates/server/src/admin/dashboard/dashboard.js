@@ -10,6 +10,7 @@
     sliding_window_counter: [['limit', 'number'], ['window', 'text']],
     token_bucket: [['capacity', 'number'], ['refill', 'text']],
     leaky_bucket: [['rate', 'text'], ['queue', 'number']],
+    concurrency: [['limit', 'number']],
   };
 
   // Everything the page knows; also where a test (or a curious operator) can look.
@@ -101,8 +102,12 @@
       const points = state.series.get(p.name) || [];
       const last = points[points.length - 1] || { admitted: 0, denied: 0, shadow: 0 };
       card.querySelector('h3').textContent = `${p.name} (${p.action}, ${p.quota})`;
-      card.querySelector('.rates').textContent =
+      let line =
         `${fmt(last.admitted)}/s admitted · ${fmt(last.denied)}/s denied · ${fmt(last.shadow)}/s shadow`;
+      if (p.in_flight !== undefined) {
+        line += ` · ${p.in_flight} in flight · ${p.slots_expired} taken back at lease_ttl`;
+      }
+      card.querySelector('.rates').textContent = line;
       draw(card.querySelector('canvas'), points, stats.time_ms);
     }
   }
