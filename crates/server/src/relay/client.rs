@@ -7,10 +7,13 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::net::tcp;
 use tokio_rustls::server::TlsStream;
+
+use super::conn::READ_CHUNK;
 
 /// The client's side of a proxy connection.
 pub(crate) enum Client {
@@ -42,6 +45,22 @@ impl Client {
             Client::Tls(s) => {
                 let (r, w) = tokio::io::split(&mut **s);
                 (ClientRead::Tls(r), ClientWrite::Tls(w))
+            }
+        }
+    }
+}
+
+impl ClientRead<'_> {
+    /// Waits for the client's next bytes, or its close (`Ok(0)` or an error), while its
+    /// request is upstream. A TCP socket is peeked, its bytes left where they are; a TLS
+    /// stream's bytes can only be read, so they go to `inbuf`, where the connection looks for
+    /// its next request head anyway.
+    pub(super) async fn next_bytes(&mut self, inbuf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            ClientRead::Plain(r) => r.peek(&mut [0u8; 1]).await,
+            ClientRead::Tls(r) => {
+                inbuf.reserve(READ_CHUNK);
+                r.read_buf(inbuf).await
             }
         }
     }

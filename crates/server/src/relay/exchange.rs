@@ -214,7 +214,8 @@ impl Conn {
         let answered = AtomicBool::new(false);
         // A request that holds a concurrency slot gives it back as soon as its client goes
         // away, even while the upstream is quiet: once the request is up, the client's side
-        // is watched for its close (as nginx does, by peeking; pipelined bytes end the watch).
+        // is watched for its close (as nginx does, by peeking; over TLS, by reading: see
+        // `ClientRead::next_bytes`; pipelined bytes end the watch).
         let watch_client = settle.as_deref().is_some_and(Settle::holds_slots);
         let body_sent = AtomicBool::new(false);
         let upload = async {
@@ -231,7 +232,7 @@ impl Conn {
                 return Ok(());
             }
             body_sent.store(true, Ordering::Relaxed);
-            match client_read.peek(&mut [0u8; 1]).await {
+            match client_read.next_bytes(&mut self.inbuf).await {
                 Ok(0) | Err(_) => Err(UploadError::Client),
                 Ok(_) => std::future::pending().await,
             }
