@@ -2,6 +2,7 @@
 //! attributes), and `/v1/forward-auth` for Traefik and Caddy with `/v1/forward-auth/nginx` for
 //! nginx `auth_request`.
 
+mod by_policy;
 mod forward_auth;
 mod lease;
 
@@ -18,9 +19,9 @@ use tollgate::Decisions;
 use tollgate_http::{Refusal, RequestInfo, normalize};
 
 use crate::Shared;
-use crate::config::Action;
 use crate::generation::{Disposition, Generation};
 use crate::response::{Body, decision_json, full, json_response, problem, problem_response, text};
+use crate::telemetry::{Door, Trace};
 
 /// The largest `/v1/check` body accepted.
 const MAX_BODY: usize = 64 * 1024;
@@ -75,9 +76,29 @@ async fn json_body(req: Request<Incoming>) -> Result<Value, Response<Body>> {
 }
 
 async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
-    let value = match json_body(req).await {
+    // The caller's trace context, kept (a reference count each) only when decisions are traced.
+    let context = engine.traced().then(|| {
+        let h = req.headers();
+        (h.get("traceparent").cloned(), h.get("tracestate").cloned())
+    });
+    let (parent, state) = context.unwrap_or_default();
+    let trace = Trace {
+        door: Door::Check,
+        parent: parent.as_ref().map(HeaderValue::as_bytes),
+        state: state.as_ref().map(HeaderValue::as_bytes),
+    };
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return bad_request("the body could not be read or exceeds 64 KiB"),
+    };
+    // The common call, by policy and key, is read field by field without building a tree;
+    // anything else (by attributes, or a body the quick reading cannot take) the general way.
+    if let Some(asked) = by_policy::Asked::read(&body) {
+        return by_policy::check(engine, asked, trace).await;
+    }
+    let value: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
-        Err(res) => return res,
+        Err(e) => return bad_request(&format!("malformed JSON: {e}")),
     };
     let Some(obj) = value.as_object() else {
         return bad_request(
@@ -85,106 +106,10 @@ async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
         );
     };
     if obj.contains_key("policy") {
-        check_by_policy(engine, obj).await
+        by_policy::check(engine, by_policy::Asked::from_map(obj), trace).await
     } else {
-        check_by_attributes(engine, obj).await
+        check_by_attributes(engine, obj, trace).await
     }
-}
-
-async fn check_by_policy(
-    engine: &Generation,
-    obj: &serde_json::Map<String, Value>,
-) -> Response<Body> {
-    let Some(name) = obj.get("policy").and_then(Value::as_str) else {
-        return bad_request("\"policy\" must be a string");
-    };
-    let Some(key) = obj.get("key").and_then(Value::as_str) else {
-        return bad_request("\"key\" is required and must be a string");
-    };
-    let cost = match obj.get("cost") {
-        None | Some(Value::Null) => 1,
-        Some(v) => match v.as_u64().and_then(|c| u32::try_from(c).ok()) {
-            Some(c) => c,
-            None => return bad_request("\"cost\" must be a whole number from 0 to 4294967295"),
-        },
-    };
-    let mode = match Mode::read(obj) {
-        Ok(m) => m,
-        Err(refusal) => return problem_response(&refusal),
-    };
-    if let Some(pc) = engine.policy(name)
-        && let Err(refusal) = mode.fits(pc)
-    {
-        return problem_response(&refusal);
-    }
-    let decided = if mode == Mode::Report {
-        engine.report_key(name, key.as_bytes(), cost).await
-    } else {
-        engine.check_key(name, key.as_bytes(), cost).await
-    };
-    let (Some(pc), Some(eval)) = (engine.policy(name), decided) else {
-        let known: Vec<&str> = engine.config().policies.iter().map(|p| p.name()).collect();
-        return problem(
-            StatusCode::NOT_FOUND,
-            "Unknown policy",
-            Some(&format!(
-                "no policy named {:?}; configured: {}",
-                name.chars().take(128).collect::<String>(),
-                known.join(", ")
-            )),
-        );
-    };
-    let shadow = pc.action == Action::Shadow;
-    let fail_open = eval.store_failed() && eval.allowed();
-    let mut eval = eval;
-    let lease = eval.take_settle().and_then(|mut s| s.lease());
-    let (decisions, headers, disposition) = eval.into_parts();
-    match disposition {
-        // Refused before any count, or the store failed closed: the engine's own answer.
-        Disposition::Respond(a) if a.status() != StatusCode::TOO_MANY_REQUESTS => {
-            return a.into_response().map(full);
-        }
-        // The caller holds the request; keep its slot rather than give it back.
-        Disposition::Hold(hold) => drop(tokio::spawn(hold.wait())),
-        _ => {}
-    }
-    let mut body = match decisions.as_slice().first() {
-        Some(d) => decision_json(d),
-        // Failed open: admitted, with no quota to report, since none was counted.
-        None => json!({"allowed": true, "policy": pc.name(), "limit": null, "remaining": null,
-            "reset": null, "retry_after": null, "delay": null}),
-    };
-    let allowed = decisions.allowed();
-    if let Some(obj) = body.as_object_mut() {
-        obj.insert("action".into(), Value::from(pc.action.as_str()));
-        obj.insert("fail_open".into(), Value::from(fail_open));
-        if mode == Mode::Acquire {
-            obj.insert("lease".into(), Value::from(lease));
-        }
-        if let Some(d) = decisions.as_slice().first()
-            && !d.allowed
-            && d.retry_after.is_none()
-        {
-            // Never admissible: denied, and no retry_after, which would lie.
-            obj.insert(
-                "detail".into(),
-                Value::from(format!(
-                    "cost {cost} exceeds what the quota can ever admit ({})",
-                    d.limit
-                )),
-            );
-        }
-    }
-    let status = if allowed || shadow {
-        StatusCode::OK
-    } else {
-        StatusCode::TOO_MANY_REQUESTS
-    };
-    let mut res = json_response(status, &body);
-    if !shadow {
-        headers.apply(res.headers_mut());
-    }
-    res
 }
 
 /// A request described attribute by attribute to `/v1/check`.
@@ -280,6 +205,7 @@ fn attributes(obj: &serde_json::Map<String, Value>) -> Result<Attributes<'_>, Re
 async fn check_by_attributes(
     engine: &Generation,
     obj: &serde_json::Map<String, Value>,
+    trace: Trace<'_>,
 ) -> Response<Body> {
     let Attributes {
         method,
@@ -295,7 +221,7 @@ async fn check_by_attributes(
     let info = RequestInfo::new(&method, target, &headers)
         .with_host(host)
         .with_client_ip(ip);
-    let mut eval = engine.evaluate(&info).await;
+    let mut eval = engine.evaluate(&info, trace).await;
     let fail_open = eval.store_failed() && eval.allowed();
     // A described request that took concurrency slots gets a lease to give them back with,
     // whatever its mode: nothing else could.
@@ -363,55 +289,4 @@ async fn check_by_attributes(
         all
     };
     res
-}
-
-/// What a `/v1/check` by policy asks for (`"mode"`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    /// Decide, and count when admitted (the default).
-    Check,
-    /// Charge the cost whatever the quota says, never deny.
-    Report,
-    /// Take a concurrency slot, answered with a lease to give it back with.
-    Acquire,
-}
-
-impl Mode {
-    fn read(obj: &serde_json::Map<String, Value>) -> Result<Self, Refusal> {
-        match obj.get("mode") {
-            None | Some(Value::Null) => Ok(Mode::Check),
-            Some(Value::String(m)) if m == "check" => Ok(Mode::Check),
-            Some(Value::String(m)) if m == "report" => Ok(Mode::Report),
-            Some(Value::String(m)) if m == "acquire" => Ok(Mode::Acquire),
-            Some(_) => Err(Refusal::bad_field(
-                "\"mode\"",
-                "must be \"check\" (the default), \"report\" (charge the cost, never deny) or \
-                 \"acquire\" (take a concurrency slot, answered with a lease)",
-            )),
-        }
-    }
-
-    /// Whether the mode means anything for `policy`: a concurrency limit is asked with
-    /// `acquire` only (a slot taken by a plain check could never be given back), and only a
-    /// concurrency limit has slots to acquire.
-    fn fits(self, policy: &crate::config::PolicyConfig) -> Result<(), Refusal> {
-        let concurrent = policy.policy.quota().kind() == tollgate::AlgorithmKind::Concurrency;
-        let name = policy.name();
-        match (self, concurrent) {
-            (Mode::Acquire, false) => Err(Refusal::bad_field(
-                "\"mode\"",
-                format!(
-                    "\"acquire\" takes a concurrency slot, and policy {name:?} is a {}, which has none; use \"check\"",
-                    policy.policy.quota().kind().as_str()
-                ),
-            )),
-            (Mode::Check | Mode::Report, true) => Err(Refusal::bad_field(
-                "\"mode\"",
-                format!(
-                    "policy {name:?} limits requests in flight: ask with \"mode\": \"acquire\", which answers a lease, and give the slot back with POST /v1/release {{\"lease\": \"...\"}}"
-                ),
-            )),
-            _ => Ok(()),
-        }
-    }
 }

@@ -81,6 +81,15 @@ pub(crate) fn decision_json(d: &Decision) -> Value {
     })
 }
 
+/// A JSON response from bytes already written.
+pub(crate) fn json_bytes_response(status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut res = Response::new(full(body));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res
+}
+
 /// A JSON response.
 pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
     let mut res = Response::new(full(body.to_string()));

@@ -124,12 +124,11 @@ async fn past_the_limit_requests_are_rejected() {
     );
     assert_eq!(seen.max.load(Ordering::SeqCst), 3);
     // All three ended: the key has its three slots back.
-    let r = get(&s.admin_url("/metrics"), &[]).await;
-    let text = String::from_utf8_lossy(&r.body).into_owned();
-    assert!(
-        text.contains("tollgate_in_flight{policy=\"exports\"} 0"),
-        "{text}"
-    );
+    wait_for(|| async {
+        let r = get(&s.admin_url("/metrics"), &[]).await;
+        String::from_utf8_lossy(&r.body).contains("tollgate_in_flight{policy=\"exports\"} 0")
+    })
+    .await;
     let again = ten_at_once(s.proxy.unwrap()).await;
     let admitted = again.iter().filter(|(s, _)| *s == StatusCode::OK).count();
     assert_eq!(admitted, 3, "{again:?}");
@@ -264,12 +263,13 @@ async fn a_slot_outlived_is_counted_as_taken_back() {
     let text = config(up, "reject", "").replace("lease_ttl = \"1h\"", "lease_ttl = \"500ms\"");
     let s = start_text(&text).await;
     assert_eq!(export(s.proxy.unwrap(), 1).await.0, StatusCode::OK);
-    let r = get(&s.admin_url("/metrics"), &[]).await;
-    let text = String::from_utf8_lossy(&r.body).into_owned();
-    assert!(
-        text.contains("tollgate_slots_expired_total{policy=\"exports\"} 1"),
-        "{text}"
-    );
+    // The slot is given back as the exchange ends, just after the client has its answer.
+    wait_for(|| async {
+        let r = get(&s.admin_url("/metrics"), &[]).await;
+        String::from_utf8_lossy(&r.body)
+            .contains("tollgate_slots_expired_total{policy=\"exports\"} 1")
+    })
+    .await;
     s.stop().await;
 }
 

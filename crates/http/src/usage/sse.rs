@@ -28,7 +28,8 @@ enum Line {
     Skip,
 }
 
-/// The first line ending in `s` (LF or CR), eight bytes at a time (see `json::plain_len`).
+/// The first line ending in `s` (LF or CR), eight bytes at a time (see
+/// `bytes::first_special_in_word`).
 #[inline]
 fn line_len(s: &[u8]) -> usize {
     const ONES: u64 = u64::from_le_bytes([0x01; 8]);

@@ -1,0 +1,346 @@
+//! `POST /v1/check` by policy and key: `{"policy": "api", "key": "customer-42", "cost": 1,
+//! "mode": "check"}`, the call other services make on every request they serve.
+//!
+//! What it costs is what a decision costs them, so the common body is read field by field into
+//! borrowed text (no JSON tree, no copy of an unescaped string) and the answer is written
+//! straight into its buffer, in the same bytes the general JSON writer gave: keys in
+//! alphabetical order, `null` where there is no value.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use hyper::{Response, StatusCode};
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use tollgate::{AlgorithmKind, Decision};
+use tollgate_http::Refusal;
+
+use super::bad_request;
+use crate::config::{Action, PolicyConfig};
+use crate::generation::{Disposition, Generation};
+use crate::response::{Body, full, json_bytes_response, problem, problem_response};
+use crate::telemetry::Trace;
+
+/// What a by-policy check asks, each field as sent (checked in [`check`]).
+pub(super) struct Asked<'a> {
+    policy: Field<'a>,
+    key: Field<'a>,
+    cost: Field<'a>,
+    mode: Field<'a>,
+}
+
+/// A field's value: absent (or `null`), a string, or anything else (its JSON text).
+enum Field<'a> {
+    Absent,
+    Text(Cow<'a, str>),
+    Number(u64),
+    Other,
+}
+
+/// The body's fields the quick reading looks at; any other field is skipped unread.
+#[derive(Deserialize)]
+struct Probe<'a> {
+    #[serde(borrow)]
+    policy: Option<&'a RawValue>,
+    #[serde(borrow)]
+    key: Option<&'a RawValue>,
+    #[serde(borrow)]
+    cost: Option<&'a RawValue>,
+    #[serde(borrow)]
+    mode: Option<&'a RawValue>,
+}
+
+impl<'a> Field<'a> {
+    fn raw(value: Option<&'a RawValue>) -> Self {
+        let Some(raw) = value else {
+            return Field::Absent;
+        };
+        let text = raw.get();
+        if text == "null" {
+            return Field::Absent;
+        }
+        if text.starts_with('"') {
+            // Borrowed unless it holds escapes.
+            return serde_json::from_str::<Cow<'a, str>>(text)
+                .map(Field::Text)
+                .unwrap_or(Field::Other);
+        }
+        text.parse::<u64>()
+            .map(Field::Number)
+            .unwrap_or(Field::Other)
+    }
+
+    fn value(value: Option<&'a Value>) -> Self {
+        match value {
+            None | Some(Value::Null) => Field::Absent,
+            Some(Value::String(s)) => Field::Text(Cow::Borrowed(s)),
+            Some(v) => v.as_u64().map_or(Field::Other, Field::Number),
+        }
+    }
+
+    fn text(&self) -> Option<&str> {
+        match self {
+            Field::Text(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+impl<'a> Asked<'a> {
+    /// The body read quickly, when it is a JSON object naming a policy (not `null`), whose
+    /// fields are each given once; `None` sends it the general way.
+    pub(super) fn read(body: &'a [u8]) -> Option<Self> {
+        let probe: Probe<'a> = serde_json::from_slice(body).ok()?;
+        let policy = Field::raw(probe.policy);
+        if matches!(policy, Field::Absent) {
+            return None;
+        }
+        Some(Asked {
+            policy,
+            key: Field::raw(probe.key),
+            cost: Field::raw(probe.cost),
+            mode: Field::raw(probe.mode),
+        })
+    }
+
+    /// The same fields from a body read the general way.
+    pub(super) fn from_map(obj: &'a serde_json::Map<String, Value>) -> Self {
+        Asked {
+            policy: Field::value(obj.get("policy")),
+            key: Field::value(obj.get("key")),
+            cost: Field::value(obj.get("cost")),
+            mode: Field::value(obj.get("mode")),
+        }
+    }
+}
+
+/// What a `/v1/check` by policy asks for (`"mode"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Decide, and count when admitted (the default).
+    Check,
+    /// Charge the cost whatever the quota says, never deny.
+    Report,
+    /// Take a concurrency slot, answered with a lease to give it back with.
+    Acquire,
+}
+
+impl Mode {
+    fn read(field: &Field<'_>) -> Result<Self, Refusal> {
+        match field {
+            Field::Absent => Ok(Mode::Check),
+            Field::Text(m) if m == "check" => Ok(Mode::Check),
+            Field::Text(m) if m == "report" => Ok(Mode::Report),
+            Field::Text(m) if m == "acquire" => Ok(Mode::Acquire),
+            _ => Err(Refusal::bad_field(
+                "\"mode\"",
+                "must be \"check\" (the default), \"report\" (charge the cost, never deny) or \
+                 \"acquire\" (take a concurrency slot, answered with a lease)",
+            )),
+        }
+    }
+
+    /// Whether the mode means anything for `policy`: a concurrency limit is asked with
+    /// `acquire` only (a slot taken by a plain check could never be given back), and only a
+    /// concurrency limit has slots to acquire.
+    fn fits(self, policy: &PolicyConfig) -> Result<(), Refusal> {
+        let concurrent = policy.policy.quota().kind() == AlgorithmKind::Concurrency;
+        let name = policy.name();
+        match (self, concurrent) {
+            (Mode::Acquire, false) => Err(Refusal::bad_field(
+                "\"mode\"",
+                format!(
+                    "\"acquire\" takes a concurrency slot, and policy {name:?} is a {}, which has none; use \"check\"",
+                    policy.policy.quota().kind().as_str()
+                ),
+            )),
+            (Mode::Check | Mode::Report, true) => Err(Refusal::bad_field(
+                "\"mode\"",
+                format!(
+                    "policy {name:?} limits requests in flight: ask with \"mode\": \"acquire\", which answers a lease, and give the slot back with POST /v1/release {{\"lease\": \"...\"}}"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Decides a by-policy check and answers it: the decision as JSON with the rate-limit headers,
+/// 200 or 429; 400 naming what cannot be read; 404 for a policy not configured.
+pub(super) async fn check(
+    engine: &Generation,
+    asked: Asked<'_>,
+    trace: Trace<'_>,
+) -> Response<Body> {
+    let Some(name) = asked.policy.text() else {
+        return bad_request("\"policy\" must be a string");
+    };
+    let Some(key) = asked.key.text() else {
+        return bad_request("\"key\" is required and must be a string");
+    };
+    let cost = match asked.cost {
+        Field::Absent => 1,
+        Field::Number(c) => match u32::try_from(c) {
+            Ok(c) => c,
+            Err(_) => return bad_request(COST),
+        },
+        _ => return bad_request(COST),
+    };
+    let mode = match Mode::read(&asked.mode) {
+        Ok(m) => m,
+        Err(refusal) => return problem_response(&refusal),
+    };
+    let Some(pc) = engine.policy(name) else {
+        return unknown_policy(engine, name);
+    };
+    if let Err(refusal) = mode.fits(pc) {
+        return problem_response(&refusal);
+    }
+    let decided = if mode == Mode::Report {
+        engine.report_key(name, key.as_bytes(), cost, trace).await
+    } else {
+        engine.check_key(name, key.as_bytes(), cost, trace).await
+    };
+    let Some(mut eval) = decided else {
+        return unknown_policy(engine, name);
+    };
+    let shadow = pc.action == Action::Shadow;
+    let fail_open = eval.store_failed() && eval.allowed();
+    let lease = eval.take_settle().and_then(|mut s| s.lease());
+    let (decisions, headers, disposition) = eval.into_parts();
+    match disposition {
+        // Refused before any count, or the store failed closed: the engine's own answer.
+        Disposition::Respond(a) if a.status() != StatusCode::TOO_MANY_REQUESTS => {
+            return a.into_response().map(full);
+        }
+        // The caller holds the request; keep its slot rather than give it back.
+        Disposition::Hold(hold) => drop(tokio::spawn(hold.wait())),
+        _ => {}
+    }
+    let decision = decisions.as_slice().first();
+    let answer = Answer {
+        action: pc.action.as_str(),
+        policy: pc.name(),
+        decision,
+        cost,
+        fail_open,
+        lease: (mode == Mode::Acquire).then_some(lease.as_deref()),
+    };
+    let status = if decisions.allowed() || shadow {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    let mut res = json_bytes_response(status, answer.write());
+    if !shadow {
+        headers.apply(res.headers_mut());
+    }
+    res
+}
+
+const COST: &str = "\"cost\" must be a whole number from 0 to 4294967295";
+
+fn unknown_policy(engine: &Generation, name: &str) -> Response<Body> {
+    let known: Vec<&str> = engine.config().policies.iter().map(|p| p.name()).collect();
+    problem(
+        StatusCode::NOT_FOUND,
+        "Unknown policy",
+        Some(&format!(
+            "no policy named {:?}; configured: {}",
+            name.chars().take(128).collect::<String>(),
+            known.join(", ")
+        )),
+    )
+}
+
+/// The answer's fields.
+struct Answer<'a> {
+    action: &'static str,
+    policy: &'a str,
+    /// `None` when the store failed open: admitted, with no quota to report.
+    decision: Option<&'a Decision>,
+    cost: u32,
+    fail_open: bool,
+    /// With `"mode": "acquire"`: the lease, or `null` when none was taken.
+    lease: Option<Option<&'a str>>,
+}
+
+impl Answer<'_> {
+    /// `{"action":..,"allowed":..,"delay":..,["detail":..,]"fail_open":..,["lease":..,]
+    /// "limit":..,"policy":..,"remaining":..,"reset":..,"retry_after":..}`.
+    fn write(&self) -> Bytes {
+        let mut out = Vec::with_capacity(192);
+        let d = self.decision;
+        out.extend_from_slice(b"{\"action\":");
+        string(&mut out, self.action);
+        out.extend_from_slice(b",\"allowed\":");
+        out.extend_from_slice(if d.is_none_or(|d| d.allowed) {
+            b"true"
+        } else {
+            b"false"
+        });
+        out.extend_from_slice(b",\"delay\":");
+        match d.and_then(|d| d.delay) {
+            // As the JSON writer formats a float.
+            Some(delay) => number(&mut out, &Value::from(delay.as_secs_f64())),
+            None => out.extend_from_slice(b"null"),
+        }
+        if let Some(d) = d
+            && !d.allowed
+            && d.retry_after.is_none()
+        {
+            // Never admissible: denied, and no retry_after, which would lie.
+            out.extend_from_slice(b",\"detail\":");
+            let detail = format!(
+                "cost {} exceeds what the quota can ever admit ({})",
+                self.cost, d.limit
+            );
+            string(&mut out, &detail);
+        }
+        out.extend_from_slice(b",\"fail_open\":");
+        out.extend_from_slice(if self.fail_open { b"true" } else { b"false" });
+        if let Some(lease) = self.lease {
+            out.extend_from_slice(b",\"lease\":");
+            match lease {
+                Some(l) => string(&mut out, l),
+                None => out.extend_from_slice(b"null"),
+            }
+        }
+        out.extend_from_slice(b",\"limit\":");
+        int(&mut out, d.map(|d| d.limit));
+        out.extend_from_slice(b",\"policy\":");
+        string(&mut out, self.policy);
+        out.extend_from_slice(b",\"remaining\":");
+        int(&mut out, d.map(|d| d.remaining));
+        out.extend_from_slice(b",\"reset\":");
+        int(&mut out, d.map(|d| ceil_secs(d.reset)));
+        out.extend_from_slice(b",\"retry_after\":");
+        int(
+            &mut out,
+            d.and_then(|d| d.retry_after).map(|r| ceil_secs(r).max(1)),
+        );
+        out.push(b'}');
+        Bytes::from(out)
+    }
+}
+
+fn string(out: &mut Vec<u8>, s: &str) {
+    // Writing into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+fn number(out: &mut Vec<u8>, v: &Value) {
+    let _ = serde_json::to_writer(&mut *out, v);
+}
+
+fn int(out: &mut Vec<u8>, n: Option<u64>) {
+    match n {
+        Some(n) => out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes()),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+fn ceil_secs(d: std::time::Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
