@@ -1,6 +1,7 @@
 //! The accept loop every listener shares: HTTP/1.1, and HTTP/2 with prior knowledge (h2c) on
 //! the same port, with a header read timeout (slow-loris), a header size bound, a connection
-//! limit, a write timeout, and a graceful drain on shutdown.
+//! limit, a write timeout, and a graceful drain on shutdown; over TLS when the listener has it
+//! (`tls.rs`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -24,6 +25,7 @@ use tokio::sync::{Semaphore, watch};
 pub use tollgate_config::Limits;
 
 use crate::response::Body;
+use crate::tls::Tls;
 
 /// Completes once `rx` turns true (or its sender is gone).
 pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
@@ -36,13 +38,15 @@ const MAX_H2_STREAMS: u32 = 256;
 
 /// Serves `handler` on `listener` with hyper's HTTP/1.1 server, or its HTTP/2 server for a
 /// client that opens with the HTTP/2 preface (h2c with prior knowledge), until `shutdown` turns
-/// true, then drains.
+/// true, then drains. With `tls`, each connection's handshake comes first, in its own task,
+/// within the header read timeout.
 pub(crate) async fn serve<H, F>(
     name: &'static str,
     listener: TcpListener,
     handler: H,
     shutdown: watch::Receiver<bool>,
     limits: Limits,
+    tls: Option<Arc<Tls>>,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -51,7 +55,21 @@ pub(crate) async fn serve<H, F>(
         name,
         listener,
         move |stream, peer, stop| {
-            serve_connection(name, stream, peer, handler.clone(), limits, stop)
+            let handler = handler.clone();
+            let tls = tls.clone();
+            async move {
+                match tls {
+                    None => serve_connection(name, stream, peer, handler, limits, stop).await,
+                    Some(tls) => {
+                        let Some(stream) =
+                            tls.accept(stream, peer, limits.header_read_timeout).await
+                        else {
+                            return;
+                        };
+                        serve_connection(name, stream, peer, handler, limits, stop).await;
+                    }
+                }
+            }
         },
         shutdown,
         limits,
@@ -69,14 +87,15 @@ const H2_PREFACE: &[u8] = b"PRI ";
 /// timeout again for the rest of its head (hyper's timer starts there), so at most twice.
 /// Why not `hyper_util`'s `auto` builder: its HTTP/1.1 side has no header size bound (only a
 /// buffer size), and it waits for the first bytes without any timeout.
-async fn serve_connection<H, F>(
+async fn serve_connection<S, H, F>(
     name: &'static str,
-    mut stream: TcpStream,
+    mut stream: S,
     peer: SocketAddr,
     handler: H,
     limits: Limits,
     mut stop: watch::Receiver<bool>,
 ) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
@@ -119,8 +138,8 @@ async fn serve_connection<H, F>(
 
 /// Reads the first bytes of a connection into `head`, until they are the start of the HTTP/2
 /// preface (`true`) or cannot be (`false`); with how many were read. `None`: closed first.
-async fn read_head(
-    stream: &mut TcpStream,
+async fn read_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
     head: &mut [u8; H2_PREFACE.len()],
 ) -> io::Result<Option<(usize, bool)>> {
     let mut len = 0;
