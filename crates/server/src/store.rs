@@ -138,6 +138,20 @@ impl Store for AnyStore {
         }
     }
 
+    async fn bans(&self, now: Timestamp) -> Result<Vec<tollgate::BanRecord>, StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.bans(now).await,
+            AnyStore::Redis(r) => r.bans(now).await,
+        }
+    }
+
+    async fn lift_ban(&self, now: Timestamp, policy: &str, key: &[u8]) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.lift_ban(now, policy, key).await,
+            AnyStore::Redis(r) => r.lift_ban(now, policy, key).await,
+        }
+    }
+
     fn is_immediate(&self) -> bool {
         match self {
             AnyStore::Memory(m) => m.is_immediate(),

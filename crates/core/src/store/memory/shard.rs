@@ -57,6 +57,8 @@ pub(super) struct Shard {
     sweep_at: usize,
     /// Bytes held by the sliding logs; they grow under the shared lock.
     log_bytes: AtomicUsize,
+    /// The lockout records of the policies with a ban (`bans.rs`).
+    pub(super) bans: super::bans::BanTable,
 }
 
 /// What the shared-lock attempt came to.
@@ -385,6 +387,7 @@ impl Shard {
 
     /// Drops entries whose quota has fully reset; returns how many.
     pub(super) fn sweep(&mut self, now: u64) -> usize {
+        self.bans.sweep(now);
         let before = self.len;
         for table in &mut self.tables {
             table.sweep(now);
