@@ -10,6 +10,7 @@ mod build;
 mod envoy;
 mod forward_auth;
 mod limits;
+mod lists;
 mod log;
 mod queue;
 mod raw;
@@ -17,6 +18,7 @@ mod schema;
 
 pub use build::{http_engine, key_hash_secret, memory_store, process_secret};
 pub use limits::Limits;
+pub use lists::{MAX_CONFIGURED_ENTRIES, valid_list_name};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -402,6 +404,8 @@ pub struct Config {
     pub forward_auth: ForwardAuthConfig,
     /// `[log]`.
     pub log: LogConfig,
+    /// `[[list]]`: allow and deny lists, in file order.
+    pub lists: Vec<tollgate_http::ListSpec>,
 }
 
 impl Config {
@@ -475,6 +479,7 @@ impl Config {
             envoy_dir: None,
             forward_auth: ForwardAuthConfig::default(),
             log: LogConfig::default(),
+            lists: Vec::new(),
         })
     }
 
