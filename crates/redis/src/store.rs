@@ -29,11 +29,13 @@ mod coalesce;
 mod connection;
 mod failure;
 mod leased;
+mod lists;
 mod overrides;
 mod release;
 
 use connection::Connection;
 pub(crate) use connection::classify;
+pub use lists::ListChange;
 
 /// How long a failed Redis is left alone before one call tries it again.
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);

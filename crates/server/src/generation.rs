@@ -40,6 +40,8 @@ pub(crate) struct Generation {
     /// Each policy's statistics, in policy order, resolved once here rather than by a locked
     /// map lookup per decision.
     stats: Vec<PolicyStats>,
+    /// Each list's counter of the requests it decided, by name.
+    lists: Vec<(String, Arc<crate::metrics::Sharded<1>>)>,
 }
 
 /// What one policy's decisions are counted in.
@@ -66,8 +68,17 @@ impl Generation {
                 top: metrics.top.policy(pc.name()),
             })
             .collect();
+        let lists = config
+            .lists
+            .iter()
+            .map(|l| {
+                let counter = metrics.abuse.list_counter(&l.name, l.action.as_str());
+                (l.name.clone(), counter)
+            })
+            .collect();
         Ok(Generation {
             stats,
+            lists,
             http: tollgate_config::http_engine(&config, store, SystemClock::new())?,
             config,
             metrics,
@@ -155,6 +166,12 @@ impl Generation {
     /// Counts what each policy did with the request, once, for every door: its decision, or
     /// the failure rule's answer when the store failed.
     fn count(&self, prepared: &Prepared, evaluation: &Evaluation) {
+        if let Some(hit) = prepared.listed() {
+            if let Some((_, counter)) = self.lists.iter().find(|(name, _)| name == hit.list) {
+                counter.add(0, 1);
+            }
+            return;
+        }
         match evaluation.disposition() {
             Disposition::Respond(a) if a.status() == hyper::StatusCode::UNAUTHORIZED => {
                 self.metrics.missing_key();
@@ -178,6 +195,9 @@ impl Generation {
         for (d, (index, key)) in decisions.iter().zip(prepared.keys()) {
             let shadow = self.stats.get(index).is_some_and(|s| s.shadow);
             self.count_one(index, key, Outcome::of(d, shadow));
+            if d.ban == tollgate::BanStatus::Started {
+                self.metrics.abuse.ban_started(d.policy);
+            }
         }
     }
 

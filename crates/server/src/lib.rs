@@ -174,6 +174,8 @@ pub(crate) struct Shared {
     queues: queue::Queues,
     /// Per-key overrides, installed into every engine generation.
     overrides: Registry,
+    /// Live entries of the allow and deny lists, installed into every engine generation.
+    lists: admin::lists::registry::Registry,
     /// Where queued requests are delivered: the relay's HTTP/1.1 client.
     upstream: Arc<dyn queue::Deliver>,
 }
@@ -251,8 +253,10 @@ impl Shared {
         let engine = Arc::new(engine);
         // The overrides go into the new engine before it serves, and no change to them can
         // land on the old one in between.
-        self.overrides
-            .install_then(&engine, || self.engine.store(Arc::clone(&engine)));
+        self.lists.install_then(&engine, || {
+            self.overrides
+                .install_then(&engine, || self.engine.store(Arc::clone(&engine)));
+        });
         self.metrics.reload(true);
         Ok(())
     }
@@ -299,6 +303,10 @@ pub async fn run_with(
         AnyStore::Memory(_) => Backend::Memory,
         AnyStore::Redis(r) => Backend::Redis(r.clone()),
     });
+    let lists = admin::lists::registry::Registry::new(match &store {
+        AnyStore::Memory(_) => admin::lists::registry::Backend::Memory,
+        AnyStore::Redis(r) => admin::lists::registry::Backend::Redis(r.clone()),
+    });
     let shared = Arc::new(Shared {
         engine: ArcSwap::from_pointee(engine),
         store: store.clone(),
@@ -306,6 +314,7 @@ pub async fn run_with(
         envoy: envoy_handle,
         queues,
         overrides,
+        lists,
         upstream: Arc::new(relay::Upstream::default()),
     });
     queue::open_configured(&shared).await;
@@ -426,15 +435,19 @@ async fn live_operations(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         }
         let now = crate::admin::top::unix_secs();
         shared.metrics.top.tick(now);
-        match shared.overrides.poll(now, || shared.engine()).await {
+        let polled = match shared.overrides.poll(now, || shared.engine()).await {
+            Ok(()) => shared.lists.poll(now, || shared.engine()).await,
+            Err(e) => Err(e),
+        };
+        match polled {
             Ok(()) if failing => {
                 failing = false;
-                tracing::info!("overrides: reading them from the store again");
+                tracing::info!("overrides and lists: reading them from the store again");
             }
             Ok(()) => {}
             Err(error) if !failing => {
                 failing = true;
-                tracing::warn!(%error, "overrides: cannot read them from the store; the last ones read stay");
+                tracing::warn!(%error, "overrides and lists: cannot read them from the store; the last ones read stay");
             }
             Err(_) => {}
         }

@@ -72,6 +72,25 @@ impl AnyStore {
         }
     }
 
+    /// How many bans are in force, by policy (sorted): for metrics. `None` when the store
+    /// could not say.
+    pub async fn ban_counts(&self) -> Option<Vec<(String, u64)>> {
+        use tollgate::Clock as _;
+        let now = tollgate::SystemClock::new().now();
+        let mut counts: Vec<(String, u64)> = match self {
+            AnyStore::Memory(m) => {
+                let mut by: std::collections::HashMap<String, u64> = Default::default();
+                for b in m.bans_now(now) {
+                    *by.entry(b.policy).or_insert(0) += 1;
+                }
+                by.into_iter().collect()
+            }
+            AnyStore::Redis(r) => r.ban_counts(now).await.ok()?.into_iter().collect(),
+        };
+        counts.sort();
+        Some(counts)
+    }
+
     /// What each policy's hot-key leases did (Redis; none for memory).
     pub fn lease_stats(&self) -> Vec<LeaseStats> {
         match self {

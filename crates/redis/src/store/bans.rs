@@ -73,8 +73,24 @@ impl RedisStore {
         }
     }
 
-    /// The bans in force (see [`Store::bans`](tollgate::Store::bans)).
-    pub(super) async fn bans_in_redis(&self, now: Timestamp) -> Result<Vec<BanRecord>, StoreError> {
+    /// How many bans are in force, by policy, from the index alone (one call): for metrics.
+    pub async fn ban_counts(
+        &self,
+        now: Timestamp,
+    ) -> Result<std::collections::HashMap<String, u64>, StoreError> {
+        let (_, members) = self.indexed(now).await?;
+        let mut counts = std::collections::HashMap::new();
+        for pair in members.chunks_exact(2) {
+            if let Some((_, policy)) = pair[0].split_once(BAN_INFIX) {
+                *counts.entry(policy.to_owned()).or_insert(0) += 1;
+            }
+        }
+        Ok(counts)
+    }
+
+    /// The index's bans that have not ended, as (record key, until) pairs, flat, with the
+    /// script's clock.
+    async fn indexed(&self, now: Timestamp) -> Result<(u64, Vec<String>), StoreError> {
         let index = self.ban_index();
         let reply = self
             .bounded(async {
@@ -95,6 +111,13 @@ impl RedisStore {
         let [clock, members] = <[Value; 2]>::try_from(parts).map_err(|_| unexpected())?;
         let clock: u64 = redis::from_redis_value(clock).map_err(|_| unexpected())?;
         let members: Vec<String> = redis::from_redis_value(members).map_err(|_| unexpected())?;
+        Ok((clock, members))
+    }
+
+    /// The bans in force (see [`Store::bans`](tollgate::Store::bans)).
+    pub(super) async fn bans_in_redis(&self, now: Timestamp) -> Result<Vec<BanRecord>, StoreError> {
+        let (clock, members) = self.indexed(now).await?;
+        let unexpected = || crate::verdict::protocol("a ban record has an unexpected shape");
         let mut out = Vec::new();
         for pair in members.chunks_exact(2).take(MAX_LISTED) {
             let name = &pair[0];
