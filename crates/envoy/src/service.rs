@@ -5,6 +5,9 @@
 
 mod answer;
 mod decide;
+mod gate;
+
+pub use gate::{AddressGate, Gate, REMOTE_ADDRESS};
 
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -57,6 +60,8 @@ struct Inner<S: Store, C: Clock> {
     config: ArcSwap<Compiled>,
     overrides: Mutex<Overrides>,
     observer: Option<Observer>,
+    /// Allow and deny lists by client address, when the server gives them.
+    gate: Option<AddressGate>,
 }
 
 impl<S: Store + std::fmt::Debug, C: Clock + std::fmt::Debug> std::fmt::Debug for Inner<S, C> {
@@ -118,8 +123,29 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 config: ArcSwap::from_pointee(Compiled::new(config)?),
                 overrides: Mutex::default(),
                 observer: None,
+                gate: None,
             }),
         })
+    }
+
+    /// The same service, judging requests whose descriptors carry `remote_address` by the
+    /// allow and deny lists `gate` consults, before any descriptor (see [`Gate`]). Call it
+    /// before cloning the service, as [`with_observer`](Self::with_observer).
+    pub fn with_gate(self, gate: AddressGate) -> Self {
+        let mut inner = match Arc::try_unwrap(self.inner) {
+            Ok(inner) => inner,
+            Err(shared) => Inner {
+                limiter: shared.limiter.clone(),
+                config: ArcSwap::new(shared.config.load_full()),
+                overrides: Mutex::default(),
+                observer: shared.observer.clone(),
+                gate: None,
+            },
+        };
+        inner.gate = Some(gate);
+        RlsService {
+            inner: Arc::new(inner),
+        }
     }
 
     /// The same service, reporting every decision to `observer` (see [`Observer`]). Call it
@@ -135,6 +161,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 config: ArcSwap::new(shared.config.load_full()),
                 overrides: Mutex::default(),
                 observer: Some(observer),
+                gate: shared.gate.clone(),
             },
         };
         RlsService {
@@ -166,6 +193,12 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, Status> {
         check_request(request)?;
+        if let Some(gate) = &self.inner.gate
+            && let Some(ip) = gate::address(request)
+            && let Some(verdict) = gate(ip)
+        {
+            return Ok(gate::answer(&verdict, request.descriptors.len()));
+        }
         let mut statuses: Vec<DescriptorStatus> = request
             .descriptors
             .iter()

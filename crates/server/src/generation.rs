@@ -211,6 +211,20 @@ impl Generation {
         }
     }
 
+    /// What the lists say of a request from `ip` at Envoy's door (which knows its client by
+    /// `remote_address` alone), counted as every door counts list matches.
+    pub(crate) fn envoy_gate(&self, ip: std::net::IpAddr) -> Option<tollgate_envoy::Gate> {
+        let hit = self.http.list_for_address(ip)?;
+        if let Some((_, counter)) = self.lists.iter().find(|(name, _)| name == hit.list) {
+            counter.add(0, 1);
+        }
+        let list = hit.list.to_owned();
+        Some(match hit.action {
+            tollgate_http::ListAction::Allow => tollgate_envoy::Gate::Allow { list },
+            tollgate_http::ListAction::Deny => tollgate_envoy::Gate::Deny { list },
+        })
+    }
+
     /// Whether decisions of the policy named `policy` are enforced (not shadow).
     pub(crate) fn enforced(&self, policy: &str) -> bool {
         self.policy(policy)

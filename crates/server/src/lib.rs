@@ -292,8 +292,14 @@ pub async fn run_with(
         );
     }
     let metrics = Arc::new(Metrics::default());
+    // Envoy's door consults the running engine's lists; the engine is known once `shared` is.
+    let running: Arc<std::sync::OnceLock<std::sync::Weak<Shared>>> = Arc::default();
+    let gate: tollgate_envoy::AddressGate = {
+        let running = Arc::clone(&running);
+        Arc::new(move |ip| running.get()?.upgrade()?.engine().envoy_gate(ip))
+    };
     let envoy = match (&config.envoy, listeners.grpc) {
-        (Some(e), Some(l)) => Some((envoy_service(&config, e, &store, &metrics)?, l)),
+        (Some(e), Some(l)) => Some((envoy_service(&config, e, &store, &metrics, gate)?, l)),
         _ => None,
     };
     let envoy_handle = envoy.as_ref().map(|(service, _)| service.clone());
@@ -317,6 +323,7 @@ pub async fn run_with(
         lists,
         upstream: Arc::new(relay::Upstream::default()),
     });
+    let _ = running.set(Arc::downgrade(&shared));
     queue::open_configured(&shared).await;
     let (stop_tx, stop_rx) = watch::channel(false);
     // Registered before anything is served, so a SIGHUP never finds the default action (exit).
@@ -468,6 +475,7 @@ fn envoy_service(
     envoy: &config::Envoy,
     store: &AnyStore,
     metrics: &Arc<Metrics>,
+    gate: tollgate_envoy::AddressGate,
 ) -> Result<tollgate_envoy::RlsService<AnyStore, SystemClock>, ServerError> {
     let rls = rls_config(config, envoy);
     let limiter = tollgate::Limiter::builder()
@@ -488,7 +496,8 @@ fn envoy_service(
     });
     Ok(tollgate_envoy::RlsService::new(limiter, &rls)
         .map_err(ServerError::Envoy)?
-        .with_observer(observer))
+        .with_observer(observer)
+        .with_gate(gate))
 }
 
 /// The Envoy service's configuration: the descriptors and the server's header settings.

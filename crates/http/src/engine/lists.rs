@@ -329,6 +329,18 @@ impl Lists {
         Ok(None)
     }
 
+    /// The list that matches a client address alone, if any: deny lists first.
+    fn check_address(&self, ip: IpAddr) -> Option<ListHit> {
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        let table = self.table.load();
+        [0, 1]
+            .into_iter()
+            .find_map(|side| table.ip(side, ip))
+            .and_then(|index| table.hit(index))
+    }
+
     /// The list that matches a key given by name (as the store counts it), if any.
     fn check_key(&self, key: &[u8]) -> Option<ListHit> {
         if !self.any.load(Ordering::Relaxed) {
@@ -392,6 +404,12 @@ impl<S: Store, C: Clock> Engine<S, C> {
             }
             None => false,
         }
+    }
+
+    /// The list (by address only) that decides a request from `ip`, for a door that knows
+    /// nothing of the request but its client's address (Envoy's, from `remote_address`).
+    pub fn list_for_address(&self, ip: IpAddr) -> Option<ListHit> {
+        self.inner.lists.check_address(ip)
     }
 
     /// The configured lists, in order.
