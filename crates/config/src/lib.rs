@@ -355,6 +355,9 @@ impl fmt::Display for PolicyConfig {
         if let Some(lease) = self.policy.lease() {
             write!(f, " {lease}")?;
         }
+        if let Some(ban) = self.policy.ban() {
+            write!(f, " {ban}")?;
+        }
         if let Charge::Response(from) = &self.charge {
             write!(f, " charge=response cost_from={from}")?;
         }
