@@ -108,7 +108,7 @@ PY
 }
 
 wait_port() {
-  for _ in $(seq 1 600); do
+  for _ in $(seq 1 3000); do
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
     sleep 0.1
   done

@@ -11,33 +11,35 @@ use crate::problem::push_json_string;
 pub const BANNED_TITLE: &str = "Banned";
 
 /// The 429 body of a request refused by the bans of `policies`, the last ending at `until`
-/// (`retry_after` seconds from now).
+/// (`retry_after` seconds from now). Written straight into one buffer: a banned client may send
+/// many requests, and each is answered this way.
 pub(crate) fn banned_body(policies: &[&str], until: Timestamp, retry_after: Option<u64>) -> Bytes {
+    let mut until_text = [0u8; 20];
+    let until_text = rfc3339_into(until, &mut until_text);
     let mut body = String::with_capacity(256);
     body.push_str("{\"type\":\"about:blank\",\"title\":\"");
     body.push_str(BANNED_TITLE);
-    body.push_str("\",\"status\":429,\"detail\":");
-    let mut detail = String::from("Too many denied requests: policy ");
+    body.push_str("\",\"status\":429,\"detail\":\"Too many denied requests: policy ");
     for (i, name) in policies.iter().enumerate() {
         if i > 0 {
-            detail.push_str(" and ");
+            body.push_str(" and ");
         }
-        detail.push_str(&serde_json::Value::from(*name).to_string());
+        body.push_str("\\\"");
+        push_escaped(&mut body, name);
+        body.push_str("\\\"");
     }
-    detail.push_str(" refuses this client until ");
-    let until_text = rfc3339(until);
-    detail.push_str(&until_text);
-    detail.push('.');
-    push_json_string(&mut body, &detail);
-    body.push_str(",\"violated-policies\":[");
+    body.push_str(" refuses this client until ");
+    body.push_str(until_text);
+    body.push_str(".\",\"violated-policies\":[");
     for (i, name) in policies.iter().enumerate() {
         if i > 0 {
             body.push(',');
         }
         push_json_string(&mut body, name);
     }
-    body.push_str("],\"banned_until\":");
-    push_json_string(&mut body, &until_text);
+    body.push_str("],\"banned_until\":\"");
+    body.push_str(until_text);
+    body.push('"');
     if let Some(secs) = retry_after {
         body.push_str(",\"retry_after\":");
         body.push_str(itoa::Buffer::new().format(secs));
@@ -46,8 +48,25 @@ pub(crate) fn banned_body(policies: &[&str], until: Timestamp, retry_after: Opti
     Bytes::from(body)
 }
 
+/// `s` inside a JSON string: as it is when it needs no escape (policy names usually do not).
+fn push_escaped(out: &mut String, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push_str(s);
+        return;
+    }
+    let mut quoted = String::with_capacity(s.len() + 8);
+    push_json_string(&mut quoted, s);
+    out.push_str(&quoted[1..quoted.len() - 1]);
+}
+
 /// `t` in RFC 3339, UTC, to the second (rounded up: the ban is over by then).
 pub(crate) fn rfc3339(t: Timestamp) -> String {
+    let mut buf = [0u8; 20];
+    rfc3339_into(t, &mut buf).to_owned()
+}
+
+/// [`rfc3339`] written into `buf`, without the formatting machinery.
+fn rfc3339_into(t: Timestamp, buf: &mut [u8; 20]) -> &str {
     let secs = t.as_micros().div_ceil(1_000_000);
     let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX / 2);
     let rem = secs % 86_400;
@@ -60,13 +79,27 @@ pub(crate) fn rfc3339(t: Timestamp) -> String {
     let mp = (5 * doy + 2) / 153;
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let year = (yoe + era * 400 + i64::from(month <= 2)).clamp(0, 9999);
+    let digits = |buf: &mut [u8; 20], at: usize, width: usize, mut v: u64| {
+        for i in (0..width).rev() {
+            buf[at + i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    };
+    let field = |v: i64| u64::try_from(v).unwrap_or(0);
+    digits(buf, 0, 4, field(year));
+    buf[4] = b'-';
+    digits(buf, 5, 2, field(month));
+    buf[7] = b'-';
+    digits(buf, 8, 2, field(day));
+    buf[10] = b'T';
+    digits(buf, 11, 2, rem / 3600);
+    buf[13] = b':';
+    digits(buf, 14, 2, rem % 3600 / 60);
+    buf[16] = b':';
+    digits(buf, 17, 2, rem % 60);
+    buf[19] = b'Z';
+    std::str::from_utf8(&buf[..]).unwrap_or("1970-01-01T00:00:00Z")
 }
 
 #[cfg(test)]

@@ -126,7 +126,6 @@ impl<S: Store, C: Clock> Engine<S, C> {
             .collect();
         let longest = banning.iter().filter_map(|d| d.retry_after).max()?;
         let until = self.inner.limiter.clock().now().saturating_add(longest);
-        tracing::info!(policies = ?banning.iter().map(|d| d.policy).collect::<SmallVec<[&str; 2]>>(), "refused: banned");
         Some((banning.iter().map(|d| d.policy).collect(), until))
     }
 

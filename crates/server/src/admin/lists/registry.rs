@@ -362,3 +362,50 @@ fn install(state: &State, engine: &Generation) {
         .collect();
     engine.http().set_live_list_entries(entries);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(list: &str, n: usize) -> Record {
+        Record {
+            list: list.to_owned(),
+            entry: format!("10.{}.{}.{}/32", n >> 16, (n >> 8) & 255, n & 255),
+            reason: "test".to_owned(),
+            expires: None,
+            updated: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_list_refuses_a_new_entry_but_takes_a_changed_one() {
+        let registry = Registry::new(Backend::Memory);
+        {
+            let mut state = registry.lock();
+            for n in 0..MAX_LIVE_ENTRIES {
+                let r = record("blocked", n);
+                state.records.insert((r.list.clone(), r.entry.clone()), r);
+            }
+        }
+        // Refused before any engine is asked for: no generation is needed to say so.
+        let full = registry
+            .put(record("blocked", MAX_LIVE_ENTRIES), || {
+                panic!("a refused change installs nothing")
+            })
+            .await;
+        match full {
+            Err(ChangeError::Full(list)) => assert_eq!(list, "blocked"),
+            other => panic!("{other:?}"),
+        }
+        let message = ChangeError::Full("blocked".into()).to_string();
+        assert!(message.contains("100000"), "{message}");
+        // Expired entries do not count.
+        registry
+            .lock()
+            .records
+            .values_mut()
+            .take(1)
+            .for_each(|r| r.expires = Some(1));
+        assert_eq!(registry.list(2).len(), MAX_LIVE_ENTRIES - 1);
+    }
+}
