@@ -60,12 +60,14 @@ fn push_escaped(out: &mut String, s: &str) {
 }
 
 /// `t` in RFC 3339, UTC, to the second (rounded up: the ban is over by then).
-pub(crate) fn rfc3339(t: Timestamp) -> String {
+#[cfg(test)]
+fn rfc3339(t: Timestamp) -> String {
     let mut buf = [0u8; 20];
     rfc3339_into(t, &mut buf).to_owned()
 }
 
-/// [`rfc3339`] written into `buf`, without the formatting machinery.
+/// `t` in RFC 3339, UTC, to the second (rounded up: the ban is over by then), written into
+/// `buf` without the formatting machinery.
 fn rfc3339_into(t: Timestamp, buf: &mut [u8; 20]) -> &str {
     let secs = t.as_micros().div_ceil(1_000_000);
     let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX / 2);

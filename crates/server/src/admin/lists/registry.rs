@@ -378,7 +378,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_full_list_refuses_a_new_entry_but_takes_a_changed_one() {
+    async fn a_full_list_refuses_a_new_entry_and_expired_ones_do_not_count() {
         let registry = Registry::new(Backend::Memory);
         {
             let mut state = registry.lock();
