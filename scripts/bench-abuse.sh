@@ -128,7 +128,7 @@ PY
 
 RUNS=(base list100k ban refuse refuse+ban banned)
 # What each run is compared with: the same traffic without the feature.
-against() { case "$1" in refuse+ban|banned) echo refuse ;; *) echo base ;; esac; }
+against() { case "$1" in refuse+ban|banned) echo refuse ;; base|refuse) echo "$1" ;; *) echo base ;; esac; }
 echo "# instructions per proxied request (callgrind, $REQUESTS requests after 200 to warm up)"
 printf '%-12s %14s %10s\n' run "instr/req" "vs without"
 declare -A INSTR
