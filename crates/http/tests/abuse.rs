@@ -202,3 +202,37 @@ async fn a_banned_client_is_told_so_until_the_ban_ends() {
     clock.advance(Duration::from_secs(20));
     assert_eq!(status(&app, get("/login", ip, &[])).await, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_banned_client_is_never_queued() {
+    let ban = Ban::new(2, Duration::from_secs(60), Duration::from_secs(30)).unwrap();
+    let queued = tollgate::Policy::new(
+        "inbound",
+        tollgate::Quota::leaky_bucket("1/m".parse().unwrap(), 0).unwrap(),
+    )
+    .unwrap()
+    .with_ban(ban)
+    .unwrap();
+    let engine = builder(manual_clock())
+        .policy(
+            HttpPolicy::new(queued)
+                .keys(KeyChain::parse(["ip"]).unwrap())
+                .action(tollgate_http::Action::Queue),
+        )
+        .build()
+        .unwrap();
+    let headers = http::HeaderMap::new();
+    let method = http::Method::POST;
+    let info = RequestInfo::new(&method, "/events", &headers)
+        .with_client_ip(Some("192.0.2.60".parse().unwrap()));
+    let mut tickets = Vec::new();
+    for _ in 0..4 {
+        let evaluation = engine.evaluate(&info).await;
+        tickets.push(match evaluation.disposition() {
+            tollgate_http::Disposition::Respond(a) => Some(a.queue_ticket().is_some()),
+            _ => None,
+        });
+    }
+    // Admitted; over the rate (queueable); the second denial starts a ban; banned.
+    assert_eq!(tickets, [None, Some(true), Some(false), Some(false)]);
+}
