@@ -197,6 +197,12 @@ impl Generation {
             self.count_one(index, key, Outcome::of(d, shadow));
             if d.ban == tollgate::BanStatus::Started {
                 self.metrics.abuse.ban_started(d.policy);
+                tracing::info!(
+                    policy = d.policy,
+                    key = %String::from_utf8_lossy(key),
+                    for_seconds = d.retry_after.map_or(0, |r| r.as_secs()),
+                    "ban started"
+                );
             }
         }
     }
