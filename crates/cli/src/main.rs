@@ -94,6 +94,14 @@ fn validate(file: &std::path::Path) -> ExitCode {
             if config.policies.is_empty() {
                 println!("(no policies: every request is admitted)");
             }
+            for l in &config.lists {
+                println!(
+                    "list {:?}: {}, {} entries",
+                    l.name,
+                    l.action.as_str(),
+                    l.entries.len()
+                );
+            }
             if let Some(envoy) = &config.envoy {
                 for d in &envoy.domains {
                     println!(

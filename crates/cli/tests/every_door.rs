@@ -10,6 +10,9 @@
 //! `/v1/check` answers a lease to give back, replay holds it for the logged duration; the
 //! Redis-protocol door refuses it (Envoy's refuses it in its configuration).
 //!
+//! Allow and deny lists are decided before any policy at every door too: a client on a deny
+//! list is refused with the same 403, a partner on an allow list passes uncounted.
+//!
 //! A rule a door does not apply is a row that says why: `/v1/check` and replay are told the
 //! client's address outright, so a forwarding header is nothing to them; the tower layer gets
 //! its target from hyper, whose URI parser never hands a fragment on.
@@ -41,6 +44,19 @@ key = ["header:x-api-key", "ip"]
 match = { path = "/v1/**", host = "api.example.com" }
 "#;
 
+/// The lists every row is also judged by (the rows' other clients are on neither).
+const LISTS: &str = r#"
+[[list]]
+name = "partners"
+action = "allow"
+ips = ["192.0.2.0/24"]
+
+[[list]]
+name = "blocked"
+action = "deny"
+ips = ["198.51.100.0/24"]
+"#;
+
 /// A request as a row describes it.
 #[derive(Clone, Copy, Debug)]
 struct Described {
@@ -63,6 +79,8 @@ enum Expect {
     Unmatched,
     /// Refused with 400, the problem naming the field as each door knows it.
     Refused,
+    /// Refused with 403 by the deny list, before any policy.
+    Forbidden,
 }
 
 struct Row {
@@ -169,6 +187,28 @@ fn rows() -> Vec<Row> {
             layer: None,
         },
         Row {
+            name: "a client on a deny list",
+            request: Described {
+                xff: "198.51.100.20",
+                client: "198.51.100.20",
+                ..base
+            },
+            expect: Expect::Forbidden,
+            told_the_client: None,
+            layer: None,
+        },
+        Row {
+            name: "a partner on an allow list",
+            request: Described {
+                xff: "192.0.2.40",
+                client: "192.0.2.40",
+                ..base
+            },
+            expect: Expect::Unmatched,
+            told_the_client: None,
+            layer: None,
+        },
+        Row {
             name: "a long API key",
             request: Described {
                 api_key: Some(LONG_KEY),
@@ -240,6 +280,19 @@ impl Answer {
                 let problem = self.json();
                 assert!(problem["field"].is_string(), "{at}: {problem}");
                 assert_eq!(problem["status"], 400, "{at}");
+                assert_eq!(self.header("x-ratelimit-limit"), None, "{at}");
+            }
+            Expect::Forbidden => {
+                assert_eq!(self.status, 403, "{at}");
+                assert_eq!(
+                    self.header("content-type"),
+                    Some("application/problem+json"),
+                    "{at}"
+                );
+                let problem = self.json();
+                assert_eq!(problem["title"], "Forbidden", "{at}: {problem}");
+                let detail = problem["detail"].as_str().unwrap_or_default();
+                assert!(detail.contains("\"blocked\""), "{at}: {problem}");
                 assert_eq!(self.header("x-ratelimit-limit"), None, "{at}");
             }
         }
@@ -573,7 +626,7 @@ async fn every_door_judges_a_request_alike() {
     let text = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
          [proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{up}\"\n\
-         trusted_proxies = [\"127.0.0.0/8\"]\n{POLICY}"
+         trusted_proxies = [\"127.0.0.0/8\"]\n{POLICY}{LISTS}"
     );
     let server = Server::start(&text, dir.path()).await;
     let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
@@ -605,6 +658,7 @@ async fn every_door_judges_a_request_alike() {
         // Replay: the status a server would have answered, and the key it counted under.
         let expected_status = match told {
             Expect::Refused => 400,
+            Expect::Forbidden => 403,
             _ => 200,
         };
         assert_eq!(replay_status, expected_status, "{} at replay", row.name);
@@ -637,6 +691,30 @@ async fn every_door_judges_a_request_alike() {
                 assert_eq!(counted, Some(3), "{}: {key} in /v1/top: {top}", row.name);
             }
         }
+    }
+    // The partner is never limited: three more requests at each door, all passed uncounted.
+    let partner = rows
+        .iter()
+        .find(|r| r.name == "a partner on an allow list")
+        .map(|r| r.request)
+        .unwrap_or_else(|| panic!("no partner row"));
+    for _ in 0..3 {
+        for (door, answer) in [
+            ("the proxy", proxy(proxy_addr, &partner).await),
+            (
+                "forward-auth",
+                forward_auth(server.api, "/v1/forward-auth", &partner).await,
+            ),
+            ("/v1/check", check(server.api, &partner).await),
+        ] {
+            answer.assert(door, "a partner, again", Expect::Unmatched);
+        }
+    }
+    let metrics = String::from_utf8_lossy(&server.admin("/metrics").await.body).into_owned();
+    for (list, action, n) in [("partners", "allow", 12), ("blocked", "deny", 3)] {
+        let line =
+            format!("tollgate_list_matches_total{{list=\"{list}\",action=\"{action}\"}} {n}");
+        assert!(metrics.contains(&line), "{line}:\n{metrics}");
     }
     // The quota is shared: the API key row was counted three times (proxy, forward-auth,
     // /v1/check), so its fourth request is refused at every door of the server.

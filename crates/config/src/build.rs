@@ -28,7 +28,8 @@ pub fn http_engine<S: Store, C: Clock>(
         })
         .on_error(config.store.on_error)
         .ipv6_prefix(config.ipv6_prefix)
-        .key_hash_secret(key_hash_secret(&config.store));
+        .key_hash_secret(key_hash_secret(&config.store))
+        .lists(config.lists.iter().cloned());
     if let Some(p) = &config.proxy {
         builder = builder
             .trusted_proxies(p.trusted_proxies.clone())

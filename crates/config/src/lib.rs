@@ -10,6 +10,7 @@ mod build;
 mod envoy;
 mod forward_auth;
 mod limits;
+mod lists;
 mod log;
 mod queue;
 mod raw;
@@ -19,6 +20,7 @@ mod tls;
 
 pub use build::{http_engine, key_hash_secret, memory_store, process_secret};
 pub use limits::Limits;
+pub use lists::{MAX_CONFIGURED_ENTRIES, valid_list_name};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -365,6 +367,9 @@ impl fmt::Display for PolicyConfig {
         if let Some(lease) = self.policy.lease() {
             write!(f, " {lease}")?;
         }
+        if let Some(ban) = self.policy.ban() {
+            write!(f, " {ban}")?;
+        }
         if let Charge::Response(from) = &self.charge {
             write!(f, " charge=response cost_from={from}")?;
         }
@@ -421,6 +426,8 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// `[log]`.
     pub log: LogConfig,
+    /// `[[list]]`: allow and deny lists, in file order.
+    pub lists: Vec<tollgate_http::ListSpec>,
 }
 
 impl Config {
@@ -497,6 +504,7 @@ impl Config {
             forward_auth: ForwardAuthConfig::default(),
             telemetry: TelemetryConfig::default(),
             log: LogConfig::default(),
+            lists: Vec::new(),
         })
     }
 

@@ -5,6 +5,7 @@
 //! keeps going, so a user fixes a file in one pass: each step returns `None` (or `false`) for a
 //! part it refused, and [`validate`] builds a [`Config`] only when no part was refused.
 
+mod ban;
 mod envoy;
 mod fields;
 mod jwt;
@@ -59,6 +60,8 @@ pub(super) struct RawConfig {
     headers: Option<RawHeaders>,
     #[serde(default)]
     policy: Vec<S<RawPolicy>>,
+    #[serde(default)]
+    list: Vec<S<super::lists::RawList>>,
     jwt: Option<S<RawJwt>>,
     envoy: Option<S<RawEnvoy>>,
     forward_auth: Option<super::forward_auth::RawForwardAuth>,
@@ -163,6 +166,7 @@ pub(super) struct RawPolicy {
     charge: Option<S<String>>,
     cost_from: Option<S<String>>,
     count_status: Option<S<Vec<S<String>>>>,
+    ban: Option<S<ban::RawBan>>,
 }
 
 #[derive(Deserialize)]
@@ -214,6 +218,7 @@ pub(super) fn validate(
     let forward_auth = super::forward_auth::validate(raw.forward_auth, errs);
     let log = super::log::validate(raw.log, errs);
     let telemetry = super::telemetry::validate(raw.telemetry, errs);
+    let lists = super::lists::validate(raw.list, errs);
     if !(listeners.ok && policies_ok && jwt_ok && envoy_ok) {
         return None;
     }
@@ -238,6 +243,7 @@ pub(super) fn validate(
         forward_auth: forward_auth?,
         log: log?,
         telemetry: telemetry?,
+        lists: lists?,
     })
 }
 

@@ -95,6 +95,14 @@ const POLICY: &[(&str, Ty)] = &[
     ("charge", Ty::Str),
     ("cost_from", Ty::Str),
     ("count_status", Ty::StrArray),
+    ("ban", Ty::Table(BAN)),
+];
+const BAN: &[(&str, Ty)] = &[("after", Ty::Int), ("within", Ty::Str), ("for", Ty::Str)];
+const LIST: &[(&str, Ty)] = &[
+    ("name", Ty::Str),
+    ("action", Ty::Str),
+    ("ips", Ty::StrArray),
+    ("keys", Ty::StrArray),
 ];
 const JWT: &[(&str, Ty)] = &[
     ("hs256_secret_env", Ty::Str),
@@ -116,6 +124,7 @@ const ROOT: &[(&str, Ty)] = &[
     ("proxy", Ty::Table(PROXY)),
     ("headers", Ty::Table(HEADERS)),
     ("policy", Ty::TableArray(POLICY)),
+    ("list", Ty::TableArray(LIST)),
     ("jwt", Ty::Table(JWT)),
     ("envoy", Ty::Table(ENVOY)),
     ("forward_auth", Ty::Table(FORWARD_AUTH)),

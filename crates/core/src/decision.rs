@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use crate::BanStatus;
+
 /// The outcome of one algorithm step, in microseconds: what a store computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Verdict {
@@ -36,6 +38,20 @@ impl Verdict {
         }
     }
 
+    /// A denial that no wait fixes, reporting `limit`: a placeholder for a check refused
+    /// before its quota was asked (a ban), whose decision is made elsewhere.
+    #[inline]
+    pub fn denied_for_good(limit: u64) -> Verdict {
+        Verdict {
+            allowed: false,
+            limit,
+            remaining: 0,
+            reset_micros: 0,
+            retry_after_micros: None,
+            delay_micros: 0,
+        }
+    }
+
     /// The decision for the policy named `policy`.
     #[inline(always)]
     pub fn into_decision(self, policy: &'static str) -> Decision {
@@ -52,6 +68,7 @@ impl Verdict {
             },
             delay: (self.allowed && self.delay_micros > 0)
                 .then(|| Duration::from_micros(self.delay_micros)),
+            ban: BanStatus::None,
         }
     }
 }
@@ -128,6 +145,9 @@ pub struct Decision {
     pub retry_after: Option<Duration>,
     /// Leaky bucket: how long to hold the request before passing it on.
     pub delay: Option<Duration>,
+    /// Whether the denial was a lockout (see [`Ban`](crate::Ban)): `retry_after` is then when
+    /// it ends.
+    pub ban: BanStatus,
 }
 
 /// The decisions for one request checked against several policies, all-or-nothing: the request
@@ -247,6 +267,7 @@ mod tests {
             reset: Duration::from_secs(reset),
             retry_after: (!allowed).then(|| Duration::from_secs(reset)),
             delay: None,
+            ban: BanStatus::None,
         }
     }
 

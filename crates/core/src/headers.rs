@@ -37,6 +37,7 @@
 //!     reset: Duration::from_millis(11_200),
 //!     retry_after: Some(Duration::from_millis(1_500)),
 //!     delay: None,
+//!     ban: tollgate::BanStatus::None,
 //! };
 //! let mut field = String::new();
 //! headers::write_ratelimit_item(&mut field, &name, &d);
@@ -277,6 +278,7 @@ mod tests {
             reset: Duration::from_millis(reset_ms),
             retry_after: retry_ms.map(Duration::from_millis),
             delay: None,
+            ban: crate::BanStatus::None,
         }
     }
 

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use crate::{Lease, Quota, QuotaError};
+use crate::{Ban, Lease, Quota, QuotaError};
 
 /// The longest policy name accepted, in bytes.
 pub const MAX_POLICY_NAME: usize = 128;
@@ -23,6 +23,7 @@ pub struct Policy {
     /// The quota's [`max_cost`](Quota::max_cost), kept at hand for every check.
     max_cost: u32,
     lease: Option<Lease>,
+    ban: Option<Ban>,
 }
 
 impl Policy {
@@ -47,6 +48,7 @@ impl Policy {
             quota,
             fingerprint,
             lease: None,
+            ban: None,
         })
     }
 
@@ -55,8 +57,37 @@ impl Policy {
     /// leases take from the same state, so turning them on or off keeps the counters.
     pub fn with_lease(mut self, lease: Lease) -> Result<Self, QuotaError> {
         lease.check(&self.quota)?;
+        if self.ban.is_some() {
+            return Err(lease_and_ban(&self));
+        }
         self.lease = Some(lease);
         Ok(self)
+    }
+
+    /// The same policy with a lockout rule (see [`Ban`]): a key it denies `after` times within
+    /// `within` is refused for the ban's duration. Like a lease, it leaves the
+    /// [`fingerprint`](Self::fingerprint) alone: the quota's state is the same. Refused for a
+    /// concurrency limit (its denials end whenever any request does, so they say nothing about
+    /// the key) and beside a lease (a leased unit is spent without asking the store, which keeps
+    /// the bans).
+    pub fn with_ban(mut self, ban: Ban) -> Result<Self, QuotaError> {
+        if matches!(self.quota, Quota::Concurrency(_)) {
+            return Err(QuotaError::new(
+                &format!("{ban} on {}", self.quota),
+                "a concurrency limit cannot ban: its denials end whenever a request does",
+            ));
+        }
+        if self.lease.is_some() {
+            return Err(lease_and_ban(&self));
+        }
+        self.ban = Some(ban);
+        Ok(self)
+    }
+
+    /// The policy's lockout rule, if it has one.
+    #[inline]
+    pub fn ban(&self) -> Option<&Ban> {
+        self.ban.as_ref()
     }
 
     /// The policy's lease, if it has one.
@@ -100,6 +131,14 @@ impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.name, self.quota)
     }
+}
+
+fn lease_and_ban(policy: &Policy) -> QuotaError {
+    QuotaError::new(
+        policy.name,
+        "a policy cannot have both a lease and a ban: a leased unit is spent without asking the \
+         store, which is where bans are kept",
+    )
 }
 
 /// `name` stored for the whole process, once per distinct text.

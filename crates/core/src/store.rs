@@ -3,7 +3,7 @@
 
 use std::future::Future;
 
-use crate::{Decision, Decisions, Policy, StoreError, Timestamp};
+use crate::{BanRecord, Decision, Decisions, Policy, StoreError, Timestamp};
 
 pub mod memory;
 
@@ -61,6 +61,10 @@ impl<'a> Check<'a> {
 /// - A [concurrency](crate::Quota::Concurrency) check holds its permit from its admission
 ///   until [`release`](Self::release) gives it back, or until `lease_ttl` after it was taken
 ///   (`now >= expires_at`, and no sooner). A request denied by any policy holds no permit.
+/// - A check whose policy has a [`Ban`](crate::Ban) is decided with its key's lockout record in
+///   the same atomic step: refused while banned (the quota untouched), and when its own quota
+///   denies it (cost above zero), the denial is counted and may start a ban, as the rule's
+///   state machine says. [`charge`](Self::charge) and [`refund`](Self::refund) ignore bans.
 ///
 /// The crate's `testing` module (feature `test-util`) holds a conformance suite that checks
 /// this contract against any implementation.
@@ -119,6 +123,30 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<u32, StoreError>> + Send;
+
+    /// The bans in force at `now` (see [`Ban`](crate::Ban)), every policy's, in no particular
+    /// order. The default lists none: a store that keeps bans (every store of this workspace
+    /// does, and the conformance suite checks it) overrides this and
+    /// [`lift_ban`](Self::lift_ban); a store that wraps another forwards both.
+    fn bans(
+        &self,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<BanRecord>, StoreError>> + Send {
+        let _ = now;
+        std::future::ready(Ok(Vec::new()))
+    }
+
+    /// Lifts the ban of `key` under the policy named `policy`, forgetting its record (the key
+    /// starts afresh, its quota as it stands); whether a ban was in force at `now`.
+    fn lift_ban(
+        &self,
+        now: Timestamp,
+        policy: &str,
+        key: &[u8],
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = (now, policy, key);
+        std::future::ready(Ok(false))
+    }
 
     /// Whether every future this store returns is ready on its first poll: an in-process store
     /// that never waits for I/O. A caller may then decide inside a synchronous function, polling

@@ -21,8 +21,14 @@ use crate::algorithm::{
 };
 use crate::{Check, Decision, Decisions, Policy, Quota, Store, Timestamp, Verdict};
 
+mod bans;
 mod concurrency;
 pub mod sliding_error;
+
+pub use bans::{
+    ban_after_repeated_denials, ban_needs_denials_within_the_streak, bans_are_listed_and_lifted,
+    bans_in_batches,
+};
 
 pub use concurrency::{
     concurrency_admits_the_limit_then_denies, concurrency_all_or_nothing,
@@ -629,6 +635,10 @@ macro_rules! store_conformance_tests {
             concurrency_concurrent_holders_never_exceed_the_limit,
             concurrency_matches_the_pure_algorithm,
             concurrency_batches_match_the_pure_algorithms,
+            ban_after_repeated_denials,
+            ban_needs_denials_within_the_streak,
+            bans_are_listed_and_lifted,
+            bans_in_batches,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

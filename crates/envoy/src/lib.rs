@@ -64,5 +64,8 @@ pub use server::{
     Health, MAX_REQUEST_BYTES, RLS_SERVICE_NAME, ServeOptions, serve, serve_with, serve_with_io,
 };
 #[cfg(feature = "service")]
-pub use service::{CallSpan, CallTracer, MAX_DESCRIPTORS, MAX_OVERRIDES, Observer, RlsService};
+pub use service::{
+    AddressGate, CallSpan, CallTracer, Gate, MAX_DESCRIPTORS, MAX_OVERRIDES, Observer,
+    REMOTE_ADDRESS, RlsService,
+};
 pub use yaml::{envoy_config_files, load_envoy_config_dir, parse_envoy_config};

@@ -5,6 +5,9 @@
 
 mod answer;
 mod decide;
+mod gate;
+
+pub use gate::{AddressGate, Gate, REMOTE_ADDRESS};
 
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -72,6 +75,8 @@ struct Inner<S: Store, C: Clock> {
     /// What `grpc.health.v1.Health` reports.
     health: crate::Health,
     tracer: Option<CallTracer>,
+    /// Allow and deny lists by client address, when the server gives them.
+    gate: Option<AddressGate>,
 }
 
 impl<S: Store + std::fmt::Debug, C: Clock + std::fmt::Debug> std::fmt::Debug for Inner<S, C> {
@@ -135,49 +140,47 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 observer: None,
                 health: crate::Health::default(),
                 tracer: None,
+                gate: None,
             }),
         })
+    }
+
+    /// The same service, judging requests whose descriptors carry `remote_address` by the
+    /// allow and deny lists `gate` consults, before any descriptor (see [`Gate`]). Call it
+    /// before cloning the service, as [`with_observer`](Self::with_observer).
+    pub fn with_gate(self, gate: AddressGate) -> Self {
+        self.with(|inner| inner.gate = Some(gate))
     }
 
     /// The same service, reporting every decision to `observer` (see [`Observer`]). Call it
     /// before cloning the service: clones made earlier do not report.
     pub fn with_observer(self, observer: Observer) -> Self {
-        let inner = match Arc::try_unwrap(self.inner) {
-            Ok(mut inner) => {
-                inner.observer = Some(observer);
-                inner
-            }
-            Err(shared) => Inner {
-                limiter: shared.limiter.clone(),
-                config: ArcSwap::new(shared.config.load_full()),
-                overrides: Mutex::default(),
-                observer: Some(observer),
-                health: shared.health.clone(),
-                tracer: shared.tracer.clone(),
-            },
-        };
-        RlsService {
-            inner: Arc::new(inner),
-        }
+        self.with(|inner| inner.observer = Some(observer))
     }
 
     /// The same service, tracing each call through `tracer` (see [`CallTracer`]). Call it
     /// before cloning the service: clones made earlier do not trace.
     pub fn with_tracer(self, tracer: CallTracer) -> Self {
-        let inner = match Arc::try_unwrap(self.inner) {
-            Ok(mut inner) => {
-                inner.tracer = Some(tracer);
-                inner
-            }
+        self.with(|inner| inner.tracer = Some(tracer))
+    }
+
+    /// This service with `change` applied to its parts. A service already cloned gets fresh
+    /// parts (same limiter, configuration, health), which is why the builders say to call
+    /// them before cloning; its overrides start empty.
+    fn with(self, change: impl FnOnce(&mut Inner<S, C>)) -> Self {
+        let mut inner = match Arc::try_unwrap(self.inner) {
+            Ok(inner) => inner,
             Err(shared) => Inner {
                 limiter: shared.limiter.clone(),
                 config: ArcSwap::new(shared.config.load_full()),
                 overrides: Mutex::default(),
                 observer: shared.observer.clone(),
                 health: shared.health.clone(),
-                tracer: Some(tracer),
+                tracer: shared.tracer.clone(),
+                gate: shared.gate.clone(),
             },
         };
+        change(&mut inner);
         RlsService {
             inner: Arc::new(inner),
         }
@@ -230,6 +233,12 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         mut span: Option<&mut (dyn CallSpan + 'static)>,
     ) -> Result<RateLimitResponse, Status> {
         check_request(request)?;
+        if let Some(gate) = &self.inner.gate
+            && let Some(ip) = gate::address(request)
+            && let Some(verdict) = gate(ip)
+        {
+            return Ok(gate::answer(&verdict, request.descriptors.len()));
+        }
         let mut statuses: Vec<DescriptorStatus> = request
             .descriptors
             .iter()

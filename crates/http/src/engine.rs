@@ -24,8 +24,10 @@ use crate::key::{CredentialHasher, KeyBuf, KeyContext};
 use crate::route::{NormalizedPath, PathTooDeep};
 use crate::{HeaderConfig, JwtVerifier, Refusal, RequestInfo, normalize};
 
+mod bans;
 mod builder;
 mod evaluation;
+mod lists;
 pub(crate) mod overrides;
 mod permits;
 mod policy;
@@ -34,9 +36,11 @@ mod respond;
 mod settle;
 mod slot_lease;
 
+pub use bans::BANNED_TITLE;
 pub use builder::EngineBuilder;
 pub use evaluation::{Answer, Disposition, Evaluation, Hold, Prepared, RateLimitHeaders};
 use evaluation::{Entry, RefundGuard};
+pub use lists::{ListAction, ListEntry, ListHit, ListSpec};
 pub use permits::REMOTE_POLL;
 pub use policy::{Action, HttpPolicy};
 pub use queue::QueueTicket;
@@ -106,6 +110,8 @@ struct Inner<S, C> {
     lines: permits::Lines,
     /// The key lease tokens are signed under.
     lease_tag: tollgate::key_digest::KeyDigest,
+    /// Allow and deny lists, applied before any policy.
+    lists: lists::Lists,
 }
 
 impl<S, C> fmt::Debug for Inner<S, C> {
@@ -226,6 +232,9 @@ impl<S: Store, C: Clock> Engine<S, C> {
             resolve_ip: &*self.inner.resolve_ip,
             ipv6_prefix: self.inner.ipv6_prefix,
         };
+        if self.apply_lists(&cx, &mut prepared) {
+            return prepared;
+        }
         for (index, policy) in self.inner.policies.iter().enumerate() {
             let http = &policy.http;
             if !http.route.matches(info.method, &path, info.host) {
@@ -281,8 +290,11 @@ impl<S: Store, C: Clock> Engine<S, C> {
             .position(|p| p.http.policy.name() == policy)?;
         let mut stored = KeyBuf::new();
         self.store_key(key, &mut stored);
-        let over = self.live_override(index, &stored);
         let mut prepared = Prepared::default();
+        if self.apply_key_lists(&stored, &mut prepared) {
+            return Some(prepared);
+        }
+        let over = self.live_override(index, &stored);
         prepared.entries.push(Entry {
             index,
             key: stored,

@@ -273,7 +273,7 @@ impl KeyContext<'_> {
 
     /// Writes the key `selector` reads into `out`: `Ok(false)` when the request has none, an
     /// error when it has the field twice (the upstream might read the other one).
-    fn select(
+    pub(crate) fn select(
         &self,
         selector: &KeySelector,
         hasher: &CredentialHasher,

@@ -85,9 +85,9 @@ pub use cidr::{Cidr, TrustedProxies};
 pub use client_ip::{ForwardedHeader, client_address};
 pub use engine::overrides::{KeyOverride, OverrideError, QuotaFields};
 pub use engine::{
-    ANONYMOUS_KEY, Action, Answer, Charge, DEFAULT_MAX_DELAY, Disposition, Engine, EngineBuilder,
-    Evaluation, Hold, HttpPolicy, LeaseError, Prepared, QueueTicket, REMOTE_POLL, RateLimitHeaders,
-    Settle, StatusSet,
+    ANONYMOUS_KEY, Action, Answer, BANNED_TITLE, Charge, DEFAULT_MAX_DELAY, Disposition, Engine,
+    EngineBuilder, Evaluation, Hold, HttpPolicy, LeaseError, ListAction, ListEntry, ListHit,
+    ListSpec, Prepared, QueueTicket, REMOTE_POLL, RateLimitHeaders, Settle, StatusSet,
 };
 pub use error::ConfigError;
 pub use headers::{HeaderConfig, ResetFormat, RetryAfterFormat};

@@ -49,6 +49,22 @@ pub(crate) fn key_and_slot(
     (s, slot)
 }
 
+/// The lockout record of `policy` (by name: a ban outlives a change of quota) for the client
+/// key's keyed hash `digest`: the same hash tag as the key's state, so the check's script reads
+/// and writes both in one slot.
+pub(crate) fn ban_key(prefix: &str, digest: &[u8], policy: &str) -> String {
+    let mut s = String::with_capacity(prefix.len() + digest.len() * 2 + policy.len() + 8);
+    s.push_str(prefix);
+    s.push_str(":{");
+    push_hex(&mut s, digest);
+    s.push_str(BAN_INFIX);
+    s.push_str(policy);
+    s
+}
+
+/// What separates the hash tag from the policy's name in a lockout record's key.
+pub(crate) const BAN_INFIX: &str = "}:ban:";
+
 /// The Cluster slot of a hash tag: CRC16 (XMODEM) mod 16384, as Redis computes it, a byte at a
 /// time from a table.
 pub(crate) fn slot(tag: &str) -> u16 {

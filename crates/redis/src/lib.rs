@@ -62,4 +62,4 @@ pub use lease::LeaseStats;
 #[cfg(feature = "client")]
 pub use script::MAX_DEPTH;
 #[cfg(feature = "client")]
-pub use store::{BuildError, RedisStore, RedisStoreStats};
+pub use store::{BuildError, ListChange, RedisStore, RedisStoreStats};

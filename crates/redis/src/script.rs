@@ -273,6 +273,29 @@ pub(crate) fn multi_args(cmd: &mut Cmd, check: &Check<'_>, oldest: u64) -> Resul
     Ok(())
 }
 
+/// Appends `multi.lua`'s lockout records, one per check whose policy bans, in order: the
+/// check's index (from 1), `after`, `within` and `for` in µs, and the key as the caller names it
+/// (kept in the record, for listing bans).
+pub(crate) fn ban_args(cmd: &mut Cmd, checks: &[&Check<'_>]) {
+    for (i, check) in checks.iter().enumerate() {
+        if let Some(ban) = check.policy.ban() {
+            cmd.arg(i + 1)
+                .arg(ban.after())
+                .arg(int(ban.within_micros()))
+                .arg(int(ban.duration_micros()))
+                .arg(check.key);
+        }
+    }
+}
+
+/// The clock prelude of the scripts for `clock`, for a script outside [`ScriptKind`].
+pub(crate) fn clock_prelude(clock: ClockSource) -> &'static str {
+    match clock {
+        ClockSource::Redis => REDIS_CLOCK,
+        ClockSource::Local => LOCAL_CLOCK,
+    }
+}
+
 /// Appends `refund.lua`'s five values: give back `cost` of `check`'s quota, only where `guard`
 /// says the units were taken (0: anywhere, as a plain refund does); a concurrency check's
 /// permit.

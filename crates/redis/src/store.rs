@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use redis::{RedisError, Value};
 use tollgate::{
-    Check, Decision, Decisions, MemoryStore, OnError, Quota, Store, StoreError, Timestamp, Verdict,
+    Check, Decision, Decisions, MemoryStore, OnError, Quota, Store, StoreError, Timestamp,
 };
 
 use crate::config::{ClockSource, ConfigError, RedisConfig};
@@ -21,17 +21,21 @@ use crate::deny_cache::{CacheKey, DenyCache};
 use crate::keys::{KeyDigest, key_and_slot, key_name};
 use crate::lease::{LeaseStats, Leases};
 use crate::script::{ScriptKind, Scripts};
+use crate::verdict::Decided;
 
+mod bans;
 mod calls;
 mod coalesce;
 mod connection;
 mod failure;
 mod leased;
+mod lists;
 mod overrides;
 mod release;
 
 use connection::Connection;
 pub(crate) use connection::classify;
+pub use lists::ListChange;
 
 /// How long a failed Redis is left alone before one call tries it again.
 const PROBE_INTERVAL: Duration = Duration::from_millis(100);
@@ -157,6 +161,8 @@ pub(crate) struct Prepared {
     key: String,
     slot: u16,
     cache: CacheKey,
+    /// The key's lockout record, when the check's policy bans.
+    ban_key: Option<String>,
 }
 
 /// An error while building a [`RedisStore`].
@@ -332,6 +338,7 @@ impl RedisStore {
         let verdicts = self
             .within_timeout(self.run(now, checks, &prepared))
             .await?;
+        self.index_bans(&prepared, &verdicts).await;
         Ok(decisions(checks, verdicts))
     }
 
@@ -346,6 +353,7 @@ impl RedisStore {
                 key,
                 slot,
                 cache: (fingerprint, u128::from_be_bytes(mac)),
+                ban_key: ban_key_of(prefix, &mac, check),
             }]);
         }
         // Policies of one request usually share the key: hash each distinct key once.
@@ -367,6 +375,7 @@ impl RedisStore {
                 key,
                 slot,
                 cache: (fingerprint, u128::from_be_bytes(mac)),
+                ban_key: ban_key_of(prefix, &mac, check),
             });
         }
         Ok(out)
@@ -407,8 +416,11 @@ impl RedisStore {
         let checks = std::slice::from_ref(check);
         let prepared = self.prepare(checks)?;
         let cache = prepared[0].cache;
-        // A concurrency denial ends whenever anyone releases a permit: never cached.
-        let cacheable = !matches!(check.policy.quota(), Quota::Concurrency(_));
+        // A concurrency denial ends whenever anyone releases a permit: never cached. Nor is a
+        // denial of a policy that bans: each one must be counted, and a lifted ban must end at
+        // once on every instance.
+        let cacheable =
+            !matches!(check.policy.quota(), Quota::Concurrency(_)) && check.policy.ban().is_none();
         let cached = cacheable
             .then(|| self.inner.deny.get(&cache, check.cost, self.cache_now(now)))
             .flatten();
@@ -425,7 +437,8 @@ impl RedisStore {
         match self.within_timeout(self.run(now, checks, &prepared)).await {
             Ok(verdicts) => {
                 self.inner.probe_at.store(0, Ordering::Relaxed);
-                let v = verdicts
+                self.index_bans(&prepared, &verdicts).await;
+                let (v, ban) = verdicts
                     .into_iter()
                     .next()
                     .ok_or_else(|| crate::verdict::protocol("no verdict"))?;
@@ -434,7 +447,7 @@ impl RedisStore {
                         .deny
                         .insert(cache, check.cost, self.cache_now(now), v);
                 }
-                Ok(v.into_decision(check.policy.shared_name()))
+                Ok(crate::verdict::bans::decision(check, v, ban))
             }
             Err(e) => {
                 self.failed(&e);
@@ -456,6 +469,7 @@ impl RedisStore {
         match self.within_timeout(self.run(now, checks, &prepared)).await {
             Ok(verdicts) => {
                 self.inner.probe_at.store(0, Ordering::Relaxed);
+                self.index_bans(&prepared, &verdicts).await;
                 Ok(decisions(checks, verdicts))
             }
             Err(e) => {
@@ -519,7 +533,11 @@ impl Store for RedisStore {
         match result {
             Ok(verdicts) => {
                 self.inner.probe_at.store(0, Ordering::Relaxed);
-                Ok(decisions(checks, verdicts))
+                Ok(checks
+                    .iter()
+                    .zip(verdicts)
+                    .map(|(c, v)| v.into_decision(c.policy.shared_name()))
+                    .collect())
             }
             Err(e) => {
                 self.failed(&e);
@@ -559,12 +577,30 @@ impl Store for RedisStore {
     async fn release(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<u32, StoreError> {
         self.release_permits(now, checks).await
     }
+
+    async fn bans(&self, now: Timestamp) -> Result<Vec<tollgate::BanRecord>, StoreError> {
+        self.bans_in_redis(now).await
+    }
+
+    async fn lift_ban(&self, now: Timestamp, policy: &str, key: &[u8]) -> Result<bool, StoreError> {
+        // What the fallback store counted meanwhile is forgotten too.
+        let local = self.inner.memory.lift_ban_now(now, policy, key);
+        Ok(self.lift_in_redis(now, policy, key).await? || local)
+    }
 }
 
-fn decisions(checks: &[Check<'_>], verdicts: Vec<Verdict>) -> Decisions {
+fn decisions(checks: &[Check<'_>], verdicts: Vec<Decided>) -> Decisions {
     checks
         .iter()
         .zip(verdicts)
-        .map(|(c, v)| v.into_decision(c.policy.shared_name()))
+        .map(|(c, (v, ban))| crate::verdict::bans::decision(c, v, ban))
         .collect()
+}
+
+/// The lockout record's key of a check whose policy bans.
+fn ban_key_of(prefix: &str, mac: &[u8], check: &Check<'_>) -> Option<String> {
+    check
+        .policy
+        .ban()
+        .map(|_| crate::keys::ban_key(prefix, mac, check.policy.name()))
 }

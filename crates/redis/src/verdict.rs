@@ -309,7 +309,7 @@ pub(crate) fn multi(
     keys: &[&str],
     reply: Value,
     commit: bool,
-) -> Result<Vec<Verdict>, StoreError> {
+) -> Result<Vec<Decided>, StoreError> {
     let ints = integers(reply)?;
     let now = Timestamp::from_micros(unsigned(at(&ints, 0)?)?);
     let script_admitted = at(&ints, 1)? == 1;
@@ -326,6 +326,7 @@ pub(crate) fn multi(
         }
         reported.push(state);
     }
+    let records = bans::read(checks, &ints, &mut pos)?;
     if pos != ints.len() {
         return Err(protocol(
             "the multi-check script replied more than its states",
@@ -335,8 +336,14 @@ pub(crate) fn multi(
     let mut states: Vec<State> = initial.iter().map(|(_, s)| s.clone()).collect();
     let mut verdicts = Vec::with_capacity(checks.len());
     let mut all = true;
-    for ((check, &key), own) in checks.iter().zip(keys).zip(reported.iter_mut()) {
+    for (i, ((check, &key), own)) in checks.iter().zip(keys).zip(reported.iter_mut()).enumerate() {
         let quota = check.policy.quota();
+        if bans::banned(&records, i, now.as_micros()) {
+            // Refused by its ban, its quota not asked.
+            verdicts.push(Verdict::denied_for_good(u64::from(quota.limit())));
+            all = false;
+            continue;
+        }
         let state = match own {
             State::Permits(_) => own,
             _ => &mut states[index(key)],
@@ -363,7 +370,8 @@ pub(crate) fn multi(
             }
         }
     }
-    Ok(verdicts)
+    let marks = bans::settle(checks, &verdicts, &records, now.as_micros())?;
+    Ok(verdicts.into_iter().zip(marks).collect())
 }
 
 /// The verdicts of a charge by `multi.lua` (force mode, every cost written): each check's
@@ -471,6 +479,10 @@ pub(crate) fn protocol(reason: &str) -> StoreError {
     }
 }
 
+pub(crate) mod bans;
 mod permits;
 #[cfg(test)]
 mod tests;
+
+/// A check's verdict, and whether its lockout record refused it or started a ban.
+pub(crate) type Decided = (Verdict, Option<bans::BanMark>);

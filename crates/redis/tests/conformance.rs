@@ -124,6 +124,11 @@ mod with_deny_cache {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ban_after_repeated_denials() {
+        tollgate::testing::ban_after_repeated_denials(&store().await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn admits_the_quota_then_denies() {
         tollgate::testing::admits_the_quota_then_denies(&store().await).await;
     }

@@ -95,6 +95,14 @@ impl Store for RecordingStore {
         Ok(self.inner.release_now(now, checks))
     }
 
+    async fn bans(&self, now: Timestamp) -> Result<Vec<tollgate::BanRecord>, StoreError> {
+        Ok(self.inner.bans_now(now))
+    }
+
+    async fn lift_ban(&self, now: Timestamp, policy: &str, key: &[u8]) -> Result<bool, StoreError> {
+        Ok(self.inner.lift_ban_now(now, policy, key))
+    }
+
     fn is_immediate(&self) -> bool {
         true
     }

@@ -3,7 +3,9 @@
 //! at `/`, and the queues' dead letters under `/v1/queues` (`admin/queue.rs`), behind an optional
 //! bearer token.
 
+mod bans;
 mod dashboard;
+pub(crate) mod lists;
 pub(crate) mod overrides;
 mod queue;
 pub(crate) mod top;
@@ -53,6 +55,16 @@ pub(crate) async fn handle(
     {
         return overrides::handle(&shared, rest, req).await;
     }
+    if let Some(rest) = path.strip_prefix("/v1/bans")
+        && (rest.is_empty() || rest.starts_with('/'))
+    {
+        return bans::handle(&shared, rest, req).await;
+    }
+    if let Some(rest) = path.strip_prefix("/v1/lists")
+        && (rest.is_empty() || rest.starts_with('/'))
+    {
+        return lists::handle(&shared, rest, req).await;
+    }
     if !read {
         return problem(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed", None);
     }
@@ -65,6 +77,7 @@ pub(crate) async fn handle(
             );
             crate::metrics::render_usage_fallbacks(&mut body, engine.http().usage_fallbacks());
             crate::metrics::render_slots(&mut body, engine.http().slot_counts());
+            crate::metrics::render_bans_active(&mut body, &engine.store().ban_counts().await);
             let mut res = text(StatusCode::OK, body);
             res.headers_mut().insert(
                 CONTENT_TYPE,
@@ -80,7 +93,7 @@ pub(crate) async fn handle(
             "Not found",
             Some(
                 "admin serves /metrics, /healthz, /readyz, /v1/policies, /v1/top, /v1/overrides, \
-                 /v1/stats, /v1/queues and the dashboard at /",
+                 /v1/bans, /v1/lists, /v1/stats, /v1/queues and the dashboard at /",
             ),
         ),
     }
@@ -284,7 +297,7 @@ fn top_json(policy: &str, view: &top::TopView) -> Value {
 /// A store key as text: as it is when it is UTF-8 (every key the HTTP engine makes is:
 /// credentials already appear as their keyed hash), else `sha256:<hex>` (a `/v1/check` key of
 /// more than 256 bytes, which the store keeps as its SHA-256).
-fn key_text(key: &[u8]) -> String {
+pub(crate) fn key_text(key: &[u8]) -> String {
     match std::str::from_utf8(key) {
         Ok(s) => s.to_owned(),
         Err(_) => {
@@ -379,6 +392,16 @@ fn policy_json(p: &PolicyConfig) -> Value {
         "action": p.action.as_str(),
         "require_key": p.require_key,
     });
+    if let (Some(o), Some(ban)) = (v.as_object_mut(), p.policy.ban()) {
+        o.insert(
+            "ban".into(),
+            json!({
+                "after": ban.after(),
+                "within_seconds": ban.within().as_secs_f64(),
+                "for_seconds": ban.duration().as_secs_f64(),
+            }),
+        );
+    }
     if let (Some(o), Quota::LeakyBucket(lb)) = (v.as_object_mut(), q) {
         o.insert(
             "max_delay_seconds".into(),

@@ -43,6 +43,8 @@ pub(crate) struct Generation {
     /// Each policy's statistics, in policy order, resolved once here rather than by a locked
     /// map lookup per decision.
     stats: Vec<PolicyStats>,
+    /// Each list's counter of the requests it decided, by name.
+    lists: Vec<(String, Arc<crate::metrics::Sharded<1>>)>,
 }
 
 /// What one policy's decisions are counted in.
@@ -70,8 +72,17 @@ impl Generation {
                 top: metrics.top.policy(pc.name()),
             })
             .collect();
+        let lists = config
+            .lists
+            .iter()
+            .map(|l| {
+                let counter = metrics.abuse.list_counter(&l.name, l.action.as_str());
+                (l.name.clone(), counter)
+            })
+            .collect();
         Ok(Generation {
             stats,
+            lists,
             http: tollgate_config::http_engine(&config, store, SystemClock::new())?,
             config,
             metrics,
@@ -224,6 +235,12 @@ impl Generation {
     /// Counts what each policy did with the request, once, for every door: its decision, or
     /// the failure rule's answer when the store failed.
     fn count(&self, prepared: &Prepared, evaluation: &Evaluation) {
+        if let Some(hit) = prepared.listed() {
+            if let Some((_, counter)) = self.lists.iter().find(|(name, _)| name == hit.list) {
+                counter.add(0, 1);
+            }
+            return;
+        }
         match evaluation.disposition() {
             Disposition::Respond(a) if a.status() == hyper::StatusCode::UNAUTHORIZED => {
                 self.metrics.missing_key();
@@ -237,6 +254,18 @@ impl Generation {
         for (index, key, outcome) in self.outcomes(prepared, evaluation) {
             self.count_one(index, key, outcome);
         }
+        let decisions = evaluation.decisions().as_slice();
+        for (d, (_, key)) in decisions.iter().zip(prepared.keys()) {
+            if d.ban == tollgate::BanStatus::Started {
+                self.metrics.abuse.ban_started(d.policy);
+                tracing::info!(
+                    policy = d.policy,
+                    key = %String::from_utf8_lossy(key),
+                    for_seconds = d.retry_after.map_or(0, |r| r.as_secs()),
+                    "ban started"
+                );
+            }
+        }
     }
 
     fn count_one(&self, index: usize, key: &[u8], outcome: Outcome) {
@@ -247,6 +276,20 @@ impl Generation {
                 !matches!(outcome, Outcome::Allowed | Outcome::FailOpen),
             );
         }
+    }
+
+    /// What the lists say of a request from `ip` at Envoy's door (which knows its client by
+    /// `remote_address` alone), counted as every door counts list matches.
+    pub(crate) fn envoy_gate(&self, ip: std::net::IpAddr) -> Option<tollgate_envoy::Gate> {
+        let hit = self.http.list_for_address(ip)?;
+        if let Some((_, counter)) = self.lists.iter().find(|(name, _)| name == hit.list) {
+            counter.add(0, 1);
+        }
+        let list = hit.list.to_owned();
+        Some(match hit.action {
+            tollgate_http::ListAction::Allow => tollgate_envoy::Gate::Allow { list },
+            tollgate_http::ListAction::Deny => tollgate_envoy::Gate::Deny { list },
+        })
     }
 
     /// Whether decisions of the policy named `policy` are enforced (not shadow).

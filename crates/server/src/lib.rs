@@ -185,6 +185,8 @@ pub(crate) struct Shared {
     queues: queue::Queues,
     /// Per-key overrides, installed into every engine generation.
     overrides: Registry,
+    /// Live entries of the allow and deny lists, installed into every engine generation.
+    lists: admin::lists::registry::Registry,
     /// Where queued requests are delivered: the relay's HTTP/1.1 client.
     upstream: Arc<dyn queue::Deliver>,
     /// Where decisions' spans go ([telemetry]; fixed at start).
@@ -271,8 +273,10 @@ impl Shared {
         let engine = Arc::new(engine);
         // The overrides go into the new engine before it serves, and no change to them can
         // land on the old one in between.
-        self.overrides
-            .install_then(&engine, || self.engine.store(Arc::clone(&engine)));
+        self.lists.install_then(&engine, || {
+            self.overrides
+                .install_then(&engine, || self.engine.store(Arc::clone(&engine)));
+        });
         self.metrics.reload(true);
         Ok(())
     }
@@ -313,8 +317,17 @@ pub async fn run_with(
         &config.telemetry,
         &tollgate_config::key_hash_secret(&config.store),
     ));
+    // Envoy's door consults the running engine's lists; the engine is known once `shared` is.
+    let running: Arc<std::sync::OnceLock<std::sync::Weak<Shared>>> = Arc::default();
+    let gate: tollgate_envoy::AddressGate = {
+        let running = Arc::clone(&running);
+        Arc::new(move |ip| running.get()?.upgrade()?.engine().envoy_gate(ip))
+    };
     let envoy = match (&config.envoy, listeners.grpc) {
-        (Some(e), Some(l)) => Some((envoy_service(&config, e, &store, &metrics, &telemetry)?, l)),
+        (Some(e), Some(l)) => Some((
+            envoy_service(&config, e, &store, &metrics, (gate, &telemetry))?,
+            l,
+        )),
         _ => None,
     };
     let envoy_handle = envoy.as_ref().map(|(service, _)| service.clone());
@@ -329,6 +342,10 @@ pub async fn run_with(
         AnyStore::Memory(_) => Backend::Memory,
         AnyStore::Redis(r) => Backend::Redis(r.clone()),
     });
+    let lists = admin::lists::registry::Registry::new(match &store {
+        AnyStore::Memory(_) => admin::lists::registry::Backend::Memory,
+        AnyStore::Redis(r) => admin::lists::registry::Backend::Redis(r.clone()),
+    });
     let shared = Arc::new(Shared {
         engine: ArcSwap::from_pointee(engine),
         store: store.clone(),
@@ -336,9 +353,11 @@ pub async fn run_with(
         envoy: envoy_handle,
         queues,
         overrides,
+        lists,
         upstream: Arc::new(relay::Upstream::default()),
         telemetry,
     });
+    let _ = running.set(Arc::downgrade(&shared));
     queue::open_configured(&shared).await;
     let (stop_tx, stop_rx) = watch::channel(false);
     // Registered before anything is served, so a SIGHUP never finds the default action (exit).
@@ -494,15 +513,19 @@ async fn live_operations(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         }
         let now = crate::admin::top::unix_secs();
         shared.metrics.top.tick(now);
-        match shared.overrides.poll(now, || shared.engine()).await {
+        let polled = match shared.overrides.poll(now, || shared.engine()).await {
+            Ok(()) => shared.lists.poll(now, || shared.engine()).await,
+            Err(e) => Err(e),
+        };
+        match polled {
             Ok(()) if failing => {
                 failing = false;
-                tracing::info!("overrides: reading them from the store again");
+                tracing::info!("overrides and lists: reading them from the store again");
             }
             Ok(()) => {}
             Err(error) if !failing => {
                 failing = true;
-                tracing::warn!(%error, "overrides: cannot read them from the store; the last ones read stay");
+                tracing::warn!(%error, "overrides and lists: cannot read them from the store; the last ones read stay");
             }
             Err(_) => {}
         }
@@ -523,7 +546,7 @@ fn envoy_service(
     envoy: &config::Envoy,
     store: &AnyStore,
     metrics: &Arc<Metrics>,
-    telemetry: &Arc<telemetry::Telemetry>,
+    (gate, telemetry): (tollgate_envoy::AddressGate, &Arc<telemetry::Telemetry>),
 ) -> Result<tollgate_envoy::RlsService<AnyStore, SystemClock>, ServerError> {
     let rls = rls_config(config, envoy);
     let limiter = tollgate::Limiter::builder()
@@ -544,7 +567,8 @@ fn envoy_service(
     });
     let service = tollgate_envoy::RlsService::new(limiter, &rls)
         .map_err(ServerError::Envoy)?
-        .with_observer(observer);
+        .with_observer(observer)
+        .with_gate(gate);
     if !telemetry.on() {
         return Ok(service);
     }

@@ -8,9 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+mod abuse;
 mod queue;
 use crate::admin::top::TopKeys;
 pub(crate) use crate::sharded::Sharded;
+pub(crate) use abuse::render_bans_active;
 pub(crate) use queue::QueueCounters;
 
 /// How a policy treated a request, as the `outcome` label says it: the core's one list, the
@@ -49,6 +51,8 @@ pub(crate) struct Metrics {
     missing_key: AtomicU64,
     /// The top-keys sketches of every policy (`/v1/top`).
     pub(crate) top: TopKeys,
+    /// Bans started and requests decided by lists.
+    pub(crate) abuse: abuse::AbuseCounters,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -213,6 +217,7 @@ impl Metrics {
             "tollgate_config_reloads_total{{result=\"failed\"}} {failed}"
         );
         render_leases(&mut out, leases);
+        self.abuse.render(&mut out);
         self.render_queues(&mut out);
         if let Some(keys) = keys_tracked {
             out.push_str("# HELP tollgate_keys_tracked Keys the memory store holds state for.\n");

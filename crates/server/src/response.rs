@@ -70,7 +70,7 @@ pub(crate) fn problem_body(status: StatusCode, title: &str, detail: Option<&str>
 
 /// One decision as `/v1/check` answers it in JSON: seconds, rounded up; `delay` in (fractional) seconds.
 pub(crate) fn decision_json(d: &Decision) -> Value {
-    json!({
+    let mut v = json!({
         "allowed": d.allowed,
         "policy": policy_name(d),
         "limit": d.limit,
@@ -78,7 +78,14 @@ pub(crate) fn decision_json(d: &Decision) -> Value {
         "reset": ceil_secs(d.reset),
         "retry_after": d.retry_after.map(|r| ceil_secs(r).max(1)),
         "delay": d.delay.map(|x| x.as_secs_f64()),
-    })
+    });
+    // A lockout says so (its retry_after is when it ends); other decisions are as they were.
+    if d.ban.is_ban()
+        && let Some(o) = v.as_object_mut()
+    {
+        o.insert("banned".into(), Value::from(true));
+    }
+    v
 }
 
 /// A JSON response from bytes already written.

@@ -72,6 +72,25 @@ impl AnyStore {
         }
     }
 
+    /// How many bans are in force, by policy (sorted): for metrics. `None` when the store
+    /// could not say.
+    pub async fn ban_counts(&self) -> Option<Vec<(String, u64)>> {
+        use tollgate::Clock as _;
+        let now = tollgate::SystemClock::new().now();
+        let mut counts: Vec<(String, u64)> = match self {
+            AnyStore::Memory(m) => {
+                let mut by: std::collections::HashMap<String, u64> = Default::default();
+                for b in m.bans_now(now) {
+                    *by.entry(b.policy).or_insert(0) += 1;
+                }
+                by.into_iter().collect()
+            }
+            AnyStore::Redis(r) => r.ban_counts(now).await.ok()?.into_iter().collect(),
+        };
+        counts.sort();
+        Some(counts)
+    }
+
     /// What each policy's hot-key leases did (Redis; none for memory).
     pub fn lease_stats(&self) -> Vec<LeaseStats> {
         match self {
@@ -135,6 +154,20 @@ impl Store for AnyStore {
         match self {
             AnyStore::Memory(m) => m.release(now, checks).await,
             AnyStore::Redis(r) => r.release(now, checks).await,
+        }
+    }
+
+    async fn bans(&self, now: Timestamp) -> Result<Vec<tollgate::BanRecord>, StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.bans(now).await,
+            AnyStore::Redis(r) => r.bans(now).await,
+        }
+    }
+
+    async fn lift_ban(&self, now: Timestamp, policy: &str, key: &[u8]) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.lift_ban(now, policy, key).await,
+            AnyStore::Redis(r) => r.lift_ban(now, policy, key).await,
         }
     }
 

@@ -67,6 +67,8 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
     });
     let (policy, lease_ok) = validate_lease(&p, policy, (&cx.prefix, cx.kind), errs);
     ok &= lease_ok;
+    let (policy, ban_ok) = super::ban::validate(p.ban.as_ref(), policy, &cx.prefix, errs);
+    ok &= ban_ok;
     let (cost, cost_ok) = cost(&p, policy.as_ref(), &cx, errs);
     ok &= cost_ok;
     let (keys, jwt_key_at, keys_ok) = keys(&p, &cx.prefix, errs);

@@ -55,6 +55,7 @@ use smallvec::SmallVec;
 use super::{Check, Store};
 use crate::{Decision, Decisions, StoreError, Timestamp, Verdict};
 
+mod bans;
 mod immediate;
 mod key_hash;
 mod log;
@@ -214,6 +215,7 @@ impl MemoryStore {
 
     /// Drops every key whose quota has fully reset by `now`; returns how many. Servers call it
     /// now and then so an idle store shrinks; the store also sweeps by itself as it grows.
+    /// Records of bans and denial streaks are dropped too once they mean nothing.
     pub fn purge_expired(&self, now: Timestamp) -> usize {
         self.inner
             .shards
@@ -243,6 +245,9 @@ impl MemoryStore {
     /// receives it, rather than carried past the release (which cost copies of it).
     #[inline(always)]
     pub fn apply_one_now(&self, now: Timestamp, check: &Check<'_>) -> Decision {
+        if let Some(rule) = check.policy.ban() {
+            return self.apply_one_banning(now, check, rule);
+        }
         // By value: the fields stay in registers (a `&Check` kept a copy in memory for the cold
         // path below, callgrind: 4 instructions a check).
         let Check {
@@ -286,8 +291,23 @@ impl MemoryStore {
         let limits = self.inner.limits;
         let mut verdicts: SmallVec<[Verdict; 4]> = SmallVec::new();
         let mut undo: SmallVec<[Undo; 4]> = SmallVec::new();
-        let mut all_allowed = true;
-        for (check, &hash) in checks.iter().zip(&hashes) {
+        let banned = if checks.iter().any(|c| c.policy.ban().is_some()) {
+            bans::banned_before(&mut guards, self, checks, &hashes, now.as_micros())
+        } else {
+            SmallVec::new()
+        };
+        // A banned check refuses the request: nothing is committed.
+        let mut all_allowed = !banned.iter().any(Option::is_some);
+        for (i, (check, &hash)) in checks.iter().zip(&hashes).enumerate() {
+            if let Some(Some(_)) = banned.get(i) {
+                // Refused by its ban, its quota untouched.
+                verdicts.push(Verdict::denied_for_good(u64::from(
+                    check.policy.quota().limit(),
+                )));
+                undo.push(Undo::Nothing);
+                all_allowed = false;
+                continue;
+            }
             let shard = guard_for(&mut guards, self.shard_index(hash));
             let mode = if all_allowed {
                 Mode::Commit
@@ -326,6 +346,19 @@ impl MemoryStore {
                         .0;
                 }
             }
+        }
+        if !banned.is_empty() {
+            let now = now.as_micros();
+            return bans::settle_bans(
+                &mut guards,
+                self,
+                checks,
+                &hashes,
+                verdicts,
+                &banned,
+                now,
+                limits,
+            );
         }
         drop(guards);
         checks
@@ -438,6 +471,22 @@ impl Store for MemoryStore {
         checks: &[Check<'_>],
     ) -> impl Future<Output = Result<u32, StoreError>> + Send {
         Immediate(Some(move || Ok(self.release_now(now, checks))))
+    }
+
+    fn bans(
+        &self,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<crate::BanRecord>, StoreError>> + Send {
+        Immediate(Some(move || Ok(self.bans_now(now))))
+    }
+
+    fn lift_ban(
+        &self,
+        now: Timestamp,
+        policy: &str,
+        key: &[u8],
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        Immediate(Some(move || Ok(self.lift_ban_now(now, policy, key))))
     }
 
     /// Every operation runs under a shard lock and never waits for anything else.

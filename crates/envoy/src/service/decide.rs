@@ -156,5 +156,6 @@ fn preset(e: &Entry<'_>, now: Timestamp) -> Decision {
         reset,
         retry_after: None,
         delay: None,
+        ban: tollgate::BanStatus::None,
     }
 }

@@ -12,7 +12,8 @@ use crate::headers::PolicyHeaders;
 use crate::key::CredentialHasher;
 use crate::{ConfigError, HeaderConfig, JwtVerifier, KeySelector, RequestInfo, TrustedProxies};
 
-use super::{Action, Charge, Compiled, Engine, HttpPolicy, Inner, Overrides, ResolveIp};
+use super::lists::Lists;
+use super::{Action, Charge, Compiled, Engine, HttpPolicy, Inner, ListSpec, Overrides, ResolveIp};
 
 /// Builds an [`Engine`].
 pub struct EngineBuilder<S, C> {
@@ -26,6 +27,7 @@ pub struct EngineBuilder<S, C> {
     jwt: Option<JwtVerifier>,
     key_secret: Vec<u8>,
     on_error: OnError,
+    lists: Vec<ListSpec>,
 }
 
 impl<S, C> fmt::Debug for EngineBuilder<S, C> {
@@ -50,6 +52,7 @@ impl Engine {
             jwt: None,
             key_secret: Vec::new(),
             on_error: OnError::default(),
+            lists: Vec::new(),
         }
     }
 }
@@ -68,6 +71,7 @@ impl<S, C> EngineBuilder<S, C> {
             jwt: self.jwt,
             key_secret: self.key_secret,
             on_error: self.on_error,
+            lists: self.lists,
         }
     }
 
@@ -84,6 +88,7 @@ impl<S, C> EngineBuilder<S, C> {
             jwt: self.jwt,
             key_secret: self.key_secret,
             on_error: self.on_error,
+            lists: self.lists,
         }
     }
 
@@ -142,6 +147,12 @@ impl<S, C> EngineBuilder<S, C> {
         self
     }
 
+    /// Allow and deny lists, applied before any policy (see [`ListSpec`]); names unique.
+    pub fn lists(mut self, lists: impl IntoIterator<Item = ListSpec>) -> Self {
+        self.lists.extend(lists);
+        self
+    }
+
     /// The engine, or the first configuration error.
     pub fn build(self) -> Result<Engine<S, C>, ConfigError>
     where
@@ -178,7 +189,13 @@ impl<S, C> EngineBuilder<S, C> {
         let reads_host = compiled
             .iter()
             .any(|c| c.http.route.host_pattern().is_some());
-        let headers_read = headers_read(&compiled, self.forwarded);
+        let mut headers_read = headers_read(&compiled, self.forwarded);
+        for name in Lists::headers(&self.lists) {
+            if !headers_read.contains(&name) {
+                headers_read.push(name);
+            }
+        }
+        let lists = Lists::new(self.lists)?;
         Ok(Engine {
             inner: Arc::new(Inner {
                 reads_path,
@@ -195,6 +212,7 @@ impl<S, C> EngineBuilder<S, C> {
                 overrides: Overrides::default(),
                 lines: Default::default(),
                 lease_tag: super::slot_lease::tag_key(&self.key_secret),
+                lists,
             }),
         })
     }

@@ -38,6 +38,8 @@ pub struct Prepared {
     // across the store call is moved around whole.
     pub(super) entries: SmallVec<[Entry; 2]>,
     pub(super) refusal: Option<Box<Refusal>>,
+    /// The allow or deny list that decided the request, if one did (`lists.rs`).
+    pub(super) listed: Option<super::ListHit>,
 }
 
 impl Prepared {

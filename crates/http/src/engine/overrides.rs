@@ -315,6 +315,13 @@ impl<S: Store, C: Clock> Engine<S, C> {
             ));
         }
         let plain = Policy::new(name, quota).map_err(|e| field_error("limit", e.reason()))?;
+        // The key's ban rule stays the policy's: its record is kept by the policy's name.
+        let plain = match http.policy.ban() {
+            Some(ban) => plain
+                .with_ban(*ban)
+                .map_err(|e| field_error("limit", e.reason()))?,
+            None => plain,
+        };
         // A lease that is unsound for the new quota is dropped: the key then goes to the store
         // on every request, which is always correct.
         let policy = match http.policy.lease() {

@@ -69,7 +69,8 @@ impl<S: Store, C: Clock> Engine<S, C> {
             if d.allowed || self.is_shadow(e) {
                 continue;
             }
-            if self.action(e) != Action::Queue {
+            // A banned client is refused, never queued.
+            if self.action(e) != Action::Queue || d.ban.is_ban() {
                 return None;
             }
             first = first.or(Some((d, e)));

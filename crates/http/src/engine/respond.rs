@@ -97,13 +97,36 @@ impl<S: Store, C: Clock> Engine<S, C> {
             .filter(|(d, e)| !d.allowed && !self.is_shadow(e))
             .map(|(d, _)| d.policy);
         tracing::debug!(policies = ?violated.clone().collect::<SmallVec<[&str; 4]>>(), "rate limited");
-        let body = problem::quota_exceeded(violated, retry.as_ref().map(|(s, _)| *s));
+        let retry_secs = retry.as_ref().map(|(s, _)| *s);
+        let body = match self.ban_of(&decisions, entries) {
+            Some((banning, until)) => super::bans::banned_body(&banning, until, retry_secs),
+            None => problem::quota_exceeded(violated, retry_secs),
+        };
         if let Some((_, field)) = retry {
             headers.set_retry(field);
         }
         let mut answer = Answer::new(StatusCode::TOO_MANY_REQUESTS, headers.clone(), body);
         answer.queue = self.queue_ticket(&decisions, entries);
         self.evaluation(decisions, headers, Disposition::Respond(answer))
+    }
+
+    /// The enforcing policies whose bans refused the request, and when the last one ends;
+    /// `None` when no ban did.
+    fn ban_of(
+        &self,
+        decisions: &Decisions,
+        entries: &[Entry],
+    ) -> Option<(SmallVec<[&'static str; 2]>, tollgate::Timestamp)> {
+        let banning: SmallVec<[&Decision; 2]> = decisions
+            .as_slice()
+            .iter()
+            .zip(entries.iter())
+            .filter(|(d, e)| !d.allowed && d.ban.is_ban() && !self.is_shadow(e))
+            .map(|(d, _)| d)
+            .collect();
+        let longest = banning.iter().filter_map(|d| d.retry_after).max()?;
+        let until = self.inner.limiter.clock().now().saturating_add(longest);
+        Some((banning.iter().map(|d| d.policy).collect(), until))
     }
 
     pub(super) fn failed(&self, error: Error, entries: &[Entry]) -> Evaluation<S, C> {

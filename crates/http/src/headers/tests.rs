@@ -104,6 +104,7 @@ fn decision(policy: &'static str, limit: u64, remaining: u64, reset_secs: u64) -
         reset: Duration::from_secs(reset_secs),
         retry_after: None,
         delay: None,
+        ban: tollgate::BanStatus::None,
     }
 }
 

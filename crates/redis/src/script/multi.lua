@@ -5,10 +5,12 @@
 -- a script without interleaving. The caller replays the checks with the pure algorithms on the
 -- states this script reports (as the memory store does), so it only decides what to write.
 --
--- KEYS[i]  the state key of check i (several checks may name one key: they count twice)
+-- KEYS[i]  the state key of check i (several checks may name one key: they count twice), then
+--          the lockout record of each check whose policy bans (see below)
 -- ARGV[1]  1: write when every check admits; 0: a dry run, nothing written; 2: charge every
 --          check's cost whatever its quota says, and write it (never refused)
--- ARGV[2 + 5(i-1) ..] per check: algorithm, p1, p2, p3, cost
+-- ARGV[2]  m, how many lockout records follow the state keys (0 with mode 2)
+-- ARGV[3 + 5(i-1) ..] per check: algorithm, p1, p2, p3, cost
 --   1 fixed window            window_us, limit, 0
 --   2 sliding window log      window_us, limit, how many of the oldest units to report
 --   3 sliding window counter  window_us, limit, 0
@@ -21,10 +23,31 @@
 -- | counter e current previous | token tat | leaky next_free | concurrency others own first
 -- (absolute µs, 0 for none), as the check's permit sees the key after the permits that the
 -- request's earlier checks took, while all of them admitted.
-local n = #KEYS
+-- Lockouts (crates/core/src/ban.rs has the state machine; the caller replays it on what this
+-- script reports and refuses a reply that disagrees): after the checks, per record j: the index
+-- of its check, after, within_us, for_us, the key as the caller names it (kept for listing).
+-- A check whose key is banned (now < until) is refused without its quota being asked; a check
+-- its own quota refuses (cost above 0) counts a denial, which may start a ban. In modes 0 and 1.
+-- The reply then ends with, per record: its state before (streak start, denials, since, until)
+-- and what was done: 0 nothing, 1 refused while banned, 2 a denial counted, 3 a ban started.
+local m = tonumber(ARGV[2])
+local n = #KEYS - m
 local commit = ARGV[1] ~= '0'
 local force = ARGV[1] == '2'
 local states, out = {}, {now, 1}
+
+-- The lockout records, by the index of their check.
+local bans, order = {}, {}
+for j = 1, m do
+  local b = 3 + 5 * n + (j - 1) * 5
+  local v = redis.call('HMGET', KEYS[n + j], 's', 'd', 'b', 'u')
+  local st = {tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'),
+    tonumber(v[4] or '0')}
+  local i = tonumber(ARGV[b])
+  bans[i] = {key = KEYS[n + j], after = tonumber(ARGV[b + 1]), within = tonumber(ARGV[b + 2]),
+    dur = tonumber(ARGV[b + 3]), text = ARGV[b + 4], st = st, banned = now < st[4], code = 0}
+  order[j] = i
+end
 
 local function load(key, alg, p1, p2, p3)
   local v
@@ -194,9 +217,9 @@ local function write(key, s, alg, p1)
   end
 end
 
-local all, dirty = true, {}
+local all, dirty, denied, costs = true, {}, {}, {}
 for i = 1, n do
-  local b = 1 + (i - 1) * 5
+  local b = 2 + (i - 1) * 5
   local alg, p1, p2, p3, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
     tonumber(ARGV[b + 3]), ARGV[b + 4], tonumber(ARGV[b + 5])
   if alg ~= 6 then p3 = tonumber(p3) end
@@ -214,17 +237,55 @@ for i = 1, n do
     out[#out + 1] = own
     out[#out + 1] = first
   end
-  if all then
+  costs[i] = cost
+  local ban = bans[i]
+  if ban and ban.banned then
+    all = false
+  elseif all then
     if take(s, alg, p1, p2, p3, cost) then
       if cost > 0 then dirty[key] = {s, alg, p1} end
     else
       all = false
+      denied[i] = true
     end
+  elseif ban and cost > 0 then
+    -- Decided after another check refused the request: its own verdict, on a copy.
+    local t = {}
+    for k, v in pairs(s) do t[k] = v end
+    if alg ~= 6 and not take(t, alg, p1, p2, p3, cost) then denied[i] = true end
   end
 end
 if not all then
   out[2] = 0
 elseif commit then
   for key, d in pairs(dirty) do write(key, d[1], d[2], d[3]) end
+end
+for j = 1, m do
+  local i = order[j]
+  local ban = bans[i]
+  local st = ban.st
+  for _, x in ipairs(st) do out[#out + 1] = x end
+  if ban.banned then
+    redis.call('HINCRBY', ban.key, 'd', 1)
+    ban.code = 1
+  elseif denied[i] and costs[i] > 0 then
+    local s0, d, since, untl = st[1], st[2], st[3], st[4]
+    if d == 0 or now >= s0 + ban.within or (untl ~= 0 and untl <= now) then
+      s0, d, since, untl = now, 0, 0, 0
+    end
+    d = d + 1
+    ban.code = 2
+    if d >= ban.after then
+      since, untl = now, now + ban.dur
+      ban.code = 3
+    end
+    local f = '%d'
+    redis.call('HSET', ban.key, 's', string.format(f, s0), 'd', string.format(f, d),
+      'b', string.format(f, since), 'u', string.format(f, untl), 'k', ban.text)
+    local ends = s0 + ban.within
+    if untl > ends then ends = untl end
+    redis.call('PEXPIRE', ban.key, math.ceil((ends - now) / 1000))
+  end
+  out[#out + 1] = ban.code
 end
 return out

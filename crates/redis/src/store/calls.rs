@@ -10,7 +10,7 @@ use super::connection::{Conn, classify, is_noscript};
 use super::{Prepared, RedisStore};
 use crate::config::ClockSource;
 use crate::script::{self, ScriptKind};
-use crate::verdict::{self, Grant, protocol};
+use crate::verdict::{self, Decided, Grant, protocol};
 
 impl RedisStore {
     /// `fut`, script calls made through [`run`](Self::run) or
@@ -118,18 +118,21 @@ impl RedisStore {
     }
 
     /// Several checks in one call of `multi.lua`, all-or-nothing (written only when `commit`
-    /// and every check admits).
+    /// and every check admits), with the lockout records `ban_keys` of the checks whose
+    /// policy bans (in order).
     async fn multi(
         &self,
         conn: &mut Conn,
         now: Timestamp,
         checks: &[&Check<'_>],
         keys: &[&str],
+        ban_keys: &[&str],
         commit: bool,
-    ) -> Result<Vec<Verdict>, StoreError> {
+    ) -> Result<Vec<Decided>, StoreError> {
+        let all_keys: Vec<&str> = keys.iter().chain(ban_keys).copied().collect();
         let reply = self
-            .eval(conn, ScriptKind::Multi, keys, now, |cmd| {
-                cmd.arg(u8::from(commit));
+            .eval(conn, ScriptKind::Multi, &all_keys, now, |cmd| {
+                cmd.arg(u8::from(commit)).arg(ban_keys.len());
                 for (check, key) in checks.iter().zip(keys) {
                     // A log reports as many of its oldest units as this request's checks on
                     // it cost: no retry time of this request needs more.
@@ -141,6 +144,7 @@ impl RedisStore {
                         .sum();
                     script::multi_args(cmd, check, oldest)?;
                 }
+                script::ban_args(cmd, checks);
                 Ok(())
             })
             .await?;
@@ -163,7 +167,8 @@ impl RedisStore {
             let keys: Vec<&str> = members.iter().map(|&i| prepared[i].key.as_str()).collect();
             let reply = self
                 .eval(&mut conn, ScriptKind::Multi, &keys, now, |cmd| {
-                    cmd.arg(2u8);
+                    // Charges ignore bans: no lockout records.
+                    cmd.arg(2u8).arg(0u8);
                     for check in &group {
                         // What is left afterwards is a peek: no oldest units are needed.
                         script::multi_args(cmd, check, 0)?;
@@ -207,19 +212,25 @@ impl RedisStore {
         now: Timestamp,
         checks: &[Check<'_>],
         prepared: &[Prepared],
-    ) -> Result<Vec<Verdict>, StoreError> {
+    ) -> Result<Vec<Decided>, StoreError> {
         let mut conn = self.inner.connection.get().await?;
-        if let ([check], [p]) = (checks, prepared) {
+        if let ([check], [p]) = (checks, prepared)
+            && p.ban_key.is_none()
+        {
             let grant = self
                 .one(&mut conn, now, check, &p.key, check.cost, 0)
                 .await?;
-            return Ok(vec![grant.verdict]);
+            return Ok(vec![(grant.verdict, None)]);
         }
         let first = prepared.first().map(|p| p.slot);
         if !self.inner.config.cluster || prepared.iter().all(|p| Some(p.slot) == first) {
             let all: Vec<&Check<'_>> = checks.iter().collect();
             let keys: Vec<&str> = prepared.iter().map(|p| p.key.as_str()).collect();
-            return self.multi(&mut conn, now, &all, &keys, true).await;
+            let bans: Vec<&str> = prepared
+                .iter()
+                .filter_map(|p| p.ban_key.as_deref())
+                .collect();
+            return self.multi(&mut conn, now, &all, &keys, &bans, true).await;
         }
         self.run_across_slots(&mut conn, now, checks, prepared)
             .await
@@ -233,7 +244,7 @@ impl RedisStore {
         now: Timestamp,
         checks: &[Check<'_>],
         prepared: &[Prepared],
-    ) -> Result<Vec<Verdict>, StoreError> {
+    ) -> Result<Vec<Decided>, StoreError> {
         // Group by slot, in order of first appearance.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         for (i, p) in prepared.iter().enumerate() {
@@ -242,18 +253,24 @@ impl RedisStore {
                 None => groups.push((p.slot, vec![i])),
             }
         }
-        let group = |members: &[usize]| -> (Vec<&Check<'_>>, Vec<&str>) {
+        let group = |members: &[usize]| -> (Vec<&Check<'_>>, Vec<&str>, Vec<&str>) {
             (
                 members.iter().map(|&i| &checks[i]).collect(),
                 members.iter().map(|&i| prepared[i].key.as_str()).collect(),
+                members
+                    .iter()
+                    .filter_map(|&i| prepared[i].ban_key.as_deref())
+                    .collect(),
             )
         };
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; prepared.len()];
+        let mut verdicts: Vec<Option<Decided>> = vec![None; prepared.len()];
         let mut denied_at = None;
         for (g, (_, members)) in groups.iter().enumerate() {
-            let (group_checks, keys) = group(members);
-            let got = self.multi(conn, now, &group_checks, &keys, true).await?;
-            let admitted = got.iter().all(|v| v.allowed);
+            let (group_checks, keys, bans) = group(members);
+            let got = self
+                .multi(conn, now, &group_checks, &keys, &bans, true)
+                .await?;
+            let admitted = got.iter().all(|(v, _)| v.allowed);
             for (&i, v) in members.iter().zip(got) {
                 verdicts[i] = Some(v);
             }
@@ -267,13 +284,15 @@ impl RedisStore {
                 if g == denied {
                     continue;
                 }
-                let (group_checks, keys) = group(members);
+                let (group_checks, keys, bans) = group(members);
                 if g < denied {
                     let costs: Vec<(u32, u64)> = group_checks.iter().map(|c| (c.cost, 0)).collect();
                     self.refund_call(conn, now, &group_checks, &keys, &costs)
                         .await?;
                 }
-                let got = self.multi(conn, now, &group_checks, &keys, false).await?;
+                let got = self
+                    .multi(conn, now, &group_checks, &keys, &bans, false)
+                    .await?;
                 for (&i, v) in members.iter().zip(got) {
                     verdicts[i] = Some(v);
                 }

@@ -49,7 +49,7 @@ impl BadField {
         }
     }
 
-    fn response(&self) -> Response<Body> {
+    pub(crate) fn response(&self) -> Response<Body> {
         bad_field(&self.field, &self.detail)
     }
 }
@@ -127,7 +127,7 @@ pub(crate) async fn handle(shared: &Shared, rest: &str, req: Request<Incoming>) 
 }
 
 /// A path segment, percent-decoded; it must be UTF-8 without control characters.
-fn decode(field: &str, raw: &str) -> Result<String, BadField> {
+pub(crate) fn decode(field: &str, raw: &str) -> Result<String, BadField> {
     let text = percent_decode_str(raw)
         .decode_utf8()
         .map_err(|_| BadField::new(field, "must be UTF-8 once percent-decoded"))?;
@@ -141,7 +141,7 @@ fn decode(field: &str, raw: &str) -> Result<String, BadField> {
 }
 
 /// The value of `name` in a query string, decoded (`+` is a space).
-fn form_urlencoded_value(query: &str, name: &str) -> Option<String> {
+pub(crate) fn form_urlencoded_value(query: &str, name: &str) -> Option<String> {
     query.split('&').find_map(|pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         (k == name).then(|| {
@@ -464,7 +464,7 @@ fn string(name: &str, value: &Value) -> Result<String, BadField> {
 }
 
 /// Unix seconds of `text`: an RFC 3339 time or a duration from `now`; in the future.
-fn expiry(text: &str, now: u64) -> Result<u64, BadField> {
+pub(crate) fn expiry(text: &str, now: u64) -> Result<u64, BadField> {
     let at = match OffsetDateTime::parse(text.trim(), &Rfc3339) {
         Ok(t) => u64::try_from(t.unix_timestamp()).unwrap_or(0),
         Err(_) => match parse_duration(text) {

@@ -66,6 +66,8 @@ pub(super) struct Shard {
     returns: AtomicUsize,
     /// Bytes held by the sliding logs; they grow under the shared lock.
     log_bytes: AtomicUsize,
+    /// The lockout records of the policies with a ban (`bans.rs`).
+    pub(super) bans: super::bans::BanTable,
 }
 
 /// What the shared-lock attempt came to.
@@ -428,6 +430,7 @@ impl Shard {
 
     /// [`sweep`](Self::sweep), recording the keys dropped in `ghosts`.
     fn sweep_recording(&mut self, now: u64, ghosts: &mut Ghosts) -> usize {
+        self.bans.sweep(now);
         let before = *self.len_mut();
         for table in &mut self.tables {
             table.sweep(now, ghosts);

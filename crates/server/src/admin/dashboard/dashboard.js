@@ -316,6 +316,50 @@
     }
   }
 
+  // --- bans -------------------------------------------------------------------------------
+
+  async function refreshBans() {
+    const { bans } = await api('GET', '/v1/bans');
+    const rows = bans.map((b) => {
+      const lift = make('button', 'lift', 'danger');
+      lift.type = 'button';
+      lift.addEventListener('click', () => liftBan(b));
+      const tr = make('tr');
+      tr.append(
+        make('td', b.policy),
+        make('td', b.key, 'key'),
+        make('td', b.since),
+        make('td', b.until),
+        make('td', b.denials),
+        cell(lift),
+      );
+      return tr;
+    });
+    if (!rows.length) {
+      const tr = make('tr');
+      const td = make('td', 'no key is banned', 'note');
+      td.colSpan = 6;
+      tr.append(td);
+      rows.push(tr);
+    }
+    $('bans').tBodies[0].replaceChildren(...rows);
+  }
+
+  async function liftBan(b) {
+    const reason = $('b-reason').value.trim();
+    const query = reason ? `?reason=${encodeURIComponent(reason)}` : '';
+    const path = `/v1/bans/${encodeURIComponent(b.policy)}/${encodeURIComponent(b.key)}${query}`;
+    try {
+      await api('DELETE', path);
+      $('b-result').textContent = `lifted the ban of ${b.key} under ${b.policy}`;
+      $('b-result').classList.remove('bad');
+      await refreshBans();
+    } catch (e) {
+      $('b-result').textContent = e.message;
+      $('b-result').classList.add('bad');
+    }
+  }
+
   // --- policies and polling ---------------------------------------------------------------
 
   async function refreshPolicies() {
@@ -342,6 +386,7 @@
       showStore(stats);
       if (state.polls % 2 === 0) await refreshTop();
       if (state.polls % 3 === 0) await refreshOverrides();
+      if (state.polls % 2 === 1) await refreshBans();
       state.polls += 1;
       status(`updated ${new Date(stats.time_ms).toLocaleTimeString()}`);
     } catch (e) {
