@@ -40,6 +40,7 @@ struct ReadmeDoctests;
 struct LibraryGuideDoctests;
 
 pub mod algorithm;
+pub mod calendar;
 mod clock;
 mod decision;
 mod error;
@@ -54,6 +55,7 @@ pub mod store;
 #[cfg(feature = "test-util")]
 pub mod testing;
 
+pub use calendar::{Calendar, CalendarUnit, Period};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp, TokioClock};
 pub use decision::{Decision, Decisions, Outcome, Verdict};
 pub use error::{Error, ErrorKind, QuotaError, StoreError};
