@@ -199,7 +199,11 @@ impl Calendar {
         let (y, m, d) = civil_from_days(day);
         let date = jiff::civil::Date::new(i16::try_from(y).ok()?, m as i8, d as i8).ok()?;
         let midnight = day * DAY_SECS;
-        let secs = match self.zone.to_ambiguous_timestamp(date.to_datetime(jiff::civil::Time::midnight())).offset() {
+        let secs = match self
+            .zone
+            .to_ambiguous_timestamp(date.to_datetime(jiff::civil::Time::midnight()))
+            .offset()
+        {
             AmbiguousOffset::Unambiguous { offset } => midnight - i64::from(offset.seconds()),
             // Midnight twice: the first, under the offset before the change.
             AmbiguousOffset::Fold { before, .. } => midnight - i64::from(before.seconds()),

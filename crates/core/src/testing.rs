@@ -21,9 +21,14 @@ use crate::algorithm::{
 };
 use crate::{Check, Decision, Decisions, Policy, Quota, Store, Timestamp, Verdict};
 
+mod calendar;
 mod concurrency;
 pub mod sliding_error;
 
+pub use calendar::{
+    calendar_all_or_nothing_charge_and_refund, calendar_day_spans_a_23_hour_day,
+    calendar_matches_the_pure_algorithm, calendar_month_resets_at_its_boundary, utc,
+};
 pub use concurrency::{
     concurrency_admits_the_limit_then_denies, concurrency_all_or_nothing,
     concurrency_batches_match_the_pure_algorithms, concurrency_charge_and_refund,
@@ -629,6 +634,10 @@ macro_rules! store_conformance_tests {
             concurrency_concurrent_holders_never_exceed_the_limit,
             concurrency_matches_the_pure_algorithm,
             concurrency_batches_match_the_pure_algorithms,
+            calendar_month_resets_at_its_boundary,
+            calendar_day_spans_a_23_hour_day,
+            calendar_all_or_nothing_charge_and_refund,
+            calendar_matches_the_pure_algorithm,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

@@ -59,7 +59,10 @@ fn months_and_leap_years() {
 
     let year = cal(CalendarUnit::Year, "UTC");
     let p = year.period(utc(2028, 6, 1, 0, 0));
-    assert_eq!((p.start, p.end), (utc(2028, 1, 1, 0, 0), utc(2029, 1, 1, 0, 0)));
+    assert_eq!(
+        (p.start, p.end),
+        (utc(2028, 1, 1, 0, 0), utc(2029, 1, 1, 0, 0))
+    );
     assert_eq!(p.end - p.start, 366 * 24 * HOUR);
     // New York's year starts at 05:00 UTC.
     let p = cal(CalendarUnit::Year, "America/New_York").period(utc(2027, 1, 1, 4, 0));
@@ -71,7 +74,10 @@ fn weeks_start_on_monday() {
     let week = cal(CalendarUnit::Week, "UTC");
     // 2027-02-01 is a Monday.
     let p = week.period(utc(2027, 2, 3, 10, 0));
-    assert_eq!((p.start, p.end), (utc(2027, 2, 1, 0, 0), utc(2027, 2, 8, 0, 0)));
+    assert_eq!(
+        (p.start, p.end),
+        (utc(2027, 2, 1, 0, 0), utc(2027, 2, 8, 0, 0))
+    );
     let p = week.period(utc(2027, 2, 7, 23, 59));
     assert_eq!(p.start, utc(2027, 2, 1, 0, 0));
     let p = week.period(utc(2027, 2, 8, 0, 0));
@@ -97,7 +103,13 @@ fn far_instants_and_unknown_zones() {
     let day = Calendar::utc(CalendarUnit::Day);
     let p = day.period(u64::MAX);
     assert_eq!(p.end, crate::algorithm::MAX_TIME);
-    assert_eq!(day.period(0), Period { start: 0, end: 86_400_000_000 });
+    assert_eq!(
+        day.period(0),
+        Period {
+            start: 0,
+            end: 86_400_000_000
+        }
+    );
     assert!(Calendar::new(CalendarUnit::Day, "Mars/Olympus_Mons").is_err());
     assert!("fortnight".parse::<CalendarUnit>().is_err());
     assert_eq!("week".parse::<CalendarUnit>(), Ok(CalendarUnit::Week));
