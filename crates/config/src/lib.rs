@@ -562,3 +562,5 @@ pub(crate) fn make_policy(name: &str, quota: Quota) -> Result<Policy, String> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_calendar;

@@ -5,6 +5,7 @@
 //! keeps going, so a user fixes a file in one pass: each step returns `None` (or `false`) for a
 //! part it refused, and [`validate`] builds a [`Config`] only when no part was refused.
 
+mod calendar;
 mod envoy;
 mod fields;
 mod jwt;
@@ -131,6 +132,8 @@ pub(super) struct RawPolicy {
     algorithm: Option<S<String>>,
     limit: Option<S<i64>>,
     window: Option<S<String>>,
+    calendar: Option<S<String>>,
+    timezone: Option<S<String>>,
     capacity: Option<S<i64>>,
     refill: Option<S<String>>,
     rate: Option<S<String>>,

@@ -60,6 +60,8 @@ const POLICY: &[(&str, Ty)] = &[
     ("algorithm", Ty::Str),
     ("limit", Ty::Int),
     ("window", Ty::Str),
+    ("calendar", Ty::Str),
+    ("timezone", Ty::Str),
     ("capacity", Ty::Int),
     ("refill", Ty::Str),
     ("rate", Ty::Str),
