@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tollgate::{Rate, StoreError, Timestamp, parse_duration};
+use tollgate::{CalendarUnit, Rate, StoreError, Timestamp, parse_duration};
 use tollgate_http::{OverrideError, QuotaFields};
 use tollgate_redis::RedisStore;
 
@@ -33,6 +33,8 @@ pub(crate) struct Record {
     pub(crate) limit: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) window: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) calendar: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) capacity: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,6 +70,14 @@ impl Record {
                 .window
                 .as_deref()
                 .map(|t| parse_duration(t).map_err(|e| bad("window", e.reason().to_owned())))
+                .transpose()?,
+            calendar: self
+                .calendar
+                .as_deref()
+                .map(|t| {
+                    t.parse::<CalendarUnit>()
+                        .map_err(|e| bad("calendar", e.reason().to_owned()))
+                })
                 .transpose()?,
             capacity: self.capacity,
             refill: rate("refill", &self.refill)?,
