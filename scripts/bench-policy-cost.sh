@@ -9,6 +9,8 @@
 #   usage         fixed_window, charged up front vs charge = "response" with cost_from =
 #                 "json:usage.total_tokens", on a 4 KiB JSON answer
 #   usage-stream  the same, the answer an event stream of 64 events (first byte timing too)
+#   traces        traces off vs [telemetry] exporting 1% of decisions to an OTLP receiver
+#                 (crates/server/examples/otlp_sink.rs, started here)
 #
 # Each variant runs in its own tollgate process; rounds interleave the variants, and the figure
 # is the median over rounds of CPU microseconds per request (the process's user + system time
@@ -27,7 +29,7 @@ while [ $# -gt 0 ]; do
     *) PAIRS+=("$1"); shift ;;
   esac
 done
-[ ${#PAIRS[@]} -eq 0 ] && PAIRS=(concurrency usage usage-stream)
+[ ${#PAIRS[@]} -eq 0 ] && PAIRS=(concurrency usage usage-stream traces)
 CONNS="${BENCH_CONNECTIONS:-32}"
 BASE="${BENCH_PORT_BASE:-19080}"
 UP=$((BASE + 1))
@@ -56,6 +58,12 @@ trap cleanup EXIT
 echo "building tollgate (release)..."
 cargo build --release -q -p tollgate-cli
 BIN="${CARGO_TARGET_DIR:-target}/release/tollgate"
+SINK_PORT=$((BASE + 2))
+if printf '%s\n' "${PAIRS[@]}" | grep -qx traces; then
+  cargo build --release -q -p tollgate-server --example otlp_sink
+  "${CARGO_TARGET_DIR:-target}/release/examples/otlp_sink" "127.0.0.1:$SINK_PORT" 2>"$WORK/sink.log" &
+  PIDS+=("$!")
+fi
 
 # The upstream: a JSON answer of 4 KiB with the usage at its end, and an event stream of 64
 # events whose last carries it (as an LLM API answers).
@@ -98,6 +106,14 @@ variant() {
     concurrency) printf 'algorithm = "concurrency"\nlimit = 100000\n' ;;
     up_front) printf 'algorithm = "fixed_window"\nlimit = 2000000000\nwindow = "1h"\n' ;;
     by_response) printf 'algorithm = "fixed_window"\nlimit = 2000000000\nwindow = "1h"\ncharge = "response"\ncost_from = "json:usage.total_tokens"\n' ;;
+    untraced|traced_1pct) printf 'algorithm = "token_bucket"\ncapacity = 1000000000\nrefill = "1000000/s"\n' ;;
+  esac
+}
+
+# telemetry NAME: the [telemetry] section of a variant.
+telemetry() {
+  case "$1" in
+    traced_1pct) printf '[telemetry]\notlp_endpoint = "http://127.0.0.1:%s"\nsample_ratio = 0.01\n' "$SINK_PORT" ;;
   esac
 }
 
@@ -112,6 +128,7 @@ listen = "127.0.0.1:$((port + 200))"
 [proxy]
 listen = "127.0.0.1:$port"
 upstream = "http://127.0.0.1:$UP"
+$(telemetry "$name")
 [[policy]]
 name = "api"
 key = ["header:x-api-key", "ip"]
@@ -143,6 +160,7 @@ compare() {
     concurrency) a=token_bucket; b=concurrency; path=/ ;;
     usage) a=up_front; b=by_response; path=/json ;;
     usage-stream) a=up_front; b=by_response; path=/sse ;;
+    traces) a=untraced; b=traced_1pct; path=/ ;;
     *) echo "unknown pair $pair" >&2; exit 1 ;;
   esac
   local pa=$((BASE + 10)) pb=$((BASE + 11)) ida idb

@@ -14,6 +14,7 @@ mod log;
 mod queue;
 mod raw;
 mod schema;
+mod telemetry;
 
 pub use build::{http_engine, key_hash_secret, memory_store, process_secret};
 pub use limits::Limits;
@@ -33,6 +34,7 @@ pub use forward_auth::ForwardAuthConfig;
 pub use log::{LogConfig, LogFormat};
 pub use queue::{MAX_BACKOFF, QueueSettings};
 pub use raw::DEFAULT_CONFIG;
+pub use telemetry::TelemetryConfig;
 
 /// One problem in a configuration file, with its position.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -406,6 +408,8 @@ pub struct Config {
     pub envoy_dir: Option<PathBuf>,
     /// `[forward_auth]`.
     pub forward_auth: ForwardAuthConfig,
+    /// `[telemetry]`.
+    pub telemetry: TelemetryConfig,
     /// `[log]`.
     pub log: LogConfig,
 }
@@ -480,6 +484,7 @@ impl Config {
             envoy: None,
             envoy_dir: None,
             forward_auth: ForwardAuthConfig::default(),
+            telemetry: TelemetryConfig::default(),
             log: LogConfig::default(),
         })
     }

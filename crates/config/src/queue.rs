@@ -241,12 +241,10 @@ mod tests {
     #[test]
     fn the_reference_configuration_documents_a_valid_queue_policy_with_the_defaults() {
         let example = include_str!("../examples/tollgate.toml");
-        let block: Vec<&str> = example
-            .lines()
-            .skip_while(|l| *l != "# [[policy]]")
-            .take_while(|l| l.starts_with("# "))
-            .map(|l| &l[2..])
-            .collect();
+        let block: Vec<&str> = crate::tests::commented_policies(example)
+            .into_iter()
+            .find(|b| b.contains(&"action = \"queue\""))
+            .unwrap_or_default();
         assert!(block.len() > 10, "no queue policy in the example");
         let text = format!("{PROXY}{}\n", block.join("\n"));
         let config = Config::parse("example", &text).expect("the example's queue policy is valid");

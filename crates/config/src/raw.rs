@@ -63,6 +63,7 @@ pub(super) struct RawConfig {
     jwt: Option<S<RawJwt>>,
     envoy: Option<S<RawEnvoy>>,
     forward_auth: Option<super::forward_auth::RawForwardAuth>,
+    telemetry: Option<super::telemetry::RawTelemetry>,
     log: Option<super::log::RawLog>,
 }
 
@@ -206,6 +207,7 @@ pub(super) fn validate(
     );
     let forward_auth = super::forward_auth::validate(raw.forward_auth, errs);
     let log = super::log::validate(raw.log, errs);
+    let telemetry = super::telemetry::validate(raw.telemetry, errs);
     if !(listeners.ok && policies_ok && jwt_ok && envoy_ok) {
         return None;
     }
@@ -227,6 +229,7 @@ pub(super) fn validate(
         envoy_dir: None,
         forward_auth: forward_auth?,
         log: log?,
+        telemetry: telemetry?,
     })
 }
 

@@ -11,6 +11,8 @@ enum Ty {
     Str,
     Int,
     Bool,
+    /// An integer or a float.
+    Num,
     StrArray,
     Table(&'static [(&'static str, Ty)]),
     TableArray(&'static [(&'static str, Ty)]),
@@ -91,6 +93,11 @@ const JWT: &[(&str, Ty)] = &[
 ];
 const ENVOY: &[(&str, Ty)] = &[("config_dir", Ty::Str), ("failure_mode", Ty::Str)];
 const FORWARD_AUTH: &[(&str, Ty)] = &[("trusted_proxies", Ty::StrArray)];
+const TELEMETRY: &[(&str, Ty)] = &[
+    ("otlp_endpoint", Ty::Str),
+    ("sample_ratio", Ty::Num),
+    ("service_name", Ty::Str),
+];
 const LOG: &[(&str, Ty)] = &[("format", Ty::Str), ("level", Ty::Str)];
 const ROOT: &[(&str, Ty)] = &[
     ("server", Ty::Table(SERVER)),
@@ -103,6 +110,7 @@ const ROOT: &[(&str, Ty)] = &[
     ("envoy", Ty::Table(ENVOY)),
     ("forward_auth", Ty::Table(FORWARD_AUTH)),
     ("log", Ty::Table(LOG)),
+    ("telemetry", Ty::Table(TELEMETRY)),
 ];
 
 /// Reports TOML syntax errors, unknown fields and mistyped values; returns the document with
@@ -182,6 +190,11 @@ fn check_value(
     match (ty, v.get_mut()) {
         (Ty::Str, DeValue::String(_)) | (Ty::Int, DeValue::Integer(_)) => {}
         (Ty::Bool, DeValue::Boolean(_)) => {}
+        (Ty::Num, DeValue::Integer(_) | DeValue::Float(_)) => {}
+        (Ty::Num, _) => {
+            wrong(errs, "a number", &format!("{name} = 0.5"));
+            return false;
+        }
         (Ty::Str, _) => {
             wrong(errs, "a string", &format!("{name} = \"...\""));
             return false;
@@ -406,6 +419,11 @@ mod tests {
                 serde_fields::<RawForwardAuth>(),
             ),
             ("[log]", schema_fields(LOG), serde_fields::<RawLog>()),
+            (
+                "[telemetry]",
+                schema_fields(TELEMETRY),
+                serde_fields::<super::super::telemetry::RawTelemetry>(),
+            ),
         ];
         for (section, schema, serde) in pairs {
             assert!(!serde.is_empty(), "{section}: no fields recorded");

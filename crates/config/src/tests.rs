@@ -2,6 +2,23 @@
 
 use super::*;
 
+/// The commented-out `[[policy]]` blocks of a configuration, each line uncommented.
+pub(crate) fn commented_policies(text: &str) -> Vec<Vec<&str>> {
+    let mut blocks = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line != "# [[policy]]" {
+            continue;
+        }
+        let mut block = vec!["[[policy]]"];
+        while let Some(l) = lines.next_if(|l| l.starts_with("# ")) {
+            block.push(&l[2..]);
+        }
+        blocks.push(block);
+    }
+    blocks
+}
+
 fn errors(text: &str) -> Vec<String> {
     match Config::parse("t.toml", text) {
         Ok(_) => Vec::new(),
@@ -24,6 +41,23 @@ fn spec_example_is_valid() {
     let text = include_str!("../examples/tollgate.toml").replace("TOLLGATE_JWT_SECRET", "PATH");
     let c = Config::parse("examples/tollgate.toml", &text);
     assert!(c.is_ok(), "{c:?}");
+}
+
+/// Every commented-out policy of the reference configuration is valid as written, with a
+/// proxy (a queue policy needs one).
+#[test]
+fn the_reference_configurations_commented_policies_are_valid() {
+    let example = include_str!("../examples/tollgate.toml");
+    let blocks = commented_policies(example);
+    assert!(blocks.len() >= 3, "{} blocks", blocks.len());
+    for block in blocks {
+        let text = format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:3000\"\n{}\n",
+            block.join("\n")
+        );
+        let e = errors(&text);
+        assert!(e.is_empty(), "{text}\n{e:?}");
+    }
 }
 
 #[test]
@@ -307,4 +341,38 @@ fn concurrency_limits_parse_and_refuse_what_does_not_apply() {
         e.len() == 1 && e[0].contains("field \"limit\" is required"),
         "{e:?}"
     );
+}
+
+#[test]
+fn telemetry_is_off_by_default_and_checked_when_given() {
+    let c = match Config::parse("t.toml", "") {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(c.telemetry.otlp_endpoint, None);
+    let text = "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4317\"\nsample_ratio = 0.01\n";
+    let c = match Config::parse("t.toml", text) {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(
+        (
+            c.telemetry.otlp_endpoint.as_deref(),
+            c.telemetry.sample_ratio
+        ),
+        (Some("http://127.0.0.1:4317"), 0.01)
+    );
+    assert_eq!(c.telemetry.service_name, "tollgate");
+    let e = errors("[telemetry]\notlp_endpoint = \"127.0.0.1:4317\"\nsample_ratio = 2\n");
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(
+        e[0].starts_with("t.toml:2:17:") && e[0].contains("http://"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].starts_with("t.toml:3:16:") && e[1].contains("from 0 to 1"),
+        "{e:?}"
+    );
+    let e = errors("[telemetry]\nsample_ratio = \"all\"\n");
+    assert!(e.len() == 1 && e[0].contains("must be a number"), "{e:?}");
 }

@@ -39,13 +39,20 @@ impl RlsClient {
         &mut self,
         request: RateLimitRequest,
     ) -> Result<RateLimitResponse, Status> {
+        self.should_rate_limit_request(tonic::Request::new(request))
+            .await
+    }
+
+    /// Calls `ShouldRateLimit` with a request of the caller's making: its metadata (a
+    /// `traceparent`, a deadline) goes as it is.
+    pub async fn should_rate_limit_request(
+        &mut self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<RateLimitResponse, Status> {
         self.ready().await?;
         let codec = ProstCodec::<RateLimitRequest, RateLimitResponse>::default();
         let path = PathAndQuery::from_static(SHOULD_RATE_LIMIT_PATH);
-        let response = self
-            .inner
-            .unary(tonic::Request::new(request), path, codec)
-            .await?;
+        let response = self.inner.unary(request, path, codec).await?;
         Ok(response.into_inner())
     }
 

@@ -60,5 +60,5 @@ pub use config::{
 #[cfg(feature = "service")]
 pub use server::{MAX_REQUEST_BYTES, RLS_SERVICE_NAME, ServeOptions, serve, serve_with};
 #[cfg(feature = "service")]
-pub use service::{MAX_DESCRIPTORS, MAX_OVERRIDES, Observer, RlsService};
+pub use service::{CallSpan, CallTracer, MAX_DESCRIPTORS, MAX_OVERRIDES, Observer, RlsService};
 pub use yaml::{envoy_config_files, load_envoy_config_dir, parse_envoy_config};

@@ -215,11 +215,14 @@ where
         .headers()
         .get("grpc-timeout")
         .and_then(|v| unary::grpc_timeout(v.as_bytes()));
+    let mut span = service.begin_span(req.headers());
     let answer = async move {
         let message = unary::read_message(req.into_body()).await?;
         let request = RateLimitRequest::decode(message)
             .map_err(|e| Status::internal(format!("cannot decode the request: {e}")))?;
-        service.should_rate_limit(&request).await
+        service
+            .should_rate_limit_traced(&request, span.as_deref_mut())
+            .await
     };
     // The client's deadline (Envoy sends its `timeout`): past it nobody waits for the answer,
     // so the call stops holding a store request, as tonic's server did.

@@ -37,6 +37,18 @@ type Overrides = HashMap<(String, u32, Unit), Arc<Leaf>>;
 /// in the same metrics as its other doors).
 pub type Observer = Arc<dyn Fn(&str, &[u8], Outcome) + Send + Sync>;
 
+/// Begins a call's span (for traces): given the call's request headers (a `traceparent` among
+/// them), it answers what the call's decisions are told, or `None` when the call is not traced.
+pub type CallTracer =
+    Arc<dyn Fn(&tonic::codegen::http::HeaderMap) -> Option<Box<dyn CallSpan>> + Send + Sync>;
+
+/// One traced call: told each counted descriptor's policy, store key and outcome, and ended
+/// when dropped.
+pub trait CallSpan: Send {
+    /// A descriptor's decision.
+    fn record(&mut self, policy: &str, key: &[u8], outcome: Outcome);
+}
+
 /// Envoy's rate limit service over a Tollgate [`Limiter`]: cheap to clone (one reference
 /// count); clones share the limiter and the configuration.
 ///
@@ -57,6 +69,7 @@ struct Inner<S: Store, C: Clock> {
     config: ArcSwap<Compiled>,
     overrides: Mutex<Overrides>,
     observer: Option<Observer>,
+    tracer: Option<CallTracer>,
 }
 
 impl<S: Store + std::fmt::Debug, C: Clock + std::fmt::Debug> std::fmt::Debug for Inner<S, C> {
@@ -118,6 +131,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 config: ArcSwap::from_pointee(Compiled::new(config)?),
                 overrides: Mutex::default(),
                 observer: None,
+                tracer: None,
             }),
         })
     }
@@ -135,11 +149,41 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 config: ArcSwap::new(shared.config.load_full()),
                 overrides: Mutex::default(),
                 observer: Some(observer),
+                tracer: shared.tracer.clone(),
             },
         };
         RlsService {
             inner: Arc::new(inner),
         }
+    }
+
+    /// The same service, tracing each call through `tracer` (see [`CallTracer`]). Call it
+    /// before cloning the service: clones made earlier do not trace.
+    pub fn with_tracer(self, tracer: CallTracer) -> Self {
+        let inner = match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => {
+                inner.tracer = Some(tracer);
+                inner
+            }
+            Err(shared) => Inner {
+                limiter: shared.limiter.clone(),
+                config: ArcSwap::new(shared.config.load_full()),
+                overrides: Mutex::default(),
+                observer: shared.observer.clone(),
+                tracer: Some(tracer),
+            },
+        };
+        RlsService {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// A call's span, when the service traces and this call is sampled.
+    pub(crate) fn begin_span(
+        &self,
+        headers: &tonic::codegen::http::HeaderMap,
+    ) -> Option<Box<dyn CallSpan>> {
+        self.inner.tracer.as_ref().and_then(|t| t(headers))
     }
 
     /// Replaces the configuration for every clone of this service; calls in flight finish with
@@ -164,6 +208,15 @@ impl<S: Store, C: Clock> RlsService<S, C> {
     pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
+        self.should_rate_limit_traced(request, None).await
+    }
+
+    /// [`should_rate_limit`](Self::should_rate_limit), telling `span` each decision.
+    pub(crate) async fn should_rate_limit_traced(
+        &self,
+        request: &RateLimitRequest,
+        mut span: Option<&mut (dyn CallSpan + 'static)>,
     ) -> Result<RateLimitResponse, Status> {
         check_request(request)?;
         let mut statuses: Vec<DescriptorStatus> = request
@@ -232,7 +285,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 } else {
                     Outcome::FailClosed
                 };
-                self.observe(&entries, |_| outcome);
+                self.observe(&entries, &mut span, |_| outcome);
                 // The core's one failure rule: fail open answers OK with no limits (none was
                 // counted), fail closed says the service is unavailable.
                 return if config.failure_mode.admits() {
@@ -244,7 +297,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 };
             }
         };
-        self.observe(&entries, |i| {
+        self.observe(&entries, &mut span, |i| {
             let shadow = entries[i].leaf.options.shadow;
             decisions
                 .get(i)
@@ -254,10 +307,20 @@ impl<S: Store, C: Clock> RlsService<S, C> {
     }
 
     /// Reports each entry's outcome to the observer, if there is one.
-    fn observe(&self, entries: &[Entry<'_>], outcome: impl Fn(usize) -> Outcome) {
+    fn observe(
+        &self,
+        entries: &[Entry<'_>],
+        span: &mut Option<&mut (dyn CallSpan + 'static)>,
+        outcome: impl Fn(usize) -> Outcome,
+    ) {
         if let Some(observer) = &self.inner.observer {
             for (i, e) in entries.iter().enumerate() {
                 observer(&e.leaf.policy_name, &e.key, outcome(i));
+            }
+        }
+        if let Some(span) = span {
+            for (i, e) in entries.iter().enumerate() {
+                span.record(&e.leaf.policy_name, &e.key, outcome(i));
             }
         }
     }

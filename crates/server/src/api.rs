@@ -21,6 +21,7 @@ use tollgate_http::{Refusal, RequestInfo, normalize};
 use crate::Shared;
 use crate::generation::{Disposition, Generation};
 use crate::response::{Body, decision_json, full, json_response, problem, problem_response, text};
+use crate::telemetry::{Door, Trace};
 
 /// The largest `/v1/check` body accepted.
 const MAX_BODY: usize = 64 * 1024;
@@ -75,6 +76,17 @@ async fn json_body(req: Request<Incoming>) -> Result<Value, Response<Body>> {
 }
 
 async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
+    // The caller's trace context, kept (a reference count each) only when decisions are traced.
+    let context = engine.traced().then(|| {
+        let h = req.headers();
+        (h.get("traceparent").cloned(), h.get("tracestate").cloned())
+    });
+    let (parent, state) = context.unwrap_or_default();
+    let trace = Trace {
+        door: Door::Check,
+        parent: parent.as_ref().map(HeaderValue::as_bytes),
+        state: state.as_ref().map(HeaderValue::as_bytes),
+    };
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return bad_request("the body could not be read or exceeds 64 KiB"),
@@ -82,7 +94,7 @@ async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
     // The common call, by policy and key, is read field by field without building a tree;
     // anything else (by attributes, or a body the quick reading cannot take) the general way.
     if let Some(asked) = by_policy::Asked::read(&body) {
-        return by_policy::check(engine, asked).await;
+        return by_policy::check(engine, asked, trace).await;
     }
     let value: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
@@ -94,9 +106,9 @@ async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
         );
     };
     if obj.contains_key("policy") {
-        by_policy::check(engine, by_policy::Asked::from_map(obj)).await
+        by_policy::check(engine, by_policy::Asked::from_map(obj), trace).await
     } else {
-        check_by_attributes(engine, obj).await
+        check_by_attributes(engine, obj, trace).await
     }
 }
 
@@ -193,6 +205,7 @@ fn attributes(obj: &serde_json::Map<String, Value>) -> Result<Attributes<'_>, Re
 async fn check_by_attributes(
     engine: &Generation,
     obj: &serde_json::Map<String, Value>,
+    trace: Trace<'_>,
 ) -> Response<Body> {
     let Attributes {
         method,
@@ -208,7 +221,7 @@ async fn check_by_attributes(
     let info = RequestInfo::new(&method, target, &headers)
         .with_host(host)
         .with_client_ip(ip);
-    let mut eval = engine.evaluate(&info).await;
+    let mut eval = engine.evaluate(&info, trace).await;
     let fail_open = eval.store_failed() && eval.allowed();
     // A described request that took concurrency slots gets a lease to give them back with,
     // whatever its mode: nothing else could.

@@ -15,6 +15,7 @@ use crate::admin::top::PolicyTop;
 use crate::config::{Action, Config, PolicyConfig};
 use crate::metrics::{Metrics, PolicyCounters};
 use crate::store::AnyStore;
+use crate::telemetry::{Telemetry, Trace};
 
 /// What to do with a request, as the HTTP engine says.
 pub(crate) type Disposition = tollgate_http::Disposition<AnyStore, SystemClock>;
@@ -37,6 +38,8 @@ pub(crate) struct Generation {
     config: Arc<Config>,
     http: HttpEngine,
     metrics: Arc<Metrics>,
+    /// Where each decision's span goes, when traces are exported.
+    telemetry: Arc<Telemetry>,
     /// Each policy's statistics, in policy order, resolved once here rather than by a locked
     /// map lookup per decision.
     stats: Vec<PolicyStats>,
@@ -56,6 +59,7 @@ impl Generation {
         config: Arc<Config>,
         store: AnyStore,
         metrics: Arc<Metrics>,
+        telemetry: Arc<Telemetry>,
     ) -> Result<Generation, tollgate_http::ConfigError> {
         let stats = config
             .policies
@@ -71,7 +75,13 @@ impl Generation {
             http: tollgate_config::http_engine(&config, store, SystemClock::new())?,
             config,
             metrics,
+            telemetry,
         })
+    }
+
+    /// Whether decisions are traced (a door need not look for a trace context otherwise).
+    pub(crate) fn traced(&self) -> bool {
+        self.telemetry.on()
     }
 
     /// The name of request header `name` (any case) if a decision may read it from the header
@@ -108,9 +118,9 @@ impl Generation {
 
     /// Evaluates a request against every policy whose `match` fits it, and counts what each
     /// policy did.
-    pub(crate) async fn evaluate(&self, info: &RequestInfo<'_>) -> Evaluation {
+    pub(crate) async fn evaluate(&self, info: &RequestInfo<'_>, trace: Trace<'_>) -> Evaluation {
         let prepared = self.http.prepare(info);
-        self.decide(prepared).await
+        self.decide(prepared, trace).await
     }
 
     /// Checks `key` against the policy named `policy` for `cost` (`/v1/check` by policy), as
@@ -120,9 +130,10 @@ impl Generation {
         policy: &str,
         key: &[u8],
         cost: u32,
+        trace: Trace<'_>,
     ) -> Option<Evaluation> {
         let prepared = self.http.prepare_key(policy, key, cost)?;
-        Some(self.decide(prepared).await)
+        Some(self.decide(prepared, trace).await)
     }
 
     /// Charges `key` `cost` under the policy named `policy` whatever its quota says (`/v1/check`
@@ -132,24 +143,82 @@ impl Generation {
         policy: &str,
         key: &[u8],
         cost: u32,
+        trace: Trace<'_>,
     ) -> Option<Evaluation> {
         let prepared = self.http.prepare_key(policy, key, cost)?;
+        let span = self.telemetry.begin(&trace);
         let started = Instant::now();
         let evaluation = self.http.report_prepared(&prepared).await;
         self.metrics.latency(started.elapsed());
         self.count(&prepared, &evaluation);
+        if let Some(span) = span {
+            self.finish_span(span, &prepared, &evaluation);
+        }
         Some(evaluation)
     }
 
     /// Decides a prepared request and counts it.
-    pub(crate) async fn decide(&self, prepared: Prepared) -> Evaluation {
+    pub(crate) async fn decide(&self, prepared: Prepared, trace: Trace<'_>) -> Evaluation {
+        let span = self.telemetry.begin(&trace);
         let started = (!prepared.is_empty()).then(Instant::now);
         let evaluation = self.http.decide_prepared(&prepared).await;
         if let Some(started) = started {
             self.metrics.latency(started.elapsed());
         }
         self.count(&prepared, &evaluation);
+        if let Some(span) = span {
+            self.finish_span(span, &prepared, &evaluation);
+        }
         evaluation
+    }
+
+    /// Ends a decision's span with each policy's outcome and the answer's status.
+    fn finish_span(
+        &self,
+        mut span: crate::telemetry::DecisionSpan,
+        prepared: &Prepared,
+        evaluation: &Evaluation,
+    ) {
+        for (index, key, outcome) in self.outcomes(prepared, evaluation) {
+            if let Some(policy) = self.config.policies.get(index) {
+                span.record(policy.name(), key, outcome);
+            }
+        }
+        let status = match evaluation.disposition() {
+            Disposition::Respond(a) => a.status().as_u16(),
+            _ => 0,
+        };
+        span.end(status);
+    }
+
+    /// What each matching policy did with the request: its decision, or the failure rule's
+    /// answer when the store failed.
+    fn outcomes<'p>(
+        &'p self,
+        prepared: &'p Prepared,
+        evaluation: &'p Evaluation,
+    ) -> impl Iterator<Item = (usize, &'p [u8], Outcome)> + 'p {
+        let failed = evaluation.store_failed().then(|| {
+            if evaluation.allowed() {
+                Outcome::FailOpen
+            } else {
+                Outcome::FailClosed
+            }
+        });
+        let decisions = evaluation.decisions().as_slice();
+        prepared
+            .keys()
+            .enumerate()
+            .filter_map(move |(i, (index, key))| {
+                let outcome = match failed {
+                    Some(o) => o,
+                    None => {
+                        let shadow = self.stats.get(index).is_some_and(|s| s.shadow);
+                        Outcome::of(decisions.get(i)?, shadow)
+                    }
+                };
+                Some((index, key, outcome))
+            })
     }
 
     /// Counts what each policy did with the request, once, for every door: its decision, or
@@ -164,20 +233,9 @@ impl Generation {
         }
         if evaluation.store_failed() {
             self.metrics.store_error();
-            let outcome = if evaluation.allowed() {
-                Outcome::FailOpen
-            } else {
-                Outcome::FailClosed
-            };
-            for (index, key) in prepared.keys() {
-                self.count_one(index, key, outcome);
-            }
-            return;
         }
-        let decisions = evaluation.decisions().as_slice();
-        for (d, (index, key)) in decisions.iter().zip(prepared.keys()) {
-            let shadow = self.stats.get(index).is_some_and(|s| s.shadow);
-            self.count_one(index, key, Outcome::of(d, shadow));
+        for (index, key, outcome) in self.outcomes(prepared, evaluation) {
+            self.count_one(index, key, outcome);
         }
     }
 

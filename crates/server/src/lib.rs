@@ -24,6 +24,7 @@ mod response;
 mod serve;
 mod sharded;
 pub mod store;
+mod telemetry;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -176,6 +177,8 @@ pub(crate) struct Shared {
     overrides: Registry,
     /// Where queued requests are delivered: the relay's HTTP/1.1 client.
     upstream: Arc<dyn queue::Deliver>,
+    /// Where decisions' spans go ([telemetry]; fixed at start).
+    telemetry: Arc<telemetry::Telemetry>,
 }
 
 impl Shared {
@@ -235,6 +238,7 @@ impl Shared {
             Arc::new(config),
             self.store.clone(),
             Arc::clone(&self.metrics),
+            Arc::clone(&self.telemetry),
         )
         .map_err(|e| {
             self.metrics.reload(false);
@@ -288,13 +292,22 @@ pub async fn run_with(
         );
     }
     let metrics = Arc::new(Metrics::default());
+    let telemetry = Arc::new(telemetry::Telemetry::start(
+        &config.telemetry,
+        &tollgate_config::key_hash_secret(&config.store),
+    ));
     let envoy = match (&config.envoy, listeners.grpc) {
-        (Some(e), Some(l)) => Some((envoy_service(&config, e, &store, &metrics)?, l)),
+        (Some(e), Some(l)) => Some((envoy_service(&config, e, &store, &metrics, &telemetry)?, l)),
         _ => None,
     };
     let envoy_handle = envoy.as_ref().map(|(service, _)| service.clone());
     let queues = queue::Queues::new(&config.store);
-    let engine = Generation::new(Arc::new(config), store.clone(), Arc::clone(&metrics))?;
+    let engine = Generation::new(
+        Arc::new(config),
+        store.clone(),
+        Arc::clone(&metrics),
+        Arc::clone(&telemetry),
+    )?;
     let overrides = Registry::new(match &store {
         AnyStore::Memory(_) => Backend::Memory,
         AnyStore::Redis(r) => Backend::Redis(r.clone()),
@@ -307,6 +320,7 @@ pub async fn run_with(
         queues,
         overrides,
         upstream: Arc::new(relay::Upstream::default()),
+        telemetry,
     });
     queue::open_configured(&shared).await;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -345,6 +359,9 @@ pub async fn run_with(
     if let Err(e) = shared.store.return_leases(SystemClock::new().now()).await {
         tracing::warn!(error = %e, "shutdown: could not give every lease back to the store");
     }
+    // The spans not yet exported go now (the exporter waits on its own thread).
+    let telemetry = Arc::clone(&shared.telemetry);
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     Ok(())
 }
 
@@ -455,6 +472,7 @@ fn envoy_service(
     envoy: &config::Envoy,
     store: &AnyStore,
     metrics: &Arc<Metrics>,
+    telemetry: &Arc<telemetry::Telemetry>,
 ) -> Result<tollgate_envoy::RlsService<AnyStore, SystemClock>, ServerError> {
     let rls = rls_config(config, envoy);
     let limiter = tollgate::Limiter::builder()
@@ -473,9 +491,21 @@ fn envoy_service(
         );
         metrics.top.policy(policy).record(key, refused);
     });
-    Ok(tollgate_envoy::RlsService::new(limiter, &rls)
+    let service = tollgate_envoy::RlsService::new(limiter, &rls)
         .map_err(ServerError::Envoy)?
-        .with_observer(observer))
+        .with_observer(observer);
+    if !telemetry.on() {
+        return Ok(service);
+    }
+    // Each call a span, a child of the trace context Envoy sent with it.
+    let telemetry = Arc::clone(telemetry);
+    let tracer: tollgate_envoy::CallTracer = Arc::new(move |headers| {
+        let trace = telemetry::Trace::from_headers(telemetry::Door::Envoy, headers);
+        telemetry
+            .begin(&trace)
+            .map(|span| Box::new(span) as Box<dyn tollgate_envoy::CallSpan>)
+    });
+    Ok(service.with_tracer(tracer))
 }
 
 /// The Envoy service's configuration: the descriptors and the server's header settings.

@@ -13,6 +13,7 @@ use crate::Shared;
 use crate::generation::Disposition;
 use crate::serve::Limits;
 use crate::store::AnyStore;
+use crate::telemetry::{Door, Trace};
 
 /// `TOLLGATE.CHECK` through the generation running when each request arrives.
 struct ServerDecide {
@@ -32,7 +33,10 @@ impl Decide for ServerDecide {
                 "policy '{name}' limits requests in flight, which this door cannot give back; use POST /v1/check with \"mode\": \"acquire\" and POST /v1/release"
             )));
         }
-        let Some(evaluation) = generation.check_key(name, key, cost).await else {
+        let Some(evaluation) = generation
+            .check_key(name, key, cost, Trace::root(Door::Resp))
+            .await
+        else {
             return Err(CheckError::unknown_policy(policy));
         };
         if evaluation.store_failed() {

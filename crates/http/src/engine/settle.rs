@@ -173,6 +173,12 @@ impl<S: Store, C: Clock> Settle<S, C> {
         }
     }
 
+    /// Whether the response's status and headers matter (a policy trues up by them); a settle
+    /// that only gives slots back needs nothing of the response.
+    pub fn reads_response(&self) -> bool {
+        !self.dues.is_empty()
+    }
+
     /// Whether the request holds concurrency slots, given back when this settles.
     pub fn holds_slots(&self) -> bool {
         !self.slots.is_empty()

@@ -20,6 +20,7 @@ use super::bad_request;
 use crate::config::{Action, PolicyConfig};
 use crate::generation::{Disposition, Generation};
 use crate::response::{Body, full, json_bytes_response, problem, problem_response};
+use crate::telemetry::Trace;
 
 /// What a by-policy check asks, each field as sent (checked in [`check`]).
 pub(super) struct Asked<'a> {
@@ -167,7 +168,11 @@ impl Mode {
 
 /// Decides a by-policy check and answers it: the decision as JSON with the rate-limit headers,
 /// 200 or 429; 400 naming what cannot be read; 404 for a policy not configured.
-pub(super) async fn check(engine: &Generation, asked: Asked<'_>) -> Response<Body> {
+pub(super) async fn check(
+    engine: &Generation,
+    asked: Asked<'_>,
+    trace: Trace<'_>,
+) -> Response<Body> {
     let Some(name) = asked.policy.text() else {
         return bad_request("\"policy\" must be a string");
     };
@@ -193,9 +198,9 @@ pub(super) async fn check(engine: &Generation, asked: Asked<'_>) -> Response<Bod
         return problem_response(&refusal);
     }
     let decided = if mode == Mode::Report {
-        engine.report_key(name, key.as_bytes(), cost).await
+        engine.report_key(name, key.as_bytes(), cost, trace).await
     } else {
-        engine.check_key(name, key.as_bytes(), cost).await
+        engine.check_key(name, key.as_bytes(), cost, trace).await
     };
     let Some(mut eval) = decided else {
         return unknown_policy(engine, name);

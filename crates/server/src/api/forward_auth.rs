@@ -18,6 +18,7 @@ use tollgate_http::{ForwardedHeader, Prepared, Refusal, RequestInfo, TrustedProx
 
 use crate::generation::{Disposition, Generation};
 use crate::response::{Body, full, problem, problem_response};
+use crate::telemetry::{Door, Trace};
 
 /// How a denial is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +70,8 @@ pub(crate) async fn handle(
     if let Some(name) = counted_by_status(engine, &prepared) {
         return unseen_status(name);
     }
-    let mut evaluation = engine.decide(prepared).await;
+    let trace = Trace::from_headers(Door::ForwardAuth, headers);
+    let mut evaluation = engine.decide(prepared, trace).await;
     if let Some(mut settle) = evaluation.take_settle() {
         // The proxy never says when the request ends: its concurrency slots live for their
         // lease_ttl. (Its response's true-up, never learned either, leaves admission's charge.)

@@ -1,6 +1,7 @@
 //! One client connection of the proxy: read a head, check it, decide, and either answer or
 //! forward (see `exchange.rs`), request after request, with buffers reused throughout.
 
+use crate::telemetry::{Door, Trace};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -359,7 +360,12 @@ impl Conn {
         let info = RequestInfo::new(&method, &head.target, &self.map)
             .with_host(Some(host))
             .with_peer(Some(self.peer.ip()));
-        let mut evaluation = engine.evaluate(&info).await;
+        let trace = if engine.traced() {
+            Trace::from_lines(Door::Proxy, req.headers.iter().map(|h| (h.name, h.value)))
+        } else {
+            Trace::root(Door::Proxy)
+        };
+        let mut evaluation = engine.evaluate(&info, trace).await;
         let settle = evaluation.take_settle();
         let (_, rate_limit, verdict) = evaluation.into_parts();
         match &verdict {

@@ -428,12 +428,28 @@ struct Download<'a, 'r, 'w> {
 /// Hands the true-up the status and headers of the response head `head` (a head the relay
 /// already parsed once: parsed again here only for a request that has a true-up).
 fn read_response(settle: &mut Settle, head: &[u8]) {
-    // As many header lines as the relay accepts in a response head at all.
-    let mut headers = vec![httparse::EMPTY_HEADER; super::response::MAX_RESPONSE_HEADERS];
-    let mut response = httparse::Response::new(&mut headers);
-    if let Ok(httparse::Status::Complete(_)) = response.parse(head) {
-        let status = response.code.unwrap_or(200);
-        settle.response_from(status, response.headers.iter().map(|h| (h.name, h.value)));
+    if !settle.reads_response() {
+        // Only concurrency slots to give back: the response says nothing they need.
+        return;
+    }
+    // Room for the usual head on the stack; a head with more lines (cookies by the hundred)
+    // is read again with room for as many as the relay accepts at all.
+    let mut few = [httparse::EMPTY_HEADER; 48];
+    let mut response = httparse::Response::new(&mut few);
+    match response.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {
+            let status = response.code.unwrap_or(200);
+            settle.response_from(status, response.headers.iter().map(|h| (h.name, h.value)));
+        }
+        Err(httparse::Error::TooManyHeaders) => {
+            let mut many = vec![httparse::EMPTY_HEADER; super::response::MAX_RESPONSE_HEADERS];
+            let mut response = httparse::Response::new(&mut many);
+            if let Ok(httparse::Status::Complete(_)) = response.parse(head) {
+                let status = response.code.unwrap_or(200);
+                settle.response_from(status, response.headers.iter().map(|h| (h.name, h.value)));
+            }
+        }
+        _ => {}
     }
 }
 
