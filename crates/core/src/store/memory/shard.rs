@@ -43,8 +43,10 @@ macro_rules! by_algorithm {
 }
 
 mod permits;
+mod persist;
 mod policy_table;
 
+pub(super) use persist::Restored;
 use policy_table::PolicyTable;
 
 #[derive(Debug, Default)]

@@ -163,6 +163,11 @@ impl<E: Keyed> Table<E> {
         Some(removed)
     }
 
+    /// Every entry, for a caller that holds the table shared.
+    pub(super) fn entries(&self) -> impl Iterator<Item = &E> + '_ {
+        self.entries.iter().filter(|e| e.hash() != EMPTY)
+    }
+
     /// Every entry, for a caller that holds the table exclusively.
     pub(super) fn entries_mut(&mut self) -> impl Iterator<Item = &mut E> + '_ {
         self.entries.iter_mut().filter(|e| e.hash() != EMPTY)
