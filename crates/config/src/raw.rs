@@ -12,6 +12,7 @@ mod jwt;
 mod listeners;
 mod policy;
 mod proxy;
+mod state;
 mod store;
 
 use std::sync::Arc;
@@ -105,6 +106,8 @@ pub(super) struct RawStore {
     clock: Option<S<String>>,
     max_keys: Option<S<i64>>,
     key_secret_env: Option<S<String>>,
+    path: Option<S<String>>,
+    snapshot_every: Option<S<String>>,
 }
 
 #[derive(Deserialize)]

@@ -38,6 +38,8 @@ const STORE: &[(&str, Ty)] = &[
     ("clock", Ty::Str),
     ("max_keys", Ty::Int),
     ("key_secret_env", Ty::Str),
+    ("path", Ty::Str),
+    ("snapshot_every", Ty::Str),
 ];
 const PROXY: &[(&str, Ty)] = &[
     ("listen", Ty::Str),
