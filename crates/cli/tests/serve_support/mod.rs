@@ -20,6 +20,8 @@ pub struct Server {
     /// `[server] listen`: `/v1/check`.
     pub api: SocketAddr,
     pub admin: SocketAddr,
+    /// `[proxy] listen`, when the configuration has one.
+    pub proxy: Option<SocketAddr>,
     /// Everything the server wrote to stderr so far (its log).
     pub log: Arc<Mutex<String>>,
 }
@@ -57,6 +59,7 @@ impl Server {
             "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{config}"
         );
         std::fs::write(&file, text).unwrap();
+        let wants_proxy = config.contains("[proxy]");
         let mut cmd = match start_at {
             Some(at) => {
                 let mut c = Command::new(faketime());
@@ -87,8 +90,8 @@ impl Server {
             }
         });
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let (mut api, mut admin) = (None, None);
-        while api.is_none() || admin.is_none() {
+        let (mut api, mut admin, mut proxy) = (None, None, None);
+        while api.is_none() || admin.is_none() || (wants_proxy && proxy.is_none()) {
             let Some(Ok(line)) = lines.next() else {
                 let _ = child.wait();
                 panic!(
@@ -103,6 +106,8 @@ impl Server {
                 api = Some(addr());
             } else if line.trim_start().starts_with("admin") {
                 admin = Some(addr());
+            } else if line.trim_start().starts_with("proxy") {
+                proxy = Some(addr());
             }
         }
         std::thread::spawn(move || for _ in lines {});
@@ -110,6 +115,7 @@ impl Server {
             child,
             api: api.unwrap(),
             admin: admin.unwrap(),
+            proxy,
             log,
         }
     }
@@ -167,12 +173,13 @@ impl Answer {
     }
 }
 
-/// One HTTP/1.1 request on a new connection.
+/// One HTTP/1.1 request on a new connection (`Host` the address itself, which the admin
+/// listener takes writes from without a token).
 pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Answer {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(head.as_bytes()).unwrap();

@@ -177,6 +177,34 @@ impl Registry {
             .collect()
     }
 
+    /// Every record not expired at `unix_secs`, for the state file (`[store] path`).
+    pub(crate) fn records(&self, unix_secs: u64) -> Vec<Record> {
+        let state = self.lock();
+        state
+            .records
+            .values()
+            .filter(|r| !r.expired(unix_secs))
+            .cloned()
+            .collect()
+    }
+
+    /// Puts `records` from the state file back (in memory only: Redis keeps its own) and
+    /// installs them into `engine`; how many.
+    pub(crate) fn restore(&self, records: Vec<Record>, engine: &Generation) -> usize {
+        if self.shared() {
+            return 0;
+        }
+        let mut state = self.lock();
+        let n = records.len();
+        for record in records {
+            state
+                .records
+                .insert((record.policy.clone(), record.key.clone()), record);
+        }
+        install(&mut state, engine);
+        n
+    }
+
     /// Sets `record` (replacing the one of its policy and key) and installs it into `current`.
     pub(crate) async fn put(
         &self,
