@@ -417,6 +417,11 @@ impl LogTable {
         )
     }
 
+    /// Makes room for `additional` more logs (see [`Table::reserve`]).
+    pub(super) fn reserve(&mut self, additional: usize) {
+        self.records.reserve(additional);
+    }
+
     /// Calls `f` on every `(hash, log)`, for a caller that holds the shard shared.
     pub(super) fn for_each(&self, mut f: impl FnMut(u64, &Mutex<CompactLog>)) {
         for record in self.records.entries() {

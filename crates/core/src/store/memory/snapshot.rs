@@ -114,6 +114,9 @@ impl MemoryStore {
     }
 
     /// Restores one chunk; how many entries it held.
+    ///
+    /// The entries come in the order of their hashes (a table's order): each shard's table is
+    /// first made large enough for the chunk's keys it receives, so they land at their homes.
     fn restore_chunk(
         &self,
         frame: &[u8],
@@ -124,7 +127,8 @@ impl MemoryStore {
         let fingerprint = c.u64()?;
         let quota = quota_codec::decode(&mut c)?;
         let n = u64::from(c.u32()?);
-        let limits = self.inner.limits;
+        let mut entries =
+            Vec::with_capacity(usize::try_from(n).unwrap_or(0).min(c.remaining() / 20));
         for _ in 0..n {
             let hash = c.u64()?;
             // A quota this build cannot make is a calendar window's: packed entries.
@@ -141,18 +145,31 @@ impl MemoryStore {
                     b: c.u32()?,
                 })
             };
-            let Some(quota) = &quota else {
-                counts.unreadable += 1;
-                continue;
-            };
+            entries.push((hash, entry));
+        }
+        if !c.is_empty() {
+            return Err(corrupt("a chunk longer than its entries"));
+        }
+        let Some(quota) = &quota else {
+            counts.unreadable += n;
+            return Ok(n);
+        };
+        let limits = self.inner.limits;
+        let mut per_shard = vec![0usize; self.inner.shards.len()];
+        for (hash, _) in &entries {
+            per_shard[self.shard_index(*hash)] += 1;
+        }
+        for (i, &k) in per_shard.iter().enumerate() {
+            if k > 0 {
+                write(&self.inner.shards[i].0).reserve(fingerprint, quota, k);
+            }
+        }
+        for (hash, entry) in entries {
             if write(self.shard(hash)).restore(fingerprint, quota, hash, entry, now, limits) {
                 counts.restored += 1;
             } else {
                 counts.expired += 1;
             }
-        }
-        if !c.is_empty() {
-            return Err(corrupt("a chunk longer than its entries"));
         }
         Ok(n)
     }

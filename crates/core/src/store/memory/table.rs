@@ -118,6 +118,16 @@ impl<E: Keyed> Table<E> {
         self.len += 1;
     }
 
+    /// Makes room for `additional` more entries at once, so that many keys added in the order
+    /// of their hashes (a restored snapshot) land at their homes instead of piling up behind
+    /// one another in a table too small for them.
+    pub(super) fn reserve(&mut self, additional: usize) {
+        let needed = self.len + additional;
+        if needed * 5 > self.entries.len() * 4 {
+            self.resize((needed * 5 / 4 + 1).max(MIN_CAPACITY));
+        }
+    }
+
     fn place(&mut self, entry: E) {
         let mut i = self.home(entry.hash());
         while self.entries[i].hash() != EMPTY {

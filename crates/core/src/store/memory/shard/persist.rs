@@ -15,8 +15,10 @@ use crate::algorithm::{Algorithm, LogEntries};
 use crate::store::snapshot::Put;
 use crate::{Quota, Timestamp};
 
-/// A chunk grows to about this many bytes before another starts.
-const CHUNK: usize = 1 << 20;
+/// A chunk grows to about this many bytes before another starts: a shard's table is one chunk
+/// (a million keys over 32 shards: 750 KB each), so a restore knows how many keys each of its
+/// tables receives before it adds them (see `restore_chunk`).
+const CHUNK: usize = 32 << 20;
 
 /// What a restored entry holds.
 pub(in crate::store::memory) enum Restored<'a> {
@@ -166,6 +168,17 @@ impl Shard {
                 true
             }, _log => false, _permits => false),
         }
+    }
+
+    /// Makes room in the table `fingerprint` (made with `quota` when there is none) for
+    /// `additional` more keys.
+    pub(in crate::store::memory) fn reserve(
+        &mut self,
+        fingerprint: u64,
+        quota: &Quota,
+        additional: usize,
+    ) {
+        self.table_for(fingerprint, quota).reserve(additional);
     }
 
     /// The table of `fingerprint`, made with `quota` when there is none.

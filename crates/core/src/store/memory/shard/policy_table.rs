@@ -83,6 +83,15 @@ impl PolicyTable {
         self.packed.len() + self.logs.len() + self.permits.len()
     }
 
+    /// Makes room for `additional` more keys.
+    pub(super) fn reserve(&mut self, additional: usize) {
+        match self.quota {
+            Quota::SlidingWindowLog(_) => self.logs.reserve(additional),
+            Quota::Concurrency(_) => {}
+            _ => self.packed.reserve(additional),
+        }
+    }
+
     /// Whether `hash` has a state here.
     pub(super) fn contains(&self, hash: u64) -> bool {
         self.packed.get(hash).is_some()
