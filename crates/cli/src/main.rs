@@ -103,6 +103,16 @@ fn validate(file: &std::path::Path) -> ExitCode {
                     );
                 }
             }
+            let proxy_tls = config.proxy.as_ref().and_then(|p| p.tls.as_ref());
+            for (table, tls) in [
+                ("[server]", config.tls.as_ref()),
+                ("[admin]", config.admin_tls.as_ref()),
+                ("[proxy]", proxy_tls),
+            ] {
+                if let Some(tls) = tls {
+                    println!("{table} over TLS: {}", tls_text(tls));
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(ConfigError::Invalid(d)) => {
@@ -122,6 +132,27 @@ fn validate(file: &std::path::Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A listener's TLS files, as `validate` lists them.
+fn tls_text(tls: &tollgate_server::config::TlsConfig) -> String {
+    let mut text = format!(
+        "certificate {}, key {}",
+        tls.cert.display(),
+        tls.key.display()
+    );
+    if let Some(ca) = &tls.client_ca {
+        text.push_str(&format!(
+            "; clients need a certificate from {}",
+            ca.display()
+        ));
+    }
+    text
+}
+
+/// `https` for a listener over TLS, `http` otherwise.
+fn scheme(tls: bool) -> &'static str {
+    if tls { "https" } else { "http" }
 }
 
 /// The configuration `serve` runs: the file, the `--envoy-config` folder, both, or the
@@ -172,17 +203,27 @@ async fn run(path: Option<PathBuf>, envoy: Option<PathBuf>, config: Config) -> a
     for p in config.policies.iter() {
         println!("  policy {p}");
     }
+    let (api_s, admin_s) = (
+        scheme(config.tls.is_some()),
+        scheme(config.admin_tls.is_some()),
+    );
+    let proxy_s = scheme(config.proxy.as_ref().is_some_and(|p| p.tls.is_some()));
+    let grpc_s = if config.tls.is_some() {
+        "grpcs"
+    } else {
+        "grpc"
+    };
     if let Some(a) = api {
-        println!("  decision API  http://{a}  (POST /v1/check, /v1/forward-auth)");
+        println!("  decision API  {api_s}://{a}  (POST /v1/check, /v1/forward-auth)");
     }
     if let Some(a) = admin {
-        println!("  admin         http://{a}  (/metrics /healthz /readyz /v1/policies)");
+        println!("  admin         {admin_s}://{a}  (/metrics /healthz /readyz /v1/policies)");
     }
     if let Some(a) = proxy {
-        println!("  proxy         http://{a}");
+        println!("  proxy         {proxy_s}://{a}");
     }
     if let Some(a) = addrs.grpc {
-        println!("  envoy RLS     grpc://{a}  (envoy.service.ratelimit.v3.RateLimitService)");
+        println!("  envoy RLS     {grpc_s}://{a}  (envoy.service.ratelimit.v3.RateLimitService)");
     }
     if let Some(a) = addrs.resp {
         println!("  redis proto   redis://{a}  (TOLLGATE.CHECK, CL.THROTTLE)");
@@ -190,7 +231,7 @@ async fn run(path: Option<PathBuf>, envoy: Option<PathBuf>, config: Config) -> a
     // With --envoy-config alone there are no HTTP policies to try.
     if let (Some(a), Some(policy)) = (api, config.policies.first()) {
         println!(
-            "try:\n  curl -i -X POST http://{a}/v1/check -H 'content-type: application/json' -d '{{\"policy\":\"{}\",\"key\":\"customer-42\",\"cost\":1}}'",
+            "try:\n  curl -i -X POST {api_s}://{a}/v1/check -H 'content-type: application/json' -d '{{\"policy\":\"{}\",\"key\":\"customer-42\",\"cost\":1}}'",
             policy.name()
         );
     }

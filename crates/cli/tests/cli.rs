@@ -41,6 +41,7 @@ fn validate_prints_the_effective_policies() {
             "api: sliding_window_counter limit=100 window=1m key=[header:x-api-key, jwt:sub, ip] match=/v1/** cost=1 action=reject",
             "export: token_bucket capacity=20 refill=1/1s key=[header:x-api-key, ip] match=POST /v1/export/* cost=5 action=reject",
             "webhooks-out: leaky_bucket rate=5/1s queue=50 max_delay=10s key=[header:x-tenant] match=/hooks/** cost=1 action=delay",
+            "reports-in-flight: concurrency limit=4 lease_ttl=5m key=[header:x-api-key, ip] match=/v1/reports/** cost=1 action=delay max_delay=30s",
             &format!(
                 "envoy domain \"edge\" from {}",
                 example().parent().unwrap().join("ratelimit").display()

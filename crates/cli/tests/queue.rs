@@ -272,7 +272,8 @@ fn a_poison_message_ends_in_the_dead_letters() {
     // messages that died stays.
     up.cure();
     let path = format!("/v1/queues/hooks/dead/{poison}/redrive");
-    let (code, body) = request(inst.admin, "POST", &path, &[], "");
+    let admin_host = inst.admin.to_string();
+    let (code, body) = request(inst.admin, "POST", &path, &[("Host", &admin_host)], "");
     assert_eq!(code, 200, "{body}");
     eventually("the poison is delivered", Duration::from_secs(30), || {
         status_of(inst.proxy, &poison)["state"] == "delivered"

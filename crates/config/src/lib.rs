@@ -15,6 +15,7 @@ mod queue;
 mod raw;
 mod schema;
 mod telemetry;
+mod tls;
 
 pub use build::{
     http_engine, key_hash_secret, memory_store, process_secret, restore_process_secret,
@@ -37,6 +38,7 @@ pub use log::{LogConfig, LogFormat};
 pub use queue::{MAX_BACKOFF, QueueSettings};
 pub use raw::DEFAULT_CONFIG;
 pub use telemetry::TelemetryConfig;
+pub use tls::{TlsConfig, TlsError};
 
 /// One problem in a configuration file, with its position.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -218,6 +220,8 @@ pub struct ProxyConfig {
     pub forwarded_header: tollgate_http::ForwardedHeader,
     /// `timeout`: how long the upstream may take to answer (default 30s).
     pub timeout: Duration,
+    /// `tls_cert`, `tls_key`, `client_ca`: the proxy listener over TLS.
+    pub tls: Option<TlsConfig>,
 }
 
 /// How `X-RateLimit-Reset` is written: the one definition every way in shares (the config
@@ -398,6 +402,11 @@ pub struct Config {
     pub admin_listen: SocketAddr,
     /// `[admin] token`: a bearer token the admin endpoints require.
     pub admin_token: Option<String>,
+    /// `[server] tls_cert`, `tls_key`, `client_ca`: the decision API and Envoy's rate limit
+    /// service over TLS.
+    pub tls: Option<TlsConfig>,
+    /// `[admin] tls_cert`, `tls_key`, `client_ca`: the admin listener over TLS.
+    pub admin_tls: Option<TlsConfig>,
     /// `[store]`.
     pub store: StoreConfig,
     /// `[proxy]`.
@@ -483,6 +492,8 @@ impl Config {
             limits: Limits::default(),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             admin_token: None,
+            tls: None,
+            admin_tls: None,
             store: raw::default_store(),
             proxy: None,
             headers: HeadersConfig::default(),

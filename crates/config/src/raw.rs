@@ -85,6 +85,9 @@ pub(super) struct RawServer {
     header_read_timeout: Option<S<String>>,
     max_header_bytes: Option<S<i64>>,
     max_connections: Option<S<i64>>,
+    tls_cert: Option<S<String>>,
+    tls_key: Option<S<String>>,
+    client_ca: Option<S<String>>,
 }
 
 #[derive(Default, Deserialize)]
@@ -92,6 +95,9 @@ pub(super) struct RawServer {
 pub(super) struct RawAdmin {
     listen: Option<S<String>>,
     token: Option<S<String>>,
+    tls_cert: Option<S<String>>,
+    tls_key: Option<S<String>>,
+    client_ca: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -119,6 +125,9 @@ pub(super) struct RawProxy {
     forwarded_header: Option<S<String>>,
     timeout: Option<S<String>>,
     idle_timeout: Option<S<String>>,
+    tls_cert: Option<S<String>>,
+    tls_key: Option<S<String>>,
+    client_ca: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -223,6 +232,8 @@ pub(super) fn validate(
         limits: listeners.limits?,
         admin_listen: listeners.admin_listen?,
         admin_token: listeners.admin_token,
+        tls: listeners.tls?,
+        admin_tls: listeners.admin_tls?,
         store: store?,
         proxy: proxy?,
         headers: headers?,

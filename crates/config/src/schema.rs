@@ -26,8 +26,17 @@ const SERVER: &[(&str, Ty)] = &[
     ("header_read_timeout", Ty::Str),
     ("max_header_bytes", Ty::Int),
     ("max_connections", Ty::Int),
+    ("tls_cert", Ty::Str),
+    ("tls_key", Ty::Str),
+    ("client_ca", Ty::Str),
 ];
-const ADMIN: &[(&str, Ty)] = &[("listen", Ty::Str), ("token", Ty::Str)];
+const ADMIN: &[(&str, Ty)] = &[
+    ("listen", Ty::Str),
+    ("token", Ty::Str),
+    ("tls_cert", Ty::Str),
+    ("tls_key", Ty::Str),
+    ("client_ca", Ty::Str),
+];
 const STORE: &[(&str, Ty)] = &[
     ("kind", Ty::Str),
     ("url", Ty::Str),
@@ -48,6 +57,9 @@ const PROXY: &[(&str, Ty)] = &[
     ("forwarded_header", Ty::Str),
     ("timeout", Ty::Str),
     ("idle_timeout", Ty::Str),
+    ("tls_cert", Ty::Str),
+    ("tls_key", Ty::Str),
+    ("client_ca", Ty::Str),
 ];
 const HEADERS: &[(&str, Ty)] = &[
     ("legacy", Ty::Bool),

@@ -1,22 +1,37 @@
 //! `check()` throughput of the in-memory store for every algorithm, next to the `governor`
 //! crate's keyed limiter on the same workload in the same run.
 //!
-//! Scenarios: one hot key or 100,000 keys round-robin; one thread or two; every decision
-//! admitted (a quota nothing reaches) or every decision denied (a quota of one, spent before
-//! the run); keys as `String` API keys (what a server has) or as `u64` (governor's cheapest key
-//! type; Tollgate gets its eight bytes). Tollgate's side calls `Limiter::check` — policy lookup
-//! by name, one clock read, the store step — and polls its future once (the memory store never
-//! waits), as the issue's harness did.
+//! Scenarios: 100,000 keys visited in order (key 0, 1, 2, ... 99,999, 0, 1, ...) or scattered
+//! (a fixed pseudo-random sequence), or one hot key; one thread or two (the second thread half
+//! the key space ahead); keys as `String` API keys (what a server has) or as `u64` (governor's
+//! cheapest key type; Tollgate gets its eight bytes). Three modes:
+//!
+//! - `admit`: a quota no run reaches, whose state outlives the run (a token consumed takes a
+//!   minute to come back, windows last a minute);
+//! - `renew`: every decision admitted, and each key's quota has fully come back before its next
+//!   visit (a bucket refilled at 1,000 a second, 100,000 keys apart): what a per-second quota
+//!   sees over many keys. A store may forget such a key between two visits; governor never
+//!   forgets one by itself. Buckets only (a window that short would not be a window), and not
+//!   on the hot key (its state never resets);
+//! - `deny`: a quota of one, spent before the run.
+//!
+//! Tollgate's side calls `Limiter::check` — policy lookup by name, one clock read, the store
+//! step — and polls its future once (the memory store never waits), as an embedding
+//! application does.
 //!
 //! The contenders run *interleaved*: in each of several rounds every contender runs a short
 //! burst, and each one's median is kept. This machine is shared and noisy; interleaving makes
 //! background load hit every contender alike, so the ratios to governor are the figures to
-//! trust. `--criterion` also runs criterion on the hot-key token bucket and governor.
+//! trust: in each round, governor's time over the contender's (they ran side by side), and
+//! the median and middle half of those ratios over the rounds. Each round starts with the next
+//! contender, and each contender has a store of its own.
+//! `--criterion` also runs criterion on the hot-key token bucket and governor.
 //!
 //! `cargo bench -p tollgate --bench check` (or `scripts/bench-core.sh`, which also measures
 //! bytes per key). `TOLLGATE_BENCH_ROUNDS` (default 11) and `TOLLGATE_BENCH_OPS` (per burst
 //! and thread, default 100,000) set the length; `TOLLGATE_BENCH_ONLY=token_bucket` runs one
-//! algorithm (and governor). `token_bucket_resolved` is the token bucket through
+//! algorithm (and governor); `TOLLGATE_BENCH_KEYS=seq,rnd`, `TOLLGATE_BENCH_MODES=renew` and
+//! `TOLLGATE_BENCH_SHAPES=u64` pick scenarios. `token_bucket_resolved` is the token bucket through
 //! `Limiter::check_policy`, with the policy resolved once instead of looked up by name.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -35,6 +50,67 @@ use tollgate::{Limiter, MemoryStore, Policy, Quota, SystemClock};
 
 const KEYS: usize = 100_000;
 
+/// Which keys a scenario visits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// Key 0, 1, 2, ... 99,999, 0, 1, ...
+    InOrder,
+    /// A fixed pseudo-random sequence over the 100,000 keys.
+    Scattered,
+    /// Key 0 only.
+    Hot,
+}
+
+impl Keys {
+    const ALL: [Keys; 3] = [Keys::InOrder, Keys::Scattered, Keys::Hot];
+
+    fn label(self) -> &'static str {
+        match self {
+            Keys::InOrder => "seq",
+            Keys::Scattered => "rnd",
+            Keys::Hot => "hot",
+        }
+    }
+
+    fn parse(label: &str) -> Keys {
+        Keys::ALL
+            .into_iter()
+            .find(|k| k.label() == label)
+            .unwrap_or_else(|| panic!("keys are seq, rnd or hot, not {label}"))
+    }
+
+    fn count(self) -> usize {
+        if self == Keys::Hot { 1 } else { KEYS }
+    }
+}
+
+/// What every decision of a scenario comes to (see the module's documentation).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Admit,
+    Renew,
+    Deny,
+}
+
+impl Mode {
+    const ALL: [Mode; 3] = [Mode::Admit, Mode::Renew, Mode::Deny];
+
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Admit => "admit",
+            Mode::Renew => "renew",
+            Mode::Deny => "deny",
+        }
+    }
+
+    fn parse(label: &str) -> Mode {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.label() == label)
+            .unwrap_or_else(|| panic!("modes are admit, renew or deny, not {label}"))
+    }
+}
+
 /// Polls a future that is ready at once (the memory store's), without a runtime.
 fn now_or_never<F: Future>(f: F) -> F::Output {
     let mut f = pin!(f);
@@ -45,19 +121,35 @@ fn now_or_never<F: Future>(f: F) -> F::Output {
     }
 }
 
-/// Every algorithm with a quota no run reaches (`admit`) or a quota of one (`deny`). Every
-/// key's state stays alive through the run (a consumed token takes a minute to come back,
-/// windows last a minute), as a key in use does, rather than resetting between two requests.
+/// The algorithms and their quota in `mode`. `admit`: a quota no run reaches, and every key's
+/// state stays alive through the run (a consumed token takes a minute to come back, windows
+/// last a minute), as a key in use does. `renew`: the buckets at 1,000 a second, so a key's
+/// quota has come back long before 100,000 other decisions have passed. `deny`: one an hour.
 /// The log's window is a second, which bounds what a hot key's log holds.
-fn quotas(admit: bool) -> Vec<(&'static str, Quota)> {
-    let (limit, window) = if admit {
-        (u32::MAX, Duration::from_secs(60))
-    } else {
-        (1, Duration::from_secs(3600))
+fn quotas(mode: Mode) -> Vec<(&'static str, Quota)> {
+    let (limit, window) = match mode {
+        Mode::Admit | Mode::Renew => (u32::MAX, Duration::from_secs(60)),
+        Mode::Deny => (1, Duration::from_secs(3600)),
     };
-    let rate = if admit { "1/m" } else { "1/h" }.parse().unwrap();
-    let burst = if admit { 50_000_000 } else { 1 };
-    vec![
+    let rate = match mode {
+        Mode::Admit => "1/m",
+        Mode::Renew => "1000/s",
+        Mode::Deny => "1/h",
+    }
+    .parse()
+    .unwrap();
+    let burst = if mode == Mode::Deny { 1 } else { 50_000_000 };
+    let buckets = vec![
+        ("token_bucket", Quota::token_bucket(burst, rate).unwrap()),
+        (
+            "leaky_bucket",
+            Quota::leaky_bucket(rate, burst - 1).unwrap(),
+        ),
+    ];
+    if mode == Mode::Renew {
+        return buckets;
+    }
+    let mut all = vec![
         ("fixed_window", Quota::fixed_window(limit, window).unwrap()),
         (
             "sliding_window_log",
@@ -67,12 +159,9 @@ fn quotas(admit: bool) -> Vec<(&'static str, Quota)> {
             "sliding_window_counter",
             Quota::sliding_window_counter(limit, window).unwrap(),
         ),
-        ("token_bucket", Quota::token_bucket(burst, rate).unwrap()),
-        (
-            "leaky_bucket",
-            Quota::leaky_bucket(rate, burst - 1).unwrap(),
-        ),
-    ]
+    ];
+    all.extend(buckets);
+    all
 }
 
 type Tollgate = Limiter<MemoryStore, SystemClock>;
@@ -85,12 +174,12 @@ fn tollgate(name: &str, quota: Quota) -> Tollgate {
         .unwrap()
 }
 
-fn governor_quota(admit: bool) -> GovQuota {
-    if admit {
-        GovQuota::per_minute(NonZeroU32::new(1).unwrap())
-            .allow_burst(NonZeroU32::new(50_000_000).unwrap())
-    } else {
-        GovQuota::per_hour(NonZeroU32::new(1).unwrap())
+fn governor_quota(mode: Mode) -> GovQuota {
+    let burst = NonZeroU32::new(50_000_000).unwrap();
+    match mode {
+        Mode::Admit => GovQuota::per_minute(NonZeroU32::new(1).unwrap()).allow_burst(burst),
+        Mode::Renew => GovQuota::per_second(NonZeroU32::new(1000).unwrap()).allow_burst(burst),
+        Mode::Deny => GovQuota::per_hour(NonZeroU32::new(1).unwrap()),
     }
 }
 
@@ -137,14 +226,17 @@ fn thread_cpu() -> Duration {
     Duration::ZERO
 }
 
-/// Which key operation `i` of thread `t` uses: always the first, or round-robin with the two
-/// threads half the key space apart.
-fn picker(key_count: usize) -> impl Fn(usize, u64) -> usize + Copy + Send + Sync {
-    move |t, i| {
-        if key_count == 1 {
-            0
-        } else {
-            (i as usize * 7 + t * (KEYS / 2)) % key_count
+/// Which key operation `i` of thread `t` uses. In order: the thread's own start (the second
+/// thread half the key space ahead), then the next key each time. Scattered: a multiplicative
+/// hash of the operation's number scaled to the key count, a few instructions that neither
+/// contender's caches can predict. Both contenders pay the same for it.
+fn picker(keys: Keys) -> impl Fn(usize, u64) -> usize + Copy + Send + Sync {
+    move |t, i| match keys {
+        Keys::Hot => 0,
+        Keys::InOrder => (i as usize + t * (KEYS / 2)) % KEYS,
+        Keys::Scattered => {
+            let mixed = (i ^ (t as u64) << 40).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            ((u128::from(mixed >> 32) * KEYS as u128) >> 32) as usize
         }
     }
 }
@@ -181,35 +273,45 @@ fn resolved_op(
 
 /// The contenders of one scenario, with every key already seen once (so a deny run denies).
 fn contenders(
-    key_count: usize,
-    admit: bool,
+    keys: Keys,
+    mode: Mode,
     strings: bool,
     only: Option<&str>,
 ) -> Vec<(&'static str, Op)> {
-    let pick = picker(key_count);
+    let pick = picker(keys);
+    let key_count = keys.count();
     let names: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("api-key-{i:08}")).collect());
     let mut out: Vec<(&'static str, Op)> = Vec::new();
-    for (name, quota) in quotas(admit) {
+    for (name, quota) in quotas(mode) {
         let plain = only.is_none_or(|o| o == name);
         let resolved = name == "token_bucket" && only.is_none_or(|o| o == RESOLVED);
         if !plain && !resolved {
             continue;
         }
-        // The keys of this scenario's shape only, as governor's limiter holds.
-        let limiter = tollgate(name, quota);
-        for k in 0..key_count {
-            if strings {
-                now_or_never(limiter.check(name, &names[k], 1)).unwrap();
-            } else {
-                now_or_never(limiter.check(name, (k as u64).to_le_bytes(), 1)).unwrap();
+        // Each contender its own store (one shared by two would find its data in cache after
+        // the other's burst), with the keys of this scenario's shape only, as governor's
+        // limiter holds.
+        let seeded = || {
+            let limiter = tollgate(name, quota.clone());
+            for k in 0..key_count {
+                if strings {
+                    now_or_never(limiter.check(name, &names[k], 1)).unwrap();
+                } else {
+                    now_or_never(limiter.check(name, (k as u64).to_le_bytes(), 1)).unwrap();
+                }
             }
-        }
+            limiter
+        };
         if resolved {
-            out.push((RESOLVED, resolved_op(&limiter, name, strings, &names, pick)));
+            out.push((
+                RESOLVED,
+                resolved_op(&seeded(), name, strings, &names, pick),
+            ));
         }
         if !plain {
             continue;
         }
+        let limiter = seeded();
         let op: Op = if strings {
             let names = Arc::clone(&names);
             Box::new(move |t, i| {
@@ -229,7 +331,7 @@ fn contenders(
         return out;
     }
     if strings {
-        let gov: RateLimiter<String, _, _> = RateLimiter::keyed(governor_quota(admit));
+        let gov: RateLimiter<String, _, _> = RateLimiter::keyed(governor_quota(mode));
         for k in 0..key_count {
             let _ = gov.check_key(&names[k]);
         }
@@ -241,7 +343,7 @@ fn contenders(
             }),
         ));
     } else {
-        let gov: RateLimiter<u64, _, _> = RateLimiter::keyed(governor_quota(admit));
+        let gov: RateLimiter<u64, _, _> = RateLimiter::keyed(governor_quota(mode));
         for k in 0..key_count {
             let _ = gov.check_key(&(k as u64));
         }
@@ -263,22 +365,54 @@ fn env(name: &str, default: u64) -> u64 {
 }
 
 /// Each contender's median ns per decision over interleaved rounds, with its ratio to
-/// governor (governor's time / this time: above 1 is faster than governor).
-fn interleaved(rounds: usize, per_round: u64, key_counts: &[usize]) {
+/// governor (governor's time / this time: above 1 is faster than governor) and the middle half
+/// of the per-round ratios.
+fn interleaved(rounds: usize, per_round: u64, keys: &[Keys]) {
     println!(
         "interleaved: median ns per decision over {rounds} rounds of {per_round} per thread; \
-         ratio = governor's time / this time; cpu = CPU time of the threads per decision"
+         ratio = median over the rounds of governor's time / this one's; lo-hi = middle half \
+         of those ratios; cpu = CPU time of the threads per decision"
     );
     println!(
-        "{:<8}{:<10}{:<4}{:<7}{:<24}{:>9}{:>9}{:>8}{:>9}{:>8}",
-        "keys", "shape", "thr", "mode", "contender", "ns", "M/s", "ratio", "cpu-ns", "cpu-r"
+        "{:<6}{:<8}{:<4}{:<7}{:<24}{:>8}{:>8}{:>7}{:>6}{:>6}{:>8}{:>7}{:>6}{:>6}",
+        "keys",
+        "shape",
+        "thr",
+        "mode",
+        "contender",
+        "ns",
+        "M/s",
+        "ratio",
+        "lo",
+        "hi",
+        "cpu-ns",
+        "cpu-r",
+        "lo",
+        "hi"
     );
+    let only = std::env::var("TOLLGATE_BENCH_ONLY").ok();
+    let picked = |var: &str, label: &str| {
+        std::env::var(var)
+            .map(|list| list.split(',').any(|l| l == label))
+            .unwrap_or(true)
+    };
     for strings in [true, false] {
-        for admit in [true, false] {
-            for &key_count in key_counts {
+        if !picked(
+            "TOLLGATE_BENCH_SHAPES",
+            if strings { "String" } else { "u64" },
+        ) {
+            continue;
+        }
+        for mode in Mode::ALL {
+            for &keys in keys {
+                if keys == Keys::Hot && mode == Mode::Renew
+                    || !picked("TOLLGATE_BENCH_MODES", mode.label())
+                    || !picked("TOLLGATE_BENCH_KEYS", keys.label())
+                {
+                    continue;
+                }
                 for threads in [1, 2] {
-                    let only = std::env::var("TOLLGATE_BENCH_ONLY").ok();
-                    let contenders = contenders(key_count, admit, strings, None)
+                    let contenders = contenders(keys, mode, strings, None)
                         .into_iter()
                         .filter(|(name, _)| {
                             *name == "governor"
@@ -288,26 +422,29 @@ fn interleaved(rounds: usize, per_round: u64, key_counts: &[usize]) {
                     let mut wall: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
                     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
                     let ops = (per_round * threads as u64) as f64;
-                    for _ in 0..rounds {
-                        for (c, (_, op)) in contenders.iter().enumerate() {
-                            let timing = timed(threads, per_round, op.as_ref());
+                    // Each round starts with the next contender, so none always follows the
+                    // same one (whose data has just evicted its own from the caches).
+                    let n = contenders.len();
+                    for round in 0..rounds {
+                        for c in (0..n).map(|c| (c + round) % n) {
+                            let timing = timed(threads, per_round, contenders[c].1.as_ref());
                             wall[c].push(timing.wall.as_nanos() as f64 / ops);
                             cpu[c].push(timing.cpu.as_nanos() as f64 / ops);
                         }
                     }
-                    let (wall, cpu) = (medians(wall), medians(cpu));
-                    let (governor_ns, governor_cpu) = (wall[wall.len() - 1], cpu[cpu.len() - 1]);
-                    for (((name, _), ns), cpu_ns) in contenders.iter().zip(&wall).zip(&cpu) {
+                    let governor = contenders.len() - 1;
+                    for (c, (name, _)) in contenders.iter().enumerate() {
+                        let (ns, ratio, lo, hi) = summary(&wall[c], &wall[governor]);
+                        let (cpu_ns, cpu_ratio, cpu_lo, cpu_hi) = summary(&cpu[c], &cpu[governor]);
                         println!(
-                            "{:<8}{:<10}{:<4}{:<7}{:<24}{ns:>9.1}{:>9.2}{:>8.2}{cpu_ns:>9.1}{:>8.2}",
-                            if key_count == 1 { "1" } else { "100k" },
+                            "{:<6}{:<8}{:<4}{:<7}{:<24}{ns:>8.1}{:>8.2}{ratio:>7.2}{lo:>6.2}\
+                             {hi:>6.2}{cpu_ns:>8.1}{cpu_ratio:>7.2}{cpu_lo:>6.2}{cpu_hi:>6.2}",
+                            keys.label(),
                             if strings { "String" } else { "u64" },
                             threads,
-                            if admit { "admit" } else { "deny" },
+                            mode.label(),
                             name,
                             1e3 / ns * threads as f64,
-                            governor_ns / ns,
-                            governor_cpu / cpu_ns
                         );
                     }
                 }
@@ -316,15 +453,25 @@ fn interleaved(rounds: usize, per_round: u64, key_counts: &[usize]) {
     }
 }
 
-/// The median of each contender's samples.
-fn medians(samples: Vec<Vec<f64>>) -> Vec<f64> {
-    samples
-        .into_iter()
-        .map(|mut s| {
-            s.sort_by(f64::total_cmp);
-            s[s.len() / 2]
-        })
-        .collect()
+/// A contender's median time, and its ratio to governor (governor's time / its own) in each
+/// round, where the two ran side by side: the median of those ratios and their middle half
+/// (25th to 75th percentile).
+fn summary(samples: &[f64], governor: &[f64]) -> (f64, f64, f64, f64) {
+    let mut per_round: Vec<f64> = governor.iter().zip(samples).map(|(g, s)| g / s).collect();
+    per_round.sort_by(f64::total_cmp);
+    let n = per_round.len();
+    (
+        median(samples),
+        per_round[n / 2],
+        per_round[n / 4],
+        per_round[(3 * n) / 4],
+    )
+}
+
+fn median(samples: &[f64]) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
 }
 
 /// Criterion on the hot key, one thread, String keys: the token bucket and governor.
@@ -333,7 +480,7 @@ fn criterion_hot_key() {
     let mut group = c.benchmark_group("check/1t/hot/String/admit");
     group.throughput(Throughput::Elements(1));
     group.measurement_time(Duration::from_secs(2));
-    for (name, op) in contenders(1, true, true, None) {
+    for (name, op) in contenders(Keys::Hot, Mode::Admit, true, None) {
         if name == "token_bucket" || name == "governor" {
             group.bench_function(name, |b| {
                 b.iter_custom(|iters| timed(1, iters, op.as_ref()).wall)
@@ -345,17 +492,18 @@ fn criterion_hot_key() {
 }
 
 /// Runs one contender of one scenario on one thread, for a profiler: `TOLLGATE_BENCH_PROFILE=
-/// "100k,String,admit,token_bucket"`, then `valgrind --tool=callgrind --collect-atstart=no
-/// --toggle-collect='*profiled_loop*'` gives instructions per decision (divide by the count).
-/// `TOLLGATE_BENCH_THREADS=2` runs it on two threads at once (for `perf`, on contention).
+/// "seq,String,admit,token_bucket"` (keys seq, rnd or hot; mode admit, renew or deny), then
+/// `valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*profiled_loop*'` gives
+/// instructions per decision (divide by the count). `TOLLGATE_BENCH_THREADS=2` runs it on two
+/// threads at once (for `perf`, on contention).
 fn profile(spec: &str) {
     let parts: Vec<&str> = spec.split(',').collect();
     let [keys, shape, mode, name] = parts[..] else {
-        panic!("TOLLGATE_BENCH_PROFILE=KEYS,SHAPE,MODE,CONTENDER (100k,String,admit,token_bucket)");
+        panic!("TOLLGATE_BENCH_PROFILE=KEYS,SHAPE,MODE,CONTENDER (seq,String,admit,token_bucket)");
     };
-    let key_count = if keys == "1" { 1 } else { KEYS };
+    let (keys, mode) = (Keys::parse(keys), Mode::parse(mode));
     let ops = env("TOLLGATE_BENCH_OPS", 1_000_000);
-    for (contender, op) in contenders(key_count, mode == "admit", shape == "String", Some(name)) {
+    for (contender, op) in contenders(keys, mode, shape == "String", Some(name)) {
         if contender == name {
             let threads = env("TOLLGATE_BENCH_THREADS", 1) as usize;
             let timing = timed(threads, 1, &|t, _| profiled_loop(t, op.as_ref(), ops));
@@ -385,7 +533,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     // `cargo test --benches` runs this binary without `--bench`: keep that a quick smoke test.
     if !args.iter().any(|a| a == "--bench") {
-        interleaved(1, 100, &[1]);
+        interleaved(1, 100, &[Keys::Hot]);
         return;
     }
     if args.iter().any(|a| a == "--criterion") {
@@ -394,6 +542,6 @@ fn main() {
     interleaved(
         env("TOLLGATE_BENCH_ROUNDS", 11) as usize,
         env("TOLLGATE_BENCH_OPS", 100_000),
-        &[KEYS, 1],
+        &Keys::ALL,
     );
 }

@@ -83,9 +83,8 @@ fn main() {
         store.apply_now(T0, &[Check::new(&policy, &i.to_le_bytes(), 1)]);
     }
     println!(
-        "{} keys of one fixed-window policy, {} shards",
-        store.len(),
-        "default"
+        "{} keys of one fixed-window policy, default shards",
+        store.len()
     );
 
     // One snapshot, alone: time, size, memory gained meanwhile.

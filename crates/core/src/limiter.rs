@@ -95,8 +95,16 @@ impl Policies {
             Some(index) => index.get(name).map(|&i| &self.list[i]),
             None => {
                 let probe = NameProbe::of(name);
-                let i = self.probes.iter().position(|p| *p == probe)?;
-                let policy = &self.list[i];
+                // One policy, the common case: compared without the scan's setup and bounds
+                // checks (callgrind: 10 instructions a check).
+                let policy = match (&self.probes[..], &self.list[..]) {
+                    ([only], [policy]) if *only == probe => policy,
+                    ([_], [_]) => return None,
+                    _ => {
+                        let i = self.probes.iter().position(|p| *p == probe)?;
+                        &self.list[i]
+                    }
+                };
                 // A probe covers names of up to 16 bytes; longer ones compare their middles too.
                 (name.len() <= NameProbe::EXACT_UP_TO || middles_equal(policy.name(), name))
                     .then_some(policy)
@@ -501,11 +509,15 @@ mod tests {
     use crate::Quota;
 
     /// The scan (probes, then middles for long names) against comparing whole names, over names
-    /// of every length up to the 128-byte limit that differ in one byte anywhere.
+    /// of every length up to the 128-byte limit that differ in one byte anywhere, with one policy
+    /// (its own path) and with the most the scan takes.
     #[test]
     fn name_lookup_agrees_with_comparing_names() -> Result<(), crate::QuotaError> {
         let quota = Quota::fixed_window(1, Duration::from_secs(1))?;
-        for len in 1..=128 {
+        for (count, len) in [1, Policies::SCAN_UP_TO]
+            .into_iter()
+            .flat_map(|count| (1..=128).map(move |len| (count, len)))
+        {
             let base: String = (0..len)
                 .map(|i| char::from(b'a' + (i % 26) as u8))
                 .collect();
@@ -517,7 +529,7 @@ mod tests {
             }
             let registered: Vec<Policy> = names
                 .iter()
-                .take(Policies::SCAN_UP_TO)
+                .take(count)
                 .map(|n| Policy::new(n, quota.clone()))
                 .collect::<Result<_, _>>()?;
             let policies = Policies::new(registered.clone());

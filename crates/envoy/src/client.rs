@@ -8,7 +8,7 @@ use tonic_prost::ProstCodec;
 
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::proto::grpc::health::v1::{HealthCheckRequest, HealthCheckResponse};
-use crate::proto::{HEALTH_CHECK_PATH, SHOULD_RATE_LIMIT_PATH};
+use crate::proto::{HEALTH_CHECK_PATH, HEALTH_WATCH_PATH, SHOULD_RATE_LIMIT_PATH};
 
 /// A client of `RateLimitService` and `Health` over one HTTP/2 connection (clone it to share
 /// the connection; connect again for another).
@@ -67,6 +67,25 @@ impl RlsClient {
         let response = self
             .inner
             .unary(tonic::Request::new(request), path, codec)
+            .await?;
+        Ok(response.into_inner())
+    }
+
+    /// Calls `grpc.health.v1.Health/Watch` for `service`: the stream of its statuses, the
+    /// current one first, then each change.
+    pub async fn health_watch(
+        &mut self,
+        service: &str,
+    ) -> Result<tonic::Streaming<HealthCheckResponse>, Status> {
+        self.ready().await?;
+        let codec = ProstCodec::<HealthCheckRequest, HealthCheckResponse>::default();
+        let path = PathAndQuery::from_static(HEALTH_WATCH_PATH);
+        let request = HealthCheckRequest {
+            service: service.to_owned(),
+        };
+        let response = self
+            .inner
+            .server_streaming(tonic::Request::new(request), path, codec)
             .await?;
         Ok(response.into_inner())
     }

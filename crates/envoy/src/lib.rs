@@ -30,8 +30,10 @@
 //! `replaces`, `shadow_mode`, `quota_mode`, `share_threshold`, `unlimited`, blocklists with
 //! `requests_per_unit: 0`), and a request descriptor's `limit` override applies as
 //! envoyproxy/ratelimit applies it (see [`MAX_OVERRIDES`]); `docs/envoy.md` lists the
-//! deliberate differences. Not supported: `quota` answers, `raw_body` and `dynamic_metadata`,
-//! `Health/Watch`.
+//! deliberate differences. Not supported: `quota` answers, `raw_body` and `dynamic_metadata`.
+//!
+//! `grpc.health.v1.Health` answers `Check` and streams `Watch` from the service's [`Health`].
+//! [`serve_with_io`] runs each connection over a stream of the caller's making (TLS, say).
 
 // The README's Rust examples compile as doc tests of this crate.
 #[cfg(all(doctest, feature = "service"))]
@@ -58,7 +60,9 @@ pub use config::{
     parse_failure_mode,
 };
 #[cfg(feature = "service")]
-pub use server::{MAX_REQUEST_BYTES, RLS_SERVICE_NAME, ServeOptions, serve, serve_with};
+pub use server::{
+    Health, MAX_REQUEST_BYTES, RLS_SERVICE_NAME, ServeOptions, serve, serve_with, serve_with_io,
+};
 #[cfg(feature = "service")]
 pub use service::{CallSpan, CallTracer, MAX_DESCRIPTORS, MAX_OVERRIDES, Observer, RlsService};
 pub use yaml::{envoy_config_files, load_envoy_config_dir, parse_envoy_config};

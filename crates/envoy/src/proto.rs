@@ -21,5 +21,5 @@ pub const SHOULD_RATE_LIMIT_PATH: &str =
 /// The gRPC path of `grpc.health.v1.Health/Check`.
 pub const HEALTH_CHECK_PATH: &str = "/grpc.health.v1.Health/Check";
 
-/// The gRPC path of `grpc.health.v1.Health/Watch` (answered `UNIMPLEMENTED`).
+/// The gRPC path of `grpc.health.v1.Health/Watch`.
 pub const HEALTH_WATCH_PATH: &str = "/grpc.health.v1.Health/Watch";

@@ -1,8 +1,11 @@
 //! The gRPC server: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` and
-//! `grpc.health.v1.Health/Check` on one listener, over hyper's HTTP/2 server, at most
-//! [`ServeOptions::max_connections`] connections at once.
+//! `grpc.health.v1.Health` (`Check`, `Watch`) on one listener, over hyper's HTTP/2 server, at
+//! most [`ServeOptions::max_connections`] connections at once.
 
+mod health;
 mod unary;
+
+pub use health::Health;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -11,19 +14,20 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use prost::Message as _;
-use tokio::sync::Semaphore;
+use tokio::net::TcpStream;
+use tokio::sync::{Semaphore, watch};
 use tollgate::{Clock, Store};
 use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::{BoxFuture, StdError, http};
-use tonic::server::{Grpc, UnaryService};
+use tonic::server::Grpc;
 use tonic_prost::ProstCodec;
 
 use crate::RlsService;
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use crate::proto::grpc::health::v1::health_check_response::ServingStatus;
 use crate::proto::grpc::health::v1::{HealthCheckRequest, HealthCheckResponse};
 use crate::proto::{HEALTH_CHECK_PATH, HEALTH_WATCH_PATH, SHOULD_RATE_LIMIT_PATH};
+use health::{HealthCheck, HealthWatch};
 
 /// The service name Envoy's rate limit client calls, as the health service reports it.
 pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -72,9 +76,11 @@ where
 /// `options.max_connections` connections at once, until `shutdown` completes; then lets
 /// in-flight calls finish for up to `options.drain`.
 ///
-/// Answers `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` and
-/// `grpc.health.v1.Health/Check` (`SERVING` for `""` and [`RLS_SERVICE_NAME`],
-/// `NOT_FOUND` otherwise); any other method is `UNIMPLEMENTED`.
+/// Answers `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`,
+/// `grpc.health.v1.Health/Check` (the service's [`Health`] for `""` and [`RLS_SERVICE_NAME`],
+/// `NOT_FOUND` otherwise) and `grpc.health.v1.Health/Watch` (that status now and at each
+/// change; `SERVICE_UNKNOWN` for another name); any other method is `UNIMPLEMENTED`. At
+/// shutdown, `Watch` streams say `NOT_SERVING` and end.
 ///
 /// The connections are hyper's HTTP/2 server directly, without tonic's transport stack (its
 /// tower layers and boxed futures cost about a tenth of a call), and `ShouldRateLimit`
@@ -90,6 +96,30 @@ where
     S: Store,
     C: Clock,
 {
+    serve_with_io(listener, service, shutdown, options, |stream| async move {
+        Some(stream)
+    })
+    .await
+}
+
+/// [`serve_with`] over the streams `wrap` makes of each accepted connection: a TLS handshake,
+/// say. `wrap` runs in the connection's own task (a slow handshake holds up no other
+/// connection), under the connection's permit; `None` drops the connection. `wrap` bounds its
+/// own time: a client that never completes it holds a permit until it gives up.
+pub async fn serve_with_io<S, C, W, F, I>(
+    listener: tokio::net::TcpListener,
+    service: RlsService<S, C>,
+    shutdown: impl Future<Output = ()>,
+    options: ServeOptions,
+    wrap: W,
+) -> std::io::Result<()>
+where
+    S: Store,
+    C: Clock,
+    W: Fn(TcpStream) -> F,
+    F: Future<Output = Option<I>> + Send + 'static,
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let mut http2 = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
     http2
         // Envoy multiplexes every rate limit call of a worker over one connection: let many
@@ -101,6 +131,9 @@ where
         // gRPC clients have no use for a `date` header on every answer.
         .auto_date_header(false);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Health/Watch streams never end on their own: this tells them the server is going, so
+    // the drain does not wait for them.
+    let (stop_tx, stop_rx) = watch::channel(false);
     // A permit per connection, taken before accepting: past the bound, clients wait in the
     // kernel's accept queue, as on Tollgate's other listeners.
     let permits = Arc::new(Semaphore::new(options.max_connections.max(1)));
@@ -128,15 +161,21 @@ where
         let _ = stream.set_nodelay(true);
         let svc = hyper_util::service::TowerToHyperService::new(GrpcService {
             service: service.clone(),
+            stop: stop_rx.clone(),
         });
-        let connection =
-            graceful.watch(http2.serve_connection(hyper_util::rt::TokioIo::new(stream), svc));
+        let io = wrap(stream);
+        let watcher = graceful.watcher();
+        let http2 = http2.clone();
         tokio::spawn(async move {
-            let _ = connection.await;
+            if let Some(io) = io.await {
+                let connection = http2.serve_connection(hyper_util::rt::TokioIo::new(io), svc);
+                let _ = watcher.watch(connection).await;
+            }
             drop(permit);
         });
     }
     drop(listener);
+    let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(options.drain, graceful.shutdown()).await;
     Ok(())
 }
@@ -145,12 +184,15 @@ where
 #[derive(Debug)]
 struct GrpcService<S: Store, C: Clock> {
     service: RlsService<S, C>,
+    /// Turns true at shutdown.
+    stop: watch::Receiver<bool>,
 }
 
 impl<S: Store, C: Clock> Clone for GrpcService<S, C> {
     fn clone(&self) -> Self {
         GrpcService {
             service: self.service.clone(),
+            stop: self.stop.clone(),
         }
     }
 }
@@ -176,14 +218,25 @@ where
                 let service = self.service.clone();
                 Box::pin(async move { Ok(should_rate_limit(service, req).await) })
             }
-            HEALTH_CHECK_PATH => Box::pin(async move {
-                let mut grpc =
-                    Grpc::new(ProstCodec::<HealthCheckResponse, HealthCheckRequest>::default());
-                Ok(grpc.unary(HealthCheck, req).await)
-            }),
-            HEALTH_WATCH_PATH => Box::pin(async move {
-                Ok(Status::unimplemented("Health/Watch is not implemented; use Check").into_http())
-            }),
+            HEALTH_CHECK_PATH => {
+                let check = HealthCheck(self.service.health().clone());
+                Box::pin(async move {
+                    let mut grpc =
+                        Grpc::new(ProstCodec::<HealthCheckResponse, HealthCheckRequest>::default());
+                    Ok(grpc.unary(check, req).await)
+                })
+            }
+            HEALTH_WATCH_PATH => {
+                let watch = HealthWatch {
+                    health: self.service.health().clone(),
+                    stop: self.stop.clone(),
+                };
+                Box::pin(async move {
+                    let mut grpc =
+                        Grpc::new(ProstCodec::<HealthCheckResponse, HealthCheckRequest>::default());
+                    Ok(grpc.server_streaming(watch, req).await)
+                })
+            }
             path => {
                 let message = format!(
                     "unknown method {:?}",
@@ -236,25 +289,5 @@ where
     match answer {
         Ok(response) => unary::unary_response(&response),
         Err(status) => status.into_http(),
-    }
-}
-
-struct HealthCheck;
-
-impl UnaryService<HealthCheckRequest> for HealthCheck {
-    type Response = HealthCheckResponse;
-    type Future = BoxFuture<tonic::Response<HealthCheckResponse>, Status>;
-
-    fn call(&mut self, request: tonic::Request<HealthCheckRequest>) -> Self::Future {
-        // As the health checking protocol says: an unknown service is NOT_FOUND.
-        let known = matches!(request.get_ref().service.as_str(), "" | RLS_SERVICE_NAME);
-        Box::pin(async move {
-            if !known {
-                return Err(Status::not_found("unknown service"));
-            }
-            Ok(tonic::Response::new(HealthCheckResponse {
-                status: ServingStatus::Serving as i32,
-            }))
-        })
     }
 }

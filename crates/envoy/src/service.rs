@@ -69,6 +69,8 @@ struct Inner<S: Store, C: Clock> {
     config: ArcSwap<Compiled>,
     overrides: Mutex<Overrides>,
     observer: Option<Observer>,
+    /// What `grpc.health.v1.Health` reports.
+    health: crate::Health,
     tracer: Option<CallTracer>,
 }
 
@@ -131,6 +133,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 config: ArcSwap::from_pointee(Compiled::new(config)?),
                 overrides: Mutex::default(),
                 observer: None,
+                health: crate::Health::default(),
                 tracer: None,
             }),
         })
@@ -149,6 +152,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 config: ArcSwap::new(shared.config.load_full()),
                 overrides: Mutex::default(),
                 observer: Some(observer),
+                health: shared.health.clone(),
                 tracer: shared.tracer.clone(),
             },
         };
@@ -170,6 +174,7 @@ impl<S: Store, C: Clock> RlsService<S, C> {
                 config: ArcSwap::new(shared.config.load_full()),
                 overrides: Mutex::default(),
                 observer: shared.observer.clone(),
+                health: shared.health.clone(),
                 tracer: Some(tracer),
             },
         };
@@ -193,6 +198,12 @@ impl<S: Store, C: Clock> RlsService<S, C> {
         let compiled = Compiled::new(config)?;
         self.inner.config.store(Arc::new(compiled));
         Ok(())
+    }
+
+    /// The status `grpc.health.v1.Health` reports for this service (shared by every clone):
+    /// serving until set otherwise.
+    pub fn health(&self) -> &crate::Health {
+        &self.inner.health
     }
 
     /// The limiter.

@@ -367,8 +367,18 @@ fn check_json(
         String::from_utf8_lossy(body)
     );
     if let Some(expected) = reference(path, max, body) {
+        // serde_json reads a `\u` escape's four digits before it checks them, so near the end
+        // of the body it says "truncated" where the meter already saw a byte that is no hex
+        // digit: both refuse the body.
+        let short_escape = match (whole, expected) {
+            (
+                Usage::Bad(BadReason::Malformed { offset }),
+                Usage::Bad(BadReason::Truncated { .. }),
+            ) => usize::try_from(offset).is_ok_and(|o| o.saturating_add(5) >= body.len()),
+            _ => false,
+        };
         prop_assert!(
-            same(whole, expected),
+            short_escape || same(whole, expected),
             "meter {:?}, serde_json {:?}, path {:?}, body {:?}",
             whole,
             expected,

@@ -16,6 +16,7 @@ mod admin;
 mod api;
 pub use tollgate_config as config;
 mod generation;
+mod health;
 mod metrics;
 mod queue;
 mod relay;
@@ -26,6 +27,7 @@ mod sharded;
 mod state;
 pub mod store;
 mod telemetry;
+mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -71,6 +73,14 @@ pub enum ServerError {
     /// The policies could not be loaded into the engine.
     #[error("cannot build the policy engine: {0}")]
     Engine(#[from] tollgate_http::ConfigError),
+    /// A listener's TLS files could not be loaded.
+    #[error("cannot serve the {listener} listener over TLS: {source}")]
+    Tls {
+        /// The listener: `api`, `admin`, `proxy` or `grpc`.
+        listener: &'static str,
+        /// Which file, and why.
+        source: config::TlsError,
+    },
 }
 
 /// Why a reload was rejected (the running configuration stays).
@@ -232,6 +242,12 @@ impl Shared {
         {
             tracing::warn!("reload: listen address changes take effect on restart");
         }
+        if tls::turned_on_or_off(old, &config) {
+            tracing::warn!(
+                "reload: turning TLS on or off for a listener takes effect on restart; new \
+                 certificate files are picked up now"
+            );
+        }
         if !same_limits(&old.limits, &config.limits) {
             tracing::warn!("reload: listener limit changes take effect on restart");
         }
@@ -297,6 +313,7 @@ pub async fn run_with(
              key_secret_env to a variable holding the same secret on every instance"
         );
     }
+    let tls = tls::ListenerTls::new(&config)?;
     let metrics = Arc::new(Metrics::default());
     let telemetry = Arc::new(telemetry::Telemetry::start(
         &config.telemetry,
@@ -337,13 +354,25 @@ pub async fn run_with(
     #[cfg(not(unix))]
     let hup: Option<()> = None;
 
-    let mut tasks = spawn_listeners(&shared, listeners.api, listeners.admin, &stop_rx, limits);
+    let mut tasks = spawn_listeners(
+        &shared,
+        (listeners.api, listeners.admin),
+        &tls,
+        &stop_rx,
+        limits,
+    );
     if let Some(l) = listeners.proxy {
         let s = Arc::clone(&shared);
-        tasks.spawn(relay::serve_per_core(s, l, stop_rx.clone(), limits));
+        let t = tls.proxy.clone();
+        tasks.spawn(relay::serve_per_core(s, l, stop_rx.clone(), limits, t));
     }
     if let Some((service, listener)) = envoy {
-        tasks.spawn(serve_envoy(service, listener, stop_rx.clone(), limits));
+        // Envoy's health checks and watches say what `/readyz` says, from the first call on.
+        let health = service.health().clone();
+        health.set_serving(store.ready().await.is_ok());
+        tokio::spawn(health::probe_store(store.clone(), health, stop_rx.clone()));
+        let t = tls.grpc.clone();
+        tasks.spawn(serve_envoy(service, listener, stop_rx.clone(), limits, t));
     }
     if let Some(listener) = listeners.resp {
         tasks.spawn(resp::serve(
@@ -357,6 +386,12 @@ pub async fn run_with(
     tokio::spawn(live_operations(Arc::clone(&shared), stop_rx.clone()));
     tokio::spawn(state::keep(Arc::clone(&shared), stop_rx.clone()));
     tokio::spawn(watch_config(Arc::clone(&shared), hup, stop_rx.clone()));
+    let s = Arc::clone(&shared);
+    tokio::spawn(tls::watch_files(
+        tls.watched(),
+        move || s.engine(),
+        stop_rx.clone(),
+    ));
 
     shutdown.await;
     tracing::info!("shutting down: draining in-flight requests");
@@ -379,8 +414,8 @@ pub async fn run_with(
 /// turns true and its connections have drained.
 fn spawn_listeners(
     shared: &Arc<Shared>,
-    api: tokio::net::TcpListener,
-    admin: tokio::net::TcpListener,
+    (api, admin): (tokio::net::TcpListener, tokio::net::TcpListener),
+    tls: &tls::ListenerTls,
     stop: &watch::Receiver<bool>,
     limits: Limits,
 ) -> tokio::task::JoinSet<()> {
@@ -392,6 +427,7 @@ fn spawn_listeners(
         move |peer, req| api::handle(Arc::clone(&s), peer, req),
         stop.clone(),
         limits,
+        tls.api.clone(),
     ));
     let s = Arc::clone(shared);
     tasks.spawn(serve::serve(
@@ -400,6 +436,7 @@ fn spawn_listeners(
         move |peer, req| admin::handle(Arc::clone(&s), peer, req),
         stop.clone(),
         limits,
+        tls.admin.clone(),
     ));
     tasks.spawn(queue::supervise(
         Arc::clone(shared),
@@ -410,19 +447,33 @@ fn spawn_listeners(
 }
 
 /// Envoy's rate limit service, bounded like the other listeners: `max_connections` at once,
-/// the same drain.
+/// the same drain; over TLS (HTTP/2 only) when `[server]` has it.
 async fn serve_envoy(
     service: tollgate_envoy::RlsService<AnyStore, SystemClock>,
     listener: tokio::net::TcpListener,
     mut stop: watch::Receiver<bool>,
     limits: Limits,
+    tls: Option<Arc<tls::Tls>>,
 ) {
     let shutdown = async move { serve::stopped(&mut stop).await };
     let options = tollgate_envoy::ServeOptions {
         max_connections: limits.max_connections,
         drain: limits.drain,
     };
-    if let Err(e) = tollgate_envoy::serve_with(listener, service, shutdown, options).await {
+    let served = match tls {
+        None => tollgate_envoy::serve_with(listener, service, shutdown, options).await,
+        Some(tls) => {
+            let handshake = move |stream: tokio::net::TcpStream| {
+                let tls = Arc::clone(&tls);
+                async move {
+                    let peer = stream.peer_addr().ok()?;
+                    tls.accept(stream, peer, limits.header_read_timeout).await
+                }
+            };
+            tollgate_envoy::serve_with_io(listener, service, shutdown, options, handshake).await
+        }
+    };
+    if let Err(e) = served {
         tracing::error!(error = %e, "Envoy rate limit service stopped");
     }
 }

@@ -9,6 +9,7 @@
 //! per proxied request, so the proxy is this relay, and only it: there is no second path.
 //!
 //! Its seams, one file each:
+//! - `client.rs`: the client's connection, TCP or TLS;
 //! - `conn.rs`: a client connection's loop: find a head, check it, decide, answer or forward;
 //! - `head.rs`: request heads: found in linear time, checked, written again for the upstream;
 //! - `exchange.rs`: one request up and its response down, at the same time;
@@ -24,6 +25,7 @@
 //! answers one of its own requests. See `docs/proxy.md`.
 
 mod body;
+mod client;
 mod conn;
 mod deadline;
 mod delivery;
@@ -47,6 +49,8 @@ use tokio::sync::watch;
 
 use crate::Shared;
 use crate::serve::Limits;
+use crate::tls::Tls;
+use client::Client;
 use conn::Conn;
 
 /// Serves the proxy listener until `shutdown` turns true and its connections have drained:
@@ -58,17 +62,20 @@ use conn::Conn;
 /// connection that stays on one thread, as an nginx worker does it, costs less per request.
 /// Why one acceptor: threads racing for `accept` on a shared socket share connections out
 /// unevenly, and the busier thread's connections make the latency tail.
+///
+/// With `tls`, each connection's handshake runs on its worker, as the connection's first step.
 pub(crate) async fn serve_per_core(
     shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
     shutdown: watch::Receiver<bool>,
     limits: Limits,
+    tls: Option<Arc<Tls>>,
 ) {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut workers = Vec::with_capacity(threads);
     let mut finished = Vec::with_capacity(threads);
     for i in 0..threads {
-        match spawn_worker(i, Arc::clone(&shared), limits) {
+        match spawn_worker(i, Arc::clone(&shared), limits, tls.clone()) {
             Ok((worker, done)) => {
                 workers.push(worker);
                 finished.push(done);
@@ -90,6 +97,7 @@ pub(crate) async fn serve_per_core(
                     peer,
                     limits,
                     stop,
+                    tls.clone(),
                 )
             },
             shutdown,
@@ -156,6 +164,7 @@ fn spawn_worker(
     i: usize,
     shared: Arc<Shared>,
     limits: Limits,
+    tls: Option<Arc<Tls>>,
 ) -> io::Result<(Worker, tokio::sync::oneshot::Receiver<()>)> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Handoff>();
     let active = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -177,10 +186,11 @@ fn spawn_worker(
                             let shared = Arc::clone(&shared);
                             let pool = Arc::clone(&pool);
                             let count = Arc::clone(&count);
+                            let tls = tls.clone();
                             conns.spawn(async move {
                                 match TcpStream::from_std(stream) {
                                     Ok(stream) => {
-                                        serve_connection(shared, pool, stream, peer, limits, stop)
+                                        serve_connection(shared, pool, stream, peer, limits, stop, tls)
                                             .await;
                                     }
                                     Err(e) => tracing::warn!(error = %e, "proxy: connection lost in hand-off"),
@@ -200,15 +210,23 @@ fn spawn_worker(
     Ok((Worker { tx, active }, done_rx))
 }
 
-/// Serves one client connection of the proxy listener.
+/// Serves one client connection of the proxy listener, after its TLS handshake when `tls`.
 pub(crate) async fn serve_connection(
     shared: Arc<Shared>,
     pool: Arc<Pool>,
-    mut client: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     limits: Limits,
     stop: watch::Receiver<bool>,
+    tls: Option<Arc<Tls>>,
 ) {
+    let mut client = match tls {
+        None => Client::Plain(stream),
+        Some(tls) => match tls.accept(stream, peer, limits.header_read_timeout).await {
+            Some(stream) => Client::Tls(Box::new(stream)),
+            None => return,
+        },
+    };
     let mut conn = Conn::new(shared, pool, peer, limits);
     conn.run(&mut client, &stop).await;
     let _ = client.shutdown().await;

@@ -38,20 +38,9 @@ async fn recording_upstream(hold: Duration) -> (SocketAddr, Arc<Seen>) {
             let seen = Arc::clone(&state);
             tokio::spawn(async move {
                 let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                    buf.drain(..end + 4);
-                    let client = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("x-client: "))
+                while let Some(request) = next_request(&mut stream, &mut buf).await {
+                    let client = request
+                        .header("x-client")
                         .and_then(|c| c.trim().parse::<u32>().ok())
                         .unwrap_or(0);
                     let now = seen.now.fetch_add(1, Ordering::SeqCst) + 1;

@@ -25,32 +25,9 @@ async fn ai_upstream() -> SocketAddr {
         while let Ok((mut stream, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let mut buf = Vec::new();
-                let mut chunk = [0u8; 8192];
-                loop {
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                    buf.drain(..end + 4);
-                    let header = |name: &str| {
-                        head.lines()
-                            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-                            .map(str::to_owned)
-                    };
-                    let length: usize = header("content-length")
-                        .and_then(|l| l.parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < length {
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    buf.drain(..length);
+                while let Some(request) = next_request(&mut stream, &mut buf).await {
+                    let head = &request.head;
+                    let header = |name: &str| request.header(name);
                     let reply = if head.starts_with("post /login") {
                         let ok = header("x-password").as_deref() == Some("right");
                         let status = if ok { "200 OK" } else { "401 Unauthorized" };

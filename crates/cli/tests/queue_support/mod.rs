@@ -160,7 +160,12 @@ pub fn request(
 ) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n");
+    // `Host: t` unless the caller names one (an admin write must name the admin listener).
+    let mut head = if headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n")
+    } else {
+        format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n")
+    };
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }

@@ -1,10 +1,12 @@
-//! `[server]` and `[admin]`: where Tollgate listens, and the bounds every listener keeps
-//! (`header_read_timeout`, `max_header_bytes`, `max_connections`, `[proxy] idle_timeout`).
+//! `[server]` and `[admin]`: where Tollgate listens, over TLS or not, and the bounds every
+//! listener keeps (`header_read_timeout`, `max_header_bytes`, `max_connections`,
+//! `[proxy] idle_timeout`).
 
 use std::net::SocketAddr;
 
 use super::fields::{addr, duration};
 use super::{Errors, RawAdmin, RawProxy, RawServer, S};
+use crate::tls::RawTls;
 
 /// The listeners of `[server]` and `[admin]`; each field `None` when its value was refused
 /// (and reported).
@@ -18,6 +20,10 @@ pub(super) struct Listeners {
     pub(super) limits: Option<crate::Limits>,
     pub(super) admin_listen: Option<SocketAddr>,
     pub(super) admin_token: Option<String>,
+    /// `[server]`'s TLS (`Some(None)`: plaintext).
+    pub(super) tls: Option<Option<crate::TlsConfig>>,
+    /// `[admin]`'s TLS (`Some(None)`: plaintext).
+    pub(super) admin_tls: Option<Option<crate::TlsConfig>>,
     /// False when a field was refused that has no `None` of its own (an empty admin token).
     pub(super) ok: bool,
 }
@@ -53,7 +59,44 @@ pub(super) fn validate(
         Some(v) => addr(v, "[admin]", "listen", errs),
         None => Some(SocketAddr::from(([127, 0, 0, 1], 9090))),
     };
+    let tls = crate::tls::validate(
+        "[server]",
+        RawTls {
+            cert: server.tls_cert.as_ref(),
+            key: server.tls_key.as_ref(),
+            client_ca: server.client_ca.as_ref(),
+        },
+        errs,
+    );
+    let admin_tls = crate::tls::validate(
+        "[admin]",
+        RawTls {
+            cert: admin.tls_cert.as_ref(),
+            key: admin.tls_key.as_ref(),
+            client_ca: admin.client_ca.as_ref(),
+        },
+        errs,
+    );
     let mut ok = true;
+    if let (Some(v), Some(Some(resp)), true) = (
+        &server.resp_listen,
+        resp_listen,
+        server.tls_cert.is_some() || server.tls_key.is_some(),
+    ) && !resp.ip().is_loopback()
+    {
+        // Its connections are plaintext: a TLS-only [server] must not open a plaintext door
+        // beyond this host without saying so.
+        errs.at(
+            v.span().start,
+            format!(
+                "[server] field \"resp_listen\": the Redis-protocol door has no TLS, and [server] \
+                 is served over TLS (tls_cert); bind it to a loopback address for clients on this \
+                 host, e.g. resp_listen = \"127.0.0.1:{}\", or remove it",
+                resp.port()
+            ),
+        );
+        ok = false;
+    }
     let admin_token = match admin.token {
         Some(t) if t.get_ref().is_empty() => {
             errs.at(
@@ -74,6 +117,8 @@ pub(super) fn validate(
         limits,
         admin_listen,
         admin_token,
+        tls,
+        admin_tls,
         ok,
     }
 }

@@ -1,5 +1,5 @@
-//! `[proxy]`: the reverse proxy's listener, its upstream, whose forwarding headers are believed,
-//! and how long an exchange may take.
+//! `[proxy]`: the reverse proxy's listener (over TLS or not), its upstream, whose forwarding
+//! headers are believed, and how long an exchange may take.
 
 use std::time::Duration;
 
@@ -62,6 +62,15 @@ pub(super) fn validate(p: S<RawProxy>, errs: &mut Errors<'_>) -> Option<ProxyCon
         ),
         None => Some(ForwardedHeader::XForwardedFor),
     };
+    let tls = crate::tls::validate(
+        "[proxy]",
+        crate::tls::RawTls {
+            cert: p.tls_cert.as_ref(),
+            key: p.tls_key.as_ref(),
+            client_ca: p.client_ca.as_ref(),
+        },
+        errs,
+    );
     if !ok {
         return None;
     }
@@ -71,6 +80,7 @@ pub(super) fn validate(p: S<RawProxy>, errs: &mut Errors<'_>) -> Option<ProxyCon
         trusted_proxies: tollgate_http::TrustedProxies::new(trusted),
         forwarded_header: forwarded_header?,
         timeout: timeout?,
+        tls: tls?,
     })
 }
 

@@ -9,12 +9,12 @@ use bytes::{Buf, BytesMut};
 use hyper::header::HeaderValue;
 use hyper::{HeaderMap, Method, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tollgate_http::RequestInfo;
 
 use super::body::Framing;
+use super::client::Client;
 use super::deadline::{self, Timer};
 use super::head::{self, HeadScan, Host, MALFORMED, Refusal, RequestHead, Version};
 use super::pool::Pool;
@@ -108,7 +108,7 @@ impl Conn {
     }
 
     /// Serves requests until the connection ends.
-    pub(super) async fn run(&mut self, client: &mut TcpStream, stop: &watch::Receiver<bool>) {
+    pub(super) async fn run(&mut self, client: &mut Client, stop: &watch::Receiver<bool>) {
         // One wait for shutdown for the whole connection, rather than one registered and
         // dropped per request. It completes at most once: every branch that sees it returns.
         let mut signal = stop.clone();
@@ -139,7 +139,7 @@ impl Conn {
     /// large a head, shutdown between requests).
     async fn read_head(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
         first: bool,
         stopping: bool,
@@ -208,7 +208,7 @@ impl Conn {
     /// One request and its response. `true`: the connection may carry another request.
     async fn exchange(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         engine: &Generation,
         head_len: usize,
         stopping: bool,
@@ -392,12 +392,7 @@ impl Conn {
 
     /// Answers `refusal` as problem+json and ends the connection (its next bytes cannot be
     /// trusted to start a request). The write has the header read timeout to complete.
-    pub(super) async fn refuse(
-        &mut self,
-        client: &mut TcpStream,
-        refusal: Refusal,
-        version: Version,
-    ) {
+    pub(super) async fn refuse(&mut self, client: &mut Client, refusal: Refusal, version: Version) {
         let body = refusal.body();
         write_answer(
             &mut self.out,

@@ -18,6 +18,7 @@ use tollgate_http::RateLimitHeaders;
 use crate::generation::Settle;
 
 use super::body::{BodyCopy, Encoding, Framing, Malformed, Trailers};
+use super::client::{Client, ClientRead, ClientWrite};
 use super::conn::{Conn, Plan, READ_CHUNK};
 use super::deadline::{self, Timer};
 use super::head::MALFORMED_BODY;
@@ -59,7 +60,7 @@ impl Conn {
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn forward(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         authority: &Authority,
         plan: Plan,
         (rate_limit, mut settle): (&RateLimitHeaders, Option<Box<Settle>>),
@@ -195,7 +196,7 @@ impl Conn {
     /// upstream may answer before it has read the whole request body.
     async fn relay(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         up: &mut TcpStream,
         plan: Plan,
         (rate_limit, settle): (&RateLimitHeaders, Option<&mut Settle>),
@@ -213,7 +214,8 @@ impl Conn {
         let answered = AtomicBool::new(false);
         // A request that holds a concurrency slot gives it back as soon as its client goes
         // away, even while the upstream is quiet: once the request is up, the client's side
-        // is watched for its close (as nginx does, by peeking; pipelined bytes end the watch).
+        // is watched for its close (as nginx does, by peeking; over TLS, by reading: see
+        // `ClientRead::next_bytes`; pipelined bytes end the watch).
         let watch_client = settle.as_deref().is_some_and(Settle::holds_slots);
         let body_sent = AtomicBool::new(false);
         let upload = async {
@@ -230,7 +232,7 @@ impl Conn {
                 return Ok(());
             }
             body_sent.store(true, Ordering::Relaxed);
-            match client_read.peek(&mut [0u8; 1]).await {
+            match client_read.next_bytes(&mut self.inbuf).await {
                 Ok(0) | Err(_) => Err(UploadError::Client),
                 Ok(_) => std::future::pending().await,
             }
@@ -302,7 +304,7 @@ impl Conn {
     /// A 502/504 problem (counted as an upstream error). `true` when the connection can go on.
     async fn upstream_error(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         (status, settle): (StatusCode, Option<&mut Settle>),
         plan: Plan,
         force_close: bool,
@@ -354,7 +356,7 @@ enum UploadError {
 /// here, then the rest of the body, framed as the head says: a length as it came, chunked
 /// written again (trailers checked and dropped).
 async fn upload(
-    client: &mut ReadHalf<'_>,
+    client: &mut ClientRead<'_>,
     inbuf: &mut BytesMut,
     up: &mut WriteHalf<'_>,
     head: &mut Vec<u8>,
@@ -420,7 +422,7 @@ struct Downloaded {
 struct Download<'a, 'r, 'w> {
     up: &'a mut ReadHalf<'r>,
     upbuf: &'a mut BytesMut,
-    client: &'a mut WriteHalf<'w>,
+    client: &'a mut ClientWrite<'w>,
     out: &'a mut Vec<u8>,
     timer: &'a mut Timer,
 }

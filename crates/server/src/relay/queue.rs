@@ -8,12 +8,12 @@ use std::time::Duration;
 use bytes::Buf;
 use hyper::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tollgate::Quota;
 use tollgate_http::{Answer, QueueTicket};
 use tollgate_redis::stream_queue::{NewMessage, Pushed};
 
 use super::body::{BodyCopy, Encoding, Framing, Trailers};
+use super::client::Client;
 use super::conn::{Conn, Plan, READ_CHUNK};
 use super::deadline;
 use super::head::{self, MALFORMED, MALFORMED_BODY, Refusal, Version};
@@ -42,7 +42,7 @@ impl Conn {
     /// answers the 429.
     pub(super) async fn enqueue(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         engine: &Generation,
         answer: Box<Answer>,
         plan: Plan,
@@ -114,7 +114,7 @@ impl Conn {
     /// the connection then ends: the rest of the body is unread.
     async fn refuse_body(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         problem: BodyProblem,
         queue: &queue::Queue,
         version: Version,
@@ -137,7 +137,7 @@ impl Conn {
     /// Writes `answer` (a 429 or 503 of the engine); whether it was written.
     async fn answer(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         answer: &Answer,
         version: Version,
         close: bool,
@@ -159,7 +159,7 @@ impl Conn {
     /// Reads a queued request's body whole (chunked bodies decoded), at most `max` bytes.
     async fn queued_body(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         plan: Plan,
         max: usize,
         timeout: Duration,
@@ -209,7 +209,7 @@ impl Conn {
     /// last status, or 404. The request is Tollgate's own: no policy counts it.
     pub(super) async fn queue_status(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut Client,
         head_len: usize,
         timeout: Duration,
         stopping: bool,

@@ -231,3 +231,56 @@ where
     }
     panic!("condition not met within 10 s");
 }
+
+/// A request as a test upstream reads it: the head in lower case, and its body.
+pub struct UpstreamRequest {
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl UpstreamRequest {
+    /// The value of header `name` (lower case), if the request has it.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .map(str::to_owned)
+    }
+}
+
+/// Reads the next request of a keep-alive connection (a `content-length` body), keeping what
+/// follows it in `buf`; `None` when the connection ends first.
+pub async fn next_request(
+    stream: &mut tokio::net::TcpStream,
+    buf: &mut Vec<u8>,
+) -> Option<UpstreamRequest> {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = [0u8; 8192];
+    let end = loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end;
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    buf.drain(..end + 4);
+    let mut request = UpstreamRequest {
+        head,
+        body: Vec::new(),
+    };
+    let length: usize = request
+        .header("content-length")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0);
+    while buf.len() < length {
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    request.body = buf.drain(..length).collect();
+    Some(request)
+}

@@ -22,6 +22,11 @@ use crate::algorithm::{
 /// would be in the year 586,000 and window indexes stop below `u32::MAX`.
 pub(super) const SPILLED: u64 = u64::MAX;
 
+/// The word of a slot that holds no state yet: an empty slot's, and a new key's between the
+/// moment a thread claims its slot and its first compare-and-swap. It reads as a new key's
+/// state. No packed state is this word either (see [`SPILLED`]: its high half is all ones).
+pub(super) const VACANT: u64 = u64::MAX - 1;
+
 /// 2024-01-01T00:00:00Z in microseconds since the Unix epoch: where window indexes start.
 const INDEX_EPOCH: u64 = 1_704_067_200_000_000;
 
@@ -139,7 +144,7 @@ impl Packed for TokenBucket {
 
     #[inline]
     fn encode(&self, _: u64, state: &TokenBucketState) -> Option<u64> {
-        (state.tat != SPILLED).then_some(state.tat)
+        (state.tat < VACANT).then_some(state.tat)
     }
 
     #[inline]
@@ -169,7 +174,7 @@ impl Packed for LeakyBucket {
 
     #[inline]
     fn encode(&self, _: u64, state: &LeakyBucketState) -> Option<u64> {
-        (state.next_free != SPILLED).then_some(state.next_free)
+        (state.next_free < VACANT).then_some(state.next_free)
     }
 
     #[inline]
@@ -206,7 +211,7 @@ mod tests {
         assert_eq!(alg.narrow(alg.widen(&state)), state);
         match alg.encode(base, &state) {
             Some(word) => {
-                assert_ne!(word, SPILLED);
+                assert!(word != SPILLED && word != VACANT);
                 assert_eq!(alg.decode(base, word), state);
                 true
             }
@@ -268,8 +273,10 @@ mod tests {
             }
         ));
         assert!(!round_trips(&bucket, TokenBucketState { tat: SPILLED }));
+        assert!(!round_trips(&bucket, TokenBucketState { tat: VACANT }));
         let leaky = LeakyBucket::new("1/s".parse()?, 3)?;
         assert!(round_trips(&leaky, LeakyBucketState { next_free: 42 }));
+        assert!(!round_trips(&leaky, LeakyBucketState { next_free: VACANT }));
         Ok(())
     }
 }

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::log::{self, CompactLog};
 use super::packing::{Packed, Slot};
 use crate::algorithm::{Algorithm, SlidingWindowLog};
-use crate::{Policy, Quota, Timestamp, Verdict};
+use crate::{Decision, Policy, Quota, Timestamp, Verdict};
 
 /// A sweep never runs on a shard smaller than this.
 const MIN_SWEEP: usize = 64;
@@ -42,30 +42,39 @@ macro_rules! by_algorithm {
     };
 }
 
+mod ghosts;
 mod permits;
 mod persist;
 mod policy_table;
 
+use ghosts::Ghosts;
 pub(super) use persist::Restored;
-use policy_table::PolicyTable;
+use policy_table::{PolicyTable, Room};
 
 #[derive(Debug, Default)]
 pub(super) struct Shard {
     /// Sorted by fingerprint.
     tables: Vec<PolicyTable>,
-    /// Keys tracked, over all tables.
-    len: usize,
+    /// Keys tracked, over all tables. Atomic because a new key may be added under the shared
+    /// lock (see [`Room`]).
+    len: AtomicUsize,
     /// Sweep expired entries once the shard holds this many.
     sweep_at: usize,
+    /// The keys held after the last sweep.
+    swept_len: usize,
+    /// The keys the recent sweeps dropped.
+    ghosts: Ghosts,
+    /// New keys added under the shared lock since the last sweep that were among `ghosts`.
+    returns: AtomicUsize,
     /// Bytes held by the sliding logs; they grow under the shared lock.
     log_bytes: AtomicUsize,
 }
 
 /// What the shared-lock attempt came to.
 pub(super) enum Shared {
-    Decided(Verdict),
+    Decided(Decision),
     /// Decided, and the logs are over their budget: trim them under the exclusive lock.
-    DecidedOverBudget(Verdict),
+    DecidedOverBudget(Decision),
     /// Needs the exclusive lock (a new key, a spilled or spilling state).
     Exclusive,
 }
@@ -108,7 +117,12 @@ impl Shard {
     }
 
     pub(super) fn len(&self) -> usize {
-        self.len
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// The count, for a caller that holds the shard exclusively.
+    fn len_mut(&mut self) -> &mut usize {
+        self.len.get_mut()
     }
 
     pub(super) fn log_bytes(&self) -> usize {
@@ -154,14 +168,21 @@ impl Shard {
         now: Timestamp,
         cost: u32,
         permit: u64,
-        limits: Limits,
+        limits: &Limits,
     ) -> Shared {
         let Some(table) = self.table(policy.fingerprint()) else {
             return Shared::Exclusive;
         };
+        // A new key may be added here while make_room would have nothing to do.
+        let room = || Room {
+            len: &self.len,
+            limit: self.sweep_at.min(limits.keys),
+            ghosts: &self.ghosts,
+            returns: &self.returns,
+        };
         by_algorithm!(policy.quota(), alg => {
-            match table.try_packed(alg, hash, now, cost) {
-                Some(verdict) => Shared::Decided(verdict),
+            match table.try_packed(alg, hash, now, cost, room) {
+                Some(verdict) => Shared::Decided(verdict.into_decision(policy.shared_name())),
                 None => Shared::Exclusive,
             }
         }, alg => {
@@ -170,15 +191,17 @@ impl Shard {
             };
             let (verdict, delta) = log::lock(entry).step(alg, now, cost, true);
             add_bytes(&self.log_bytes, delta);
+            let decision = verdict.into_decision(policy.shared_name());
             if delta > 0 && self.log_bytes() > limits.log_bytes {
-                Shared::DecidedOverBudget(verdict)
+                Shared::DecidedOverBudget(decision)
             } else {
-                Shared::Decided(verdict)
+                Shared::Decided(decision)
             }
         }, alg => {
             match table.permits.get(&hash) {
                 Some(state) => Shared::Decided(
-                    alg.check(&mut policy_table::lock(state), now, cost, permit),
+                    alg.check(&mut policy_table::lock(state), now, cost, permit)
+                        .into_decision(policy.shared_name()),
                 ),
                 None => Shared::Exclusive,
             }
@@ -226,7 +249,7 @@ impl Shard {
         alg.commit(&mut state, now, cost);
         if before.is_none() {
             self.make_room(now, limits);
-            self.len += 1;
+            *self.len_mut() += 1;
         }
         self.table_mut(policy).save(alg, hash, &state);
         (verdict, Undo::Packed(before.map(|s| alg.widen(&s))))
@@ -256,7 +279,7 @@ impl Shard {
                 return (verdict, Undo::Nothing);
             }
             self.make_room(now, limits);
-            self.len += 1;
+            *self.len_mut() += 1;
             let bytes = entry.bytes() as isize;
             self.table_mut(policy).logs.insert(hash, entry);
             (verdict, bytes)
@@ -286,7 +309,7 @@ impl Shard {
                 _permits => {}),
             Undo::Packed(None) => {
                 if self.table_mut(policy).remove(hash) {
-                    self.len -= 1;
+                    *self.len_mut() -= 1;
                 }
             }
             Undo::Log => self.refund(policy, hash, now, cost, 0),
@@ -312,7 +335,7 @@ impl Shard {
             if cost > 0 {
                 if !known {
                     self.make_room(now, limits);
-                    self.len += 1;
+                    *self.len_mut() += 1;
                 }
                 self.table_mut(policy).save(alg, hash, &state);
             }
@@ -326,7 +349,7 @@ impl Shard {
                     return Verdict::charged(CompactLog::default().step(alg, now, 0, false).0);
                 }
                 self.make_room(now, limits);
-                self.len += 1;
+                *self.len_mut() += 1;
                 let entry = CompactLog::default();
                 add_bytes(&self.log_bytes, entry.bytes() as isize);
                 self.table_mut(policy).logs.insert(hash, entry);
@@ -372,39 +395,59 @@ impl Shard {
 
     /// Makes room for one more key: sweeps expired entries when the shard has doubled since the
     /// last sweep or is full, then evicts the entries with the least at stake if still full.
+    /// When a quarter or more of the keys added since the last sweep are keys it dropped, the
+    /// doubled shard keeps its expired entries instead (see `ghosts`); a full one never does.
     fn make_room(&mut self, now: Timestamp, limits: Limits) {
         let cap = limits.keys;
-        if self.len < self.sweep_at && self.len < cap {
+        let len = *self.len_mut();
+        if len < self.sweep_at && len < cap {
             return;
         }
-        self.sweep(now.as_micros());
-        if self.len >= cap {
-            let count = cap.div_ceil(16).max(self.len + 1 - cap);
+        let returned = std::mem::take(self.returns.get_mut());
+        let added = len.saturating_sub(self.swept_len);
+        if len < cap && added > 0 && returned * 4 >= added {
+            self.sweep_at = (len * 2).clamp(MIN_SWEEP.min(cap), cap);
+            self.swept_len = len;
+            return;
+        }
+        let mut ghosts = std::mem::take(&mut self.ghosts);
+        ghosts.prepare(cap);
+        self.sweep_recording(now.as_micros(), &mut ghosts);
+        self.ghosts = ghosts;
+        let len = *self.len_mut();
+        if len >= cap {
+            let count = cap.div_ceil(16).max(len + 1 - cap);
             self.evict(now, count, None);
         }
-        self.sweep_at = (self.len * 2).clamp(MIN_SWEEP.min(cap), cap);
+        self.swept_len = *self.len_mut();
+        self.sweep_at = (self.swept_len * 2).clamp(MIN_SWEEP.min(cap), cap);
     }
 
     /// Drops entries whose quota has fully reset; returns how many.
     pub(super) fn sweep(&mut self, now: u64) -> usize {
-        let before = self.len;
+        self.sweep_recording(now, &mut Ghosts::default())
+    }
+
+    /// [`sweep`](Self::sweep), recording the keys dropped in `ghosts`.
+    fn sweep_recording(&mut self, now: u64, ghosts: &mut Ghosts) -> usize {
+        let before = *self.len_mut();
         for table in &mut self.tables {
-            table.sweep(now);
+            table.sweep(now, ghosts);
         }
         self.tables.retain(|t| t.len() > 0);
         self.recount();
-        before - self.len
+        before - *self.len_mut()
     }
 
     fn recount(&mut self) {
-        self.len = self.tables.iter().map(PolicyTable::len).sum();
+        *self.len.get_mut() = self.tables.iter().map(PolicyTable::len).sum();
         let bytes = self.tables.iter_mut().map(|t| t.logs.bytes()).sum();
         *self.log_bytes.get_mut() = bytes;
     }
 
     /// Drops `count` entries, the least at stake first, never `keep`.
     fn evict(&mut self, now: Timestamp, count: usize, keep: Option<u64>) {
-        let mut ranked = Vec::with_capacity(self.len);
+        let mut ranked = Vec::with_capacity(*self.len_mut());
         for (index, table) in self.tables.iter_mut().enumerate() {
             table.ranked(now, index, &mut ranked);
         }

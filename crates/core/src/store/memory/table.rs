@@ -4,11 +4,16 @@
 //!
 //! Why not `std`'s map: its tables double, so at some sizes (a million keys is one) they are
 //! less than half full and a 16-byte entry costs 35 bytes. This one grows by half and is at most
-//! four-fifths full, so an entry costs 20 to 30 bytes at any size. And the state is an
-//! `AtomicU64`, so a known key is updated by compare-and-swap while the shard is only
-//! read-locked: two threads on different keys never wait for each other.
+//! four-fifths full, so an entry costs 20 to 30 bytes at any size. And both words of an entry
+//! are atomic, so while the shard is only read-locked a known key is updated by
+//! compare-and-swap and a new key [claims](Table::claim) an empty slot the same way: two threads
+//! on different keys never wait for each other, and a key that comes back after a sweep dropped
+//! it costs no exclusive lock. Slots empty only under the exclusive lock (removal, sweeps,
+//! resizing), so under the shared lock a probe that reached an empty slot stays valid.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use super::packing::VACANT;
 
 /// An empty slot. Key hashes are never 0 (see [`identity`]).
 const EMPTY: u64 = 0;
@@ -28,16 +33,28 @@ pub(super) trait Keyed: Default {
     fn hash(&self) -> u64;
 }
 
-#[derive(Debug, Default)]
+/// A packed state's slot. An empty one holds [`VACANT`] as its state, so that a thread that
+/// finds a key another has just claimed, before its first state is written, reads the state of
+/// a new key.
+#[derive(Debug)]
 pub(super) struct Entry {
-    hash: u64,
+    hash: AtomicU64,
     state: AtomicU64,
+}
+
+impl Default for Entry {
+    fn default() -> Self {
+        Entry {
+            hash: AtomicU64::new(EMPTY),
+            state: AtomicU64::new(VACANT),
+        }
+    }
 }
 
 impl Keyed for Entry {
     #[inline]
     fn hash(&self) -> u64 {
-        self.hash
+        self.hash.load(Ordering::Relaxed)
     }
 }
 
@@ -45,21 +62,33 @@ impl Keyed for Entry {
 #[derive(Debug)]
 pub(super) struct Table<E = Entry> {
     entries: Box<[E]>,
-    len: usize,
+    /// Entries held. Atomic because [`Table::claim`] adds one under the shared lock.
+    len: AtomicUsize,
+    /// The most entries before the table grows: four-fifths of its slots.
+    max_len: usize,
 }
 
 impl<E> Default for Table<E> {
     fn default() -> Self {
         Table {
             entries: Box::default(),
-            len: 0,
+            len: AtomicUsize::new(0),
+            max_len: 0,
         }
     }
 }
 
+/// Where a probe for a hash ended.
+pub(super) enum Probe {
+    /// The hash's slot.
+    Found(usize),
+    /// The empty slot that ends its probe run: where it would go.
+    Vacant(usize),
+}
+
 impl<E: Keyed> Table<E> {
     pub(super) fn len(&self) -> usize {
-        self.len
+        self.len.load(Ordering::Relaxed)
     }
 
     /// The slot where `hash` would sit in an uncrowded table: the hash scaled to the capacity
@@ -78,22 +107,31 @@ impl<E: Keyed> Table<E> {
         }
     }
 
+    /// Where `hash` is, or the empty slot where its probe ends; `None` for a table with no slots.
     #[inline]
-    fn position(&self, hash: u64) -> Option<usize> {
+    fn probe(&self, hash: u64) -> Option<Probe> {
         if self.entries.is_empty() {
             return None;
         }
         let mut i = self.home(hash);
         // Terminates: the table is never full (at most four-fifths).
         loop {
-            let entry = &self.entries[i];
-            if entry.hash() == hash {
-                return Some(i);
+            let found = self.entries[i].hash();
+            if found == hash {
+                return Some(Probe::Found(i));
             }
-            if entry.hash() == EMPTY {
-                return None;
+            if found == EMPTY {
+                return Some(Probe::Vacant(i));
             }
             i = self.next(i);
+        }
+    }
+
+    #[inline]
+    fn position(&self, hash: u64) -> Option<usize> {
+        match self.probe(hash)? {
+            Probe::Found(i) => Some(i),
+            Probe::Vacant(_) => None,
         }
     }
 
@@ -111,19 +149,28 @@ impl<E: Keyed> Table<E> {
 
     /// Adds `entry` (its hash not present), growing by half when four-fifths full.
     pub(super) fn insert_entry(&mut self, entry: E) {
-        if (self.len + 1) * 5 > self.entries.len() * 4 {
+        if self.len() + 1 > self.max_len {
             self.resize((self.entries.len() * 3 / 2).max(MIN_CAPACITY));
         }
         self.place(entry);
-        self.len += 1;
+        *self.len.get_mut() += 1;
+    }
+
+    /// Makes `capacity` empty slots the table's storage.
+    fn set_entries(&mut self, capacity: usize) -> Box<[E]> {
+        self.max_len = capacity * 4 / 5;
+        std::mem::replace(
+            &mut self.entries,
+            (0..capacity).map(|_| E::default()).collect(),
+        )
     }
 
     /// Makes room for `additional` more entries at once, so that many keys added in the order
     /// of their hashes (a restored snapshot) land at their homes instead of piling up behind
     /// one another in a table too small for them.
     pub(super) fn reserve(&mut self, additional: usize) {
-        let needed = self.len + additional;
-        if needed * 5 > self.entries.len() * 4 {
+        let needed = self.len() + additional;
+        if needed > self.max_len {
             self.resize((needed * 5 / 4 + 1).max(MIN_CAPACITY));
         }
     }
@@ -137,10 +184,7 @@ impl<E: Keyed> Table<E> {
     }
 
     fn resize(&mut self, capacity: usize) {
-        let old = std::mem::replace(
-            &mut self.entries,
-            (0..capacity).map(|_| E::default()).collect(),
-        );
+        let old = self.set_entries(capacity);
         for entry in old.into_vec() {
             if entry.hash() != EMPTY {
                 self.place(entry);
@@ -169,7 +213,7 @@ impl<E: Keyed> Table<E> {
             i = self.next(i);
         }
         self.entries[hole] = E::default();
-        self.len -= 1;
+        *self.len.get_mut() -= 1;
         Some(removed)
     }
 
@@ -210,12 +254,22 @@ impl<E: Keyed> Table<E> {
         } else {
             old_capacity
         };
-        self.entries = (0..capacity).map(|_| E::default()).collect();
-        self.len = survivors.len();
+        self.set_entries(capacity);
+        *self.len.get_mut() = survivors.len();
         for entry in survivors {
             self.place(entry);
         }
     }
+}
+
+/// What [`Table::claim`] came to.
+pub(super) enum Claim<'t> {
+    /// The slot is the key's now, its state [`VACANT`]: the table counts one more entry.
+    New(&'t AtomicU64),
+    /// Another thread claimed the key first: its state.
+    Existing(&'t AtomicU64),
+    /// The table is at its most entries: it must grow, under the exclusive lock.
+    Full,
 }
 
 impl Table<Entry> {
@@ -223,6 +277,48 @@ impl Table<Entry> {
     #[inline]
     pub(super) fn get(&self, hash: u64) -> Option<&AtomicU64> {
         self.entry(hash).map(|e| &e.state)
+    }
+
+    /// The state of `hash`, or the empty slot where its probe ended (for [`Table::claim`]).
+    #[inline]
+    pub(super) fn find(&self, hash: u64) -> Result<&AtomicU64, Option<usize>> {
+        match self.probe(hash) {
+            Some(Probe::Found(i)) => Ok(&self.entries[i].state),
+            Some(Probe::Vacant(i)) => Err(Some(i)),
+            None => Err(None),
+        }
+    }
+
+    /// Adds `hash` under the shared lock, from `vacant`, the empty slot where a probe for it
+    /// ended: reserves one of the entries the table may hold, then takes the first slot from
+    /// there that is still empty by compare-and-swap on its hash. Every slot before `vacant`
+    /// in the probe run held another key, and still does (slots empty only under the exclusive
+    /// lock), so the key cannot be further back; a thread that claims it first is found on the
+    /// way. Relaxed is enough: the state is [`VACANT`] since the exclusive lock emptied the slot
+    /// (the lock published that), and it changes only by compare-and-swap from there.
+    pub(super) fn claim(&self, hash: u64, vacant: usize) -> Claim<'_> {
+        if self.len.fetch_add(1, Ordering::Relaxed) >= self.max_len {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            return Claim::Full;
+        }
+        // Terminates: with the reservation, at most `max_len` slots are taken, fewer than all.
+        let mut i = vacant;
+        loop {
+            let entry = &self.entries[i];
+            let seen =
+                match entry
+                    .hash
+                    .compare_exchange(EMPTY, hash, Ordering::Relaxed, Ordering::Relaxed)
+                {
+                    Ok(_) => return Claim::New(&entry.state),
+                    Err(seen) => seen,
+                };
+            if seen == hash {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                return Claim::Existing(&entry.state);
+            }
+            i = self.next(i);
+        }
     }
 
     /// The state of `hash`, for a caller that holds the table exclusively.
@@ -233,7 +329,7 @@ impl Table<Entry> {
     /// Adds `hash` (not present) with `state`, growing by half when four-fifths full.
     pub(super) fn insert(&mut self, hash: u64, state: u64) {
         self.insert_entry(Entry {
-            hash,
+            hash: AtomicU64::new(hash),
             state: AtomicU64::new(state),
         });
     }
@@ -247,13 +343,13 @@ impl Table<Entry> {
     pub(super) fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.entries
             .iter()
-            .filter(|e| e.hash != EMPTY)
-            .map(|e| (e.hash, e.state.load(std::sync::atomic::Ordering::Relaxed)))
+            .map(|e| (e.hash(), e.state.load(Ordering::Relaxed)))
+            .filter(|&(hash, _)| hash != EMPTY)
     }
 
     /// Keeps the entries for which `keep(hash, state)` holds (see [`Table::retain_entries`]).
     pub(super) fn retain(&mut self, mut keep: impl FnMut(u64, u64) -> bool) {
-        self.retain_entries(|e| keep(e.hash, *e.state.get_mut()));
+        self.retain_entries(|e| keep(*e.hash.get_mut(), *e.state.get_mut()));
     }
 
     /// Bytes allocated.
@@ -296,9 +392,7 @@ mod tests {
                 }
                 2 => assert_eq!(table.remove(hash), model.remove(&hash).is_some()),
                 _ => {
-                    let got = table
-                        .get(hash)
-                        .map(|s| s.load(std::sync::atomic::Ordering::Relaxed));
+                    let got = table.get(hash).map(|s| s.load(Ordering::Relaxed));
                     assert_eq!(got, model.get(&hash).copied());
                 }
             }

@@ -49,7 +49,7 @@ impl Shard {
         }
         alg.commit(&mut state, now, cost, permit);
         self.make_room(now, limits);
-        self.len += 1;
+        *self.len_mut() += 1;
         self.table_mut(policy)
             .permits
             .insert(hash, Mutex::new(state));
@@ -77,7 +77,7 @@ impl Shard {
         }
         if state.permits.is_empty() {
             table.permits.remove(&hash);
-            self.len -= 1;
+            *self.len_mut() -= 1;
         }
     }
 
@@ -133,7 +133,7 @@ impl Shard {
         let held = alg.release(state, now, permit);
         if state.permits.is_empty() {
             table.permits.remove(&hash);
-            self.len -= 1;
+            *self.len_mut() -= 1;
         }
         held
     }

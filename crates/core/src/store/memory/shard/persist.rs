@@ -150,7 +150,7 @@ impl Shard {
                     return false;
                 }
                 self.make_room(now, limits);
-                self.len += 1;
+                *self.len_mut() += 1;
                 add_bytes(&self.log_bytes, log.bytes() as isize);
                 self.table_for(fingerprint, quota).logs.insert(hash, log);
                 true
@@ -163,7 +163,7 @@ impl Shard {
                     return false;
                 }
                 self.make_room(now, limits);
-                self.len += 1;
+                *self.len_mut() += 1;
                 self.table_for(fingerprint, quota).save(alg, hash, &state);
                 true
             }, _log => false, _permits => false),

@@ -1,0 +1,296 @@
+//! TLS on the listeners (`tls_cert`, `tls_key`, `client_ca` of `[server]`, `[admin]`,
+//! `[proxy]`): the handshake of each accepted connection, in its own task and within the header
+//! read timeout, and the files read again whenever they change, without a restart.
+//!
+//! Each TLS listener holds its current rustls configuration behind an atomic pointer; every
+//! accepted connection takes the one current then. A rotation (new certificate and key, or a
+//! new CA bundle) builds a whole new configuration and swaps it in: connections already open
+//! keep the certificate they were made with, new ones get the new one. A new set of files that
+//! does not load (unparseable, a key that does not match its certificate) is refused with an
+//! error in the log, and the running one stays.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::{Instant, timeout_at};
+use tokio_rustls::server::TlsStream;
+
+use crate::config::{Config, TlsConfig, TlsError};
+
+/// How often the certificate files are looked at.
+const POLL: Duration = Duration::from_secs(1);
+
+/// The first byte of a TLS connection: a handshake record.
+const HANDSHAKE: u8 = 0x16;
+
+/// What a plaintext HTTP request on an HTTPS listener is answered, rather than a connection
+/// closed without a word.
+const PLAIN_HTTP: &[u8] = b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\n\
+    content-length: 57\r\nconnection: close\r\n\r\n\
+    This listener speaks HTTPS: connect with https:// (TLS).\n";
+
+/// One listener's TLS.
+pub(crate) struct Tls {
+    /// The listener, for the logs.
+    listener: &'static str,
+    /// The application protocols offered in the handshake (ALPN), most preferred first.
+    alpn: Vec<Vec<u8>>,
+    /// Answer a plaintext HTTP request with a 400 that says to use https.
+    http: bool,
+    current: ArcSwap<rustls::ServerConfig>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("listener", &self.listener)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tls {
+    /// TLS for `listener` from `files`, offering `alpn` (e.g. `http/1.1`, or `h2` for gRPC);
+    /// `http`: the listener speaks HTTP/1.1, so a plaintext request gets a readable refusal.
+    pub(crate) fn new(
+        listener: &'static str,
+        files: &TlsConfig,
+        alpn: &[&[u8]],
+        http: bool,
+    ) -> Result<Arc<Tls>, TlsError> {
+        let alpn: Vec<Vec<u8>> = alpn.iter().map(|p| p.to_vec()).collect();
+        let config = build(files, &alpn)?;
+        Ok(Arc::new(Tls {
+            listener,
+            alpn,
+            http,
+            current: ArcSwap::from_pointee(config),
+        }))
+    }
+
+    /// The TLS side of `stream`, once its handshake completes within `limit`; `None` when it
+    /// fails (a plaintext client, a client certificate refused or missing, no common protocol)
+    /// or takes too long, and the connection is closed.
+    pub(crate) async fn accept(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        limit: Duration,
+    ) -> Option<TlsStream<TcpStream>> {
+        let deadline = Instant::now() + limit;
+        let mut first = [0u8; 1];
+        match timeout_at(deadline, stream.peek(&mut first)).await {
+            Ok(Ok(1)) => {}
+            Ok(_) => return None,
+            Err(_) => {
+                tracing::debug!(listener = self.listener, %peer, "TLS: no handshake in time");
+                return None;
+            }
+        }
+        if first[0] != HANDSHAKE {
+            tracing::debug!(listener = self.listener, %peer, "TLS: a plaintext client, refused");
+            if self.http && first[0].is_ascii_uppercase() {
+                refuse_plain_http(stream, deadline).await;
+            }
+            return None;
+        }
+        let acceptor = tokio_rustls::TlsAcceptor::from(self.current.load_full());
+        match timeout_at(deadline, acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => Some(tls),
+            Ok(Err(e)) => {
+                tracing::debug!(listener = self.listener, %peer, error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(listener = self.listener, %peer, "TLS: no handshake in time");
+                None
+            }
+        }
+    }
+
+    /// Loads `files` again; swaps them in when they load, keeps the running ones otherwise.
+    fn reload(&self, files: &TlsConfig) -> Result<(), TlsError> {
+        let config = build(files, &self.alpn)?;
+        self.current.store(Arc::new(config));
+        Ok(())
+    }
+}
+
+/// The rustls configuration of `files` with `alpn`.
+fn build(files: &TlsConfig, alpn: &[Vec<u8>]) -> Result<rustls::ServerConfig, TlsError> {
+    let mut config = files.load()?;
+    config.alpn_protocols = alpn.to_vec();
+    Ok(config)
+}
+
+/// Writes the plaintext refusal, then closes once the client has had a moment to read it
+/// (closing with its request unread would reset the connection, and the answer with it).
+async fn refuse_plain_http(mut stream: TcpStream, deadline: Instant) {
+    if !matches!(
+        timeout_at(deadline, stream.write_all(PLAIN_HTTP)).await,
+        Ok(Ok(()))
+    ) {
+        return;
+    }
+    let _ = timeout_at(deadline, stream.shutdown()).await;
+    let mut sink = [0u8; 4096];
+    let linger = deadline.min(Instant::now() + Duration::from_secs(1));
+    for _ in 0..16 {
+        match timeout_at(linger, stream.read(&mut sink)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return,
+        }
+    }
+}
+
+/// A TLS listener and where its files come from in a configuration (`[server]`, `[admin]`,
+/// `[proxy]`), so that files renamed by a reload are followed too.
+pub(crate) type Watched = (Arc<Tls>, fn(&Config) -> Option<TlsConfig>);
+
+/// The files' contents as last seen (`None`: unreadable).
+type Seen = Vec<Option<Vec<u8>>>;
+
+fn contents(files: &TlsConfig) -> Seen {
+    let paths: [Option<&PathBuf>; 3] = [
+        Some(&files.cert),
+        Some(&files.key),
+        files.client_ca.as_ref(),
+    ];
+    paths
+        .into_iter()
+        .flatten()
+        .map(|p| std::fs::read(p).ok())
+        .collect()
+}
+
+/// Reads the TLS files of `listeners` every second and reloads a listener's when they have
+/// changed (contents compared, so a Kubernetes secret's symlink swap counts, and two writes
+/// within a second are not missed). `config` gives the running configuration.
+pub(crate) async fn watch_files<F>(
+    listeners: Vec<Watched>,
+    config: F,
+    mut stop: watch::Receiver<bool>,
+) where
+    F: Fn() -> Arc<crate::generation::Generation>,
+{
+    if listeners.is_empty() {
+        return;
+    }
+    let mut state: Vec<(TlsConfig, Seen)> = Vec::with_capacity(listeners.len());
+    for (_, files_of) in &listeners {
+        let files = files_of(config().config()).unwrap_or_else(|| TlsConfig {
+            cert: PathBuf::new(),
+            key: PathBuf::new(),
+            client_ca: None,
+        });
+        let seen = contents(&files);
+        state.push((files, seen));
+    }
+    let mut tick = tokio::time::interval(POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = crate::serve::stopped(&mut stop) => return,
+        }
+        let running = config();
+        for ((tls, files_of), (files, seen)) in listeners.iter().zip(state.iter_mut()) {
+            // A configuration without TLS here keeps the files this listener started with:
+            // turning TLS off takes a restart.
+            let wanted = files_of(running.config()).unwrap_or_else(|| files.clone());
+            let now = contents(&wanted);
+            if wanted == *files && now == *seen {
+                continue;
+            }
+            *files = wanted;
+            *seen = now;
+            match tls.reload(files) {
+                Ok(()) => tracing::info!(
+                    listener = tls.listener,
+                    cert = %files.cert.display(),
+                    "TLS certificate reloaded"
+                ),
+                Err(e) => tracing::error!(
+                    listener = tls.listener,
+                    "TLS files refused; the running certificate stays: {e}"
+                ),
+            }
+        }
+    }
+}
+
+/// The TLS of each listener that has it, made at start from the configuration.
+#[derive(Debug, Default)]
+pub(crate) struct ListenerTls {
+    pub(crate) api: Option<Arc<Tls>>,
+    pub(crate) admin: Option<Arc<Tls>>,
+    pub(crate) proxy: Option<Arc<Tls>>,
+    /// Envoy's rate limit service: `[server]`'s files, offering HTTP/2 only.
+    pub(crate) grpc: Option<Arc<Tls>>,
+}
+
+fn server_files(c: &Config) -> Option<TlsConfig> {
+    c.tls.clone()
+}
+
+fn admin_files(c: &Config) -> Option<TlsConfig> {
+    c.admin_tls.clone()
+}
+
+fn proxy_files(c: &Config) -> Option<TlsConfig> {
+    c.proxy.as_ref().and_then(|p| p.tls.clone())
+}
+
+impl ListenerTls {
+    /// Loads every listener's files; the first that fails names its listener.
+    pub(crate) fn new(config: &Config) -> Result<ListenerTls, crate::ServerError> {
+        const HTTP1: &[&[u8]] = &[b"http/1.1"];
+        let make = |listener: &'static str,
+                    files: Option<TlsConfig>,
+                    alpn: &[&[u8]],
+                    http: bool|
+         -> Result<Option<Arc<Tls>>, crate::ServerError> {
+            files
+                .map(|f| Tls::new(listener, &f, alpn, http))
+                .transpose()
+                .map_err(|source| crate::ServerError::Tls { listener, source })
+        };
+        Ok(ListenerTls {
+            api: make("api", server_files(config), HTTP1, true)?,
+            admin: make("admin", admin_files(config), HTTP1, true)?,
+            proxy: make("proxy", proxy_files(config), HTTP1, true)?,
+            grpc: match config.grpc_listen {
+                Some(_) => make("grpc", server_files(config), &[b"h2"], false)?,
+                None => None,
+            },
+        })
+    }
+
+    /// Each TLS listener with where its files come from, for [`watch_files`].
+    pub(crate) fn watched(&self) -> Vec<Watched> {
+        let with = |tls: &Option<Arc<Tls>>, files: fn(&Config) -> Option<TlsConfig>| {
+            tls.as_ref().map(|t| (Arc::clone(t), files))
+        };
+        [
+            with(&self.api, server_files),
+            with(&self.admin, admin_files),
+            with(&self.proxy, proxy_files),
+            with(&self.grpc, server_files),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+}
+
+/// Whether `old` and `new` differ in which listeners have TLS: that takes a restart.
+pub(crate) fn turned_on_or_off(old: &Config, new: &Config) -> bool {
+    [server_files, admin_files, proxy_files]
+        .iter()
+        .any(|files| files(old).is_some() != files(new).is_some())
+}
