@@ -5,7 +5,7 @@
 # start their own servers on free loopback ports; python3 with urllib3 for the Retry-After
 # client test; openssl for the Redis TLS test; grpcio and grpcio-tools, in a virtual environment
 # under target/, for the Envoy test's Python gRPC client; nginx, Caddy and Traefik for the
-# forward-auth recipes; cargo-deb for the Debian package test; chromium for the replay report's
+# forward-auth recipes; faketime for the calendar tests; cargo-deb for the Debian package test; chromium for the replay report's
 # and the dashboard's browser tests; podman and runc for the container image's tests;
 # kubernetes-validate, in a virtual environment under target/, for the Kubernetes manifests),
 # then runs every test, example and benchmark build of the workspace, and the doc tests. No test
@@ -26,6 +26,8 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 # Headless Chromium opens the replay's HTML report (crates/replay/tests/browser.rs) and the
 # admin dashboard (crates/server/tests/dashboard.rs), over the DevTools protocol.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# crates/cli/tests/calendar.rs runs the server under libfaketime, started at chosen dates.
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 # crates/cli/tests/image.rs builds the container image (scripts/image.sh) and runs it.
 command -v podman >/dev/null 2>&1 || missing+=(podman)
 command -v runc >/dev/null 2>&1 || missing+=(runc)

@@ -59,9 +59,16 @@ fn the_debian_package_installs_validates_serves_and_purges() {
         "ExecReload=/bin/kill -HUP $MAINPID",
         "ProtectSystem=strict",
         "NoNewPrivileges=yes",
+        // Where [store] path keeps the memory store's state.
+        "StateDirectory=tollgate",
     ] {
         assert!(unit.contains(line), "the unit lacks {line}");
     }
+    let conffile = std::fs::read_to_string(CONFFILE).unwrap();
+    assert!(
+        conffile.contains("# path = \"/var/lib/tollgate/state\""),
+        "the packaged configuration points [store] path at the state directory, commented"
+    );
     if Path::new("/usr/bin/systemd-analyze").is_file() {
         let verify = Command::new("systemd-analyze")
             .args(["verify", UNIT])

@@ -62,10 +62,12 @@ pub fn key_hash_secret(config: &StoreConfig) -> Vec<u8> {
     }
 }
 
-/// 32 random bytes, the same for the life of the process (so reloads keep the counters).
+static PROCESS_SECRET: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+
+/// 32 random bytes, the same for the life of the process (so reloads keep the counters), unless
+/// [`restore_process_secret`] gave it first.
 pub fn process_secret() -> &'static [u8] {
-    static SECRET: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-    SECRET.get_or_init(|| {
+    PROCESS_SECRET.get_or_init(|| {
         use std::io::Read as _;
         let mut bytes = vec![0u8; 32];
         let from_os =
@@ -81,4 +83,11 @@ pub fn process_secret() -> &'static [u8] {
         }
         bytes
     })
+}
+
+/// Makes `secret` the [`process_secret`]: the one a previous run of the memory store kept in
+/// its state file, so the keys it hashed are found again. False when the process already has
+/// one (it was read before), which then stays.
+pub fn restore_process_secret(secret: &[u8]) -> bool {
+    PROCESS_SECRET.set(secret.to_vec()).is_ok()
 }

@@ -18,7 +18,9 @@ mod schema;
 mod telemetry;
 mod tls;
 
-pub use build::{http_engine, key_hash_secret, memory_store, process_secret};
+pub use build::{
+    http_engine, key_hash_secret, memory_store, process_secret, restore_process_secret,
+};
 pub use limits::Limits;
 pub use lists::{MAX_CONFIGURED_ENTRIES, valid_list_name};
 
@@ -145,6 +147,11 @@ pub struct StoreConfig {
     /// Redis must use the same one. Unset: a random secret per process with the memory store
     /// (its keys never leave the process), the public built-in one with Redis (with a warning).
     pub key_secret: Option<Secret>,
+    /// `path`: where the memory store keeps its state across restarts (memory only); `None`
+    /// keeps nothing.
+    pub path: Option<std::path::PathBuf>,
+    /// `snapshot_every` (default 10s): how often the state is written to `path` while running.
+    pub snapshot_every: Duration,
 }
 
 impl StoreConfig {
@@ -586,3 +593,7 @@ pub(crate) fn make_policy(name: &str, quota: Quota) -> Result<Policy, String> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_calendar;
+#[cfg(test)]
+mod tests_state;

@@ -6,12 +6,14 @@
 //! part it refused, and [`validate`] builds a [`Config`] only when no part was refused.
 
 mod ban;
+mod calendar;
 mod envoy;
 mod fields;
 mod jwt;
 mod listeners;
 mod policy;
 mod proxy;
+mod state;
 mod store;
 
 use std::sync::Arc;
@@ -113,6 +115,8 @@ pub(super) struct RawStore {
     clock: Option<S<String>>,
     max_keys: Option<S<i64>>,
     key_secret_env: Option<S<String>>,
+    path: Option<S<String>>,
+    snapshot_every: Option<S<String>>,
 }
 
 #[derive(Deserialize)]
@@ -144,6 +148,8 @@ pub(super) struct RawPolicy {
     algorithm: Option<S<String>>,
     limit: Option<S<i64>>,
     window: Option<S<String>>,
+    calendar: Option<S<String>>,
+    timezone: Option<S<String>>,
     capacity: Option<S<i64>>,
     refill: Option<S<String>>,
     rate: Option<S<String>>,

@@ -47,6 +47,8 @@ const STORE: &[(&str, Ty)] = &[
     ("clock", Ty::Str),
     ("max_keys", Ty::Int),
     ("key_secret_env", Ty::Str),
+    ("path", Ty::Str),
+    ("snapshot_every", Ty::Str),
 ];
 const PROXY: &[(&str, Ty)] = &[
     ("listen", Ty::Str),
@@ -74,6 +76,8 @@ const POLICY: &[(&str, Ty)] = &[
     ("algorithm", Ty::Str),
     ("limit", Ty::Int),
     ("window", Ty::Str),
+    ("calendar", Ty::Str),
+    ("timezone", Ty::Str),
     ("capacity", Ty::Int),
     ("refill", Ty::Str),
     ("rate", Ty::Str),

@@ -229,8 +229,10 @@ pub fn quoted(name: &str) -> Option<String> {
 /// `quoted_name;q=<limit>;w=<window in whole seconds, rounded up>`, e.g.
 /// `"burst";q=100;w=60`. For a token bucket `q` is the capacity and `w` the time to refill it
 /// fully, as the quota reports them. A concurrency limit has no window: its item is
-/// `"exports";q=4` (requests in flight), `w` left out as the draft allows. `quoted_name` comes
-/// from [`quoted`].
+/// `"exports";q=4` (requests in flight), `w` left out as the draft allows. A fixed window by
+/// the calendar advertises its period's nominal length (86400 for a day, 604800 for a week,
+/// 2629746 for a month, 31556952 for a year), the same on every response; `t` and the reset
+/// fields count to the period's true end. `quoted_name` comes from [`quoted`].
 pub fn write_policy_item(out: &mut String, quoted_name: &str, quota: &Quota) {
     out.push_str(quoted_name);
     out.push_str(";q=");
@@ -401,5 +403,11 @@ mod tests {
         let mut field = String::new();
         write_ratelimit_item(&mut field, &name, &decision(true, 100, 36_000_000, None));
         assert_eq!(field, r#""daily";r=100;t=36000"#);
+        // A calendar period advertises its nominal length.
+        let monthly = crate::Calendar::new(crate::CalendarUnit::Month, "Europe/Lisbon").unwrap();
+        let monthly = Quota::fixed_calendar(10_000, monthly).unwrap();
+        let mut s = String::new();
+        write_policy_item(&mut s, &quoted("monthly").unwrap(), &monthly);
+        assert_eq!(s, r#""monthly";q=10000;w=2629746"#);
     }
 }

@@ -41,6 +41,7 @@ struct LibraryGuideDoctests;
 
 pub mod algorithm;
 mod ban;
+pub mod calendar;
 mod clock;
 mod decision;
 mod error;
@@ -56,6 +57,7 @@ pub mod store;
 pub mod testing;
 
 pub use ban::{Ban, BanRecord, BanState, BanStatus};
+pub use calendar::{Calendar, CalendarUnit, Period};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp, TokioClock};
 pub use decision::{Decision, Decisions, Outcome, Verdict};
 pub use error::{Error, ErrorKind, QuotaError, StoreError};

@@ -312,6 +312,11 @@ impl Quota {
         FixedWindow::new(limit, window).map(Quota::FixedWindow)
     }
 
+    /// `limit` per period of `calendar` (a day, week, month or year in a time zone).
+    pub fn fixed_calendar(limit: u32, calendar: crate::Calendar) -> Result<Self, QuotaError> {
+        FixedWindow::with_calendar(limit, calendar).map(Quota::FixedWindow)
+    }
+
     /// At most `limit` in any sliding `window`, exactly.
     pub fn sliding_window_log(limit: u32, window: Duration) -> Result<Self, QuotaError> {
         SlidingWindowLog::new(limit, window).map(Quota::SlidingWindowLog)
@@ -365,7 +370,7 @@ impl Quota {
 
     /// The window as headers advertise it: `w`, the time over which [`limit`](Self::limit)
     /// applies (for the buckets, the time to refill or drain completely; for concurrency, the
-    /// permits' `lease_ttl`).
+    /// permits' `lease_ttl`; for a calendar window, the period's nominal length).
     pub fn window(&self) -> Duration {
         let micros = match self {
             Quota::FixedWindow(a) => a.window_micros(),
@@ -387,12 +392,21 @@ impl Quota {
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Quota::FixedWindow(a) => write!(
-                f,
-                "fixed_window limit={} window={}",
-                a.limit(),
-                format_duration(Duration::from_micros(a.window_micros()))
-            ),
+            Quota::FixedWindow(a) => match a.calendar() {
+                Some(c) => write!(
+                    f,
+                    "fixed_window limit={} calendar={} timezone={}",
+                    a.limit(),
+                    c.unit(),
+                    c.zone_name()
+                ),
+                None => write!(
+                    f,
+                    "fixed_window limit={} window={}",
+                    a.limit(),
+                    format_duration(Duration::from_micros(a.window_micros()))
+                ),
+            },
             Quota::SlidingWindowLog(a) => write!(
                 f,
                 "sliding_window_log limit={} window={}",

@@ -6,6 +6,7 @@ use std::future::Future;
 use crate::{BanRecord, Decision, Decisions, Policy, StoreError, Timestamp};
 
 pub mod memory;
+pub mod snapshot;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 

@@ -22,12 +22,17 @@ use crate::algorithm::{
 use crate::{Check, Decision, Decisions, Policy, Quota, Store, Timestamp, Verdict};
 
 mod bans;
+mod calendar;
 mod concurrency;
 pub mod sliding_error;
 
 pub use bans::{
     ban_after_repeated_denials, ban_needs_denials_within_the_streak, bans_are_listed_and_lifted,
     bans_in_batches,
+};
+pub use calendar::{
+    calendar_all_or_nothing_charge_and_refund, calendar_day_spans_a_23_hour_day,
+    calendar_matches_the_pure_algorithm, calendar_month_resets_at_its_boundary, utc,
 };
 
 pub use concurrency::{
@@ -639,6 +644,10 @@ macro_rules! store_conformance_tests {
             ban_needs_denials_within_the_streak,
             bans_are_listed_and_lifted,
             bans_in_batches,
+            calendar_month_resets_at_its_boundary,
+            calendar_day_spans_a_23_hour_day,
+            calendar_all_or_nothing_charge_and_refund,
+            calendar_matches_the_pure_algorithm,
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

@@ -10,7 +10,7 @@
 //! Redis `TIME`, or the caller's `now` (then the first `ARGV`, taken off before the body runs).
 
 use redis::{Cmd, Script as RedisScript};
-use tollgate::{Check, Quota, StoreError};
+use tollgate::{Check, Quota, StoreError, Timestamp};
 
 use crate::config::ClockSource;
 
@@ -140,6 +140,15 @@ fn code(quota: &Quota) -> i64 {
     }
 }
 
+/// A calendar window's bounds as the scripts take them: the end of the period that contains
+/// `now`, and the end of the next (for a Redis clock that has passed the first). The periods are
+/// computed here, so the scripts need no time zone rules and the call stays one round trip.
+fn calendar_ends(a: &tollgate::algorithm::FixedWindow, now: Timestamp) -> Option<(i64, i64)> {
+    let calendar = a.calendar()?;
+    let end = calendar.period(now.as_micros()).end;
+    Some((int(end), int(calendar.period(end).end)))
+}
+
 fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -198,12 +207,19 @@ pub(crate) fn validate(check: &Check<'_>) -> Result<(), StoreError> {
 /// interval) ready-made.
 pub(crate) fn one_check_args(
     cmd: &mut Cmd,
+    now: Timestamp,
     check: &Check<'_>,
     want: u32,
     at: u64,
 ) -> Result<(), StoreError> {
     let cost = check.cost;
     let (p1, p2) = match check.policy.quota() {
+        Quota::FixedWindow(a) if a.calendar().is_some() => {
+            let (end, next) = calendar_ends(a, now).unwrap_or_default();
+            let want = if want > cost { want } else { 0 };
+            cmd.arg(-end).arg(a.limit()).arg(cost).arg(want).arg(next);
+            return Ok(());
+        }
         Quota::Concurrency(a) => {
             cmd.arg(int(a.lease_ttl_micros()))
                 .arg(a.limit())
@@ -247,7 +263,12 @@ pub(crate) fn one_check_args(
 
 /// Appends `multi.lua`'s five values for `check`; `oldest` is how many of a sliding window
 /// log's oldest units to report (enough for any retry time this request can have).
-pub(crate) fn multi_args(cmd: &mut Cmd, check: &Check<'_>, oldest: u64) -> Result<(), StoreError> {
+pub(crate) fn multi_args(
+    cmd: &mut Cmd,
+    now: Timestamp,
+    check: &Check<'_>,
+    oldest: u64,
+) -> Result<(), StoreError> {
     let quota = check.policy.quota();
     if let Quota::Concurrency(a) = quota {
         cmd.arg(code(quota))
@@ -258,7 +279,10 @@ pub(crate) fn multi_args(cmd: &mut Cmd, check: &Check<'_>, oldest: u64) -> Resul
         return Ok(());
     }
     let [p1, p2, p3] = match quota {
-        Quota::FixedWindow(a) => [int(a.window_micros()), i64::from(a.limit()), 0],
+        Quota::FixedWindow(a) => match calendar_ends(a, now) {
+            Some((end, next)) => [end, i64::from(a.limit()), next],
+            None => [int(a.window_micros()), i64::from(a.limit()), 0],
+        },
         Quota::SlidingWindowLog(a) => [int(a.window_micros()), i64::from(a.limit()), int(oldest)],
         Quota::SlidingWindowCounter(a) => [int(a.window_micros()), i64::from(a.limit()), 0],
         Quota::TokenBucket(a) => [
@@ -299,10 +323,20 @@ pub(crate) fn clock_prelude(clock: ClockSource) -> &'static str {
 /// Appends `refund.lua`'s five values: give back `cost` of `check`'s quota, only where `guard`
 /// says the units were taken (0: anywhere, as a plain refund does); a concurrency check's
 /// permit.
-pub(crate) fn refund_args(cmd: &mut Cmd, check: &Check<'_>, cost: u32, guard: u64) {
+pub(crate) fn refund_args(cmd: &mut Cmd, now: Timestamp, check: &Check<'_>, cost: u32, guard: u64) {
     let quota = check.policy.quota();
     let p1 = match quota {
-        Quota::FixedWindow(a) => a.window_micros(),
+        Quota::FixedWindow(a) => match calendar_ends(a, now) {
+            Some((end, _)) => {
+                cmd.arg(code(quota))
+                    .arg(-end)
+                    .arg(cost)
+                    .arg(int(guard))
+                    .arg(0);
+                return;
+            }
+            None => a.window_micros(),
+        },
         Quota::SlidingWindowLog(a) => a.window_micros(),
         Quota::SlidingWindowCounter(a) => a.window_micros(),
         Quota::TokenBucket(a) => a.interval_micros(),

@@ -268,7 +268,15 @@ impl RedisStore {
             ScriptKind::of(check.policy.quota()),
             &[key.as_str()],
             Timestamp::EPOCH,
-            |cmd| crate::script::one_check_args(cmd, check, check.cost, 0),
+            |cmd| {
+                crate::script::one_check_args(
+                    cmd,
+                    Timestamp::from_system_time(std::time::SystemTime::now()),
+                    check,
+                    check.cost,
+                    0,
+                )
+            },
         )?;
         Ok(cmd
             .args_iter()

@@ -236,8 +236,10 @@ async fn leases_spare_redis() {
 /// Unspent units go back: to the next lease's taker, and on `return_leases`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unspent_units_go_back() {
+    let lisbon_day = tollgate::Calendar::new(tollgate::CalendarUnit::Day, "Europe/Lisbon");
     for quota in [
         Quota::fixed_window(100, Duration::from_secs(10)),
+        lisbon_day.and_then(|c| Quota::fixed_calendar(100, c)),
         Quota::sliding_window_log(100, Duration::from_secs(10)),
         Quota::sliding_window_counter(100, Duration::from_secs(10)),
         "100/10s".parse().and_then(|r| Quota::token_bucket(100, r)),

@@ -1,16 +1,21 @@
-//! `--sweep limit=50,100,200` (and `window=`, `algorithm=`): candidate configurations, each the
-//! original with one policy's quota changed, replayed side by side over the same log.
+//! `--sweep limit=50,100,200` (and `window=`, `algorithm=`, `calendar=`): candidate
+//! configurations, each the original with one policy's quota changed, replayed side by side over
+//! the same log.
 //!
 //! Every quota is seen as the `(q, w)` pair that `RateLimit-Policy` advertises: a limit
 //! per window, a token bucket's capacity and the time it takes to refill, a leaky bucket's
 //! burst (`queue + 1`) and the time it takes to drain. A candidate replaces one or more of
 //! algorithm, `q` and `w` and keeps the others, so `algorithm=token_bucket` on a policy of 100
 //! a minute tries a bucket of 100 refilled at 100 a minute.
+//!
+//! A fixed window by the calendar keeps its calendar (and its time zone) through `limit=`;
+//! `calendar=day,month` tries fixed windows by those periods, in the policy's zone (UTC when it
+//! has none), and `window=` or another algorithm replaces the calendar.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{AlgorithmKind, Policy, Quota, Rate};
+use tollgate::{AlgorithmKind, Calendar, CalendarUnit, Policy, Quota, Rate};
 use tollgate_config::Config;
 use tollgate_config::PolicyConfig;
 
@@ -26,6 +31,8 @@ pub enum Dimension {
     Window(Vec<Duration>),
     /// `algorithm=sliding_window_counter,token_bucket`.
     Algorithm(Vec<AlgorithmKind>),
+    /// `calendar=day,week,month`: fixed windows by the calendar.
+    Calendar(Vec<CalendarUnit>),
 }
 
 impl std::str::FromStr for Dimension {
@@ -62,8 +69,16 @@ impl std::str::FromStr for Dimension {
                 })
                 .collect::<Result<_, _>>()
                 .map(Dimension::Algorithm),
+            "calendar" => values
+                .iter()
+                .map(|v| {
+                    v.parse::<CalendarUnit>()
+                        .map_err(|e| each(v, e.to_string()))
+                })
+                .collect::<Result<_, _>>()
+                .map(Dimension::Calendar),
             other => Err(format!(
-                "--sweep {other}=...: sweep limit=, window= or algorithm="
+                "--sweep {other}=...: sweep limit=, window=, algorithm= or calendar="
             )),
         }
     }
@@ -110,7 +125,21 @@ pub fn candidates(config: &Config, sweep: &Sweep) -> Result<(String, Vec<Candida
     };
     let base = &config.policies[index];
     let quota = base.policy.quota();
-    let mut grid = vec![(quota.kind(), quota.limit(), quota.window(), String::new())];
+    let calendar = match quota {
+        Quota::FixedWindow(a) => a.calendar().map(Calendar::unit),
+        _ => None,
+    };
+    let zone = match quota {
+        Quota::FixedWindow(a) => a.calendar().map(|c| c.zone_name().to_owned()),
+        _ => None,
+    };
+    let mut grid = vec![(
+        quota.kind(),
+        quota.limit(),
+        quota.window(),
+        calendar,
+        String::new(),
+    )];
     for dimension in &sweep.dimensions {
         grid = expand(grid, dimension);
     }
@@ -123,10 +152,14 @@ pub fn candidates(config: &Config, sweep: &Sweep) -> Result<(String, Vec<Candida
     let name = base.name().to_owned();
     let out = grid
         .into_iter()
-        .map(|(algorithm, limit, window, label)| {
+        .map(|(algorithm, limit, window, calendar, label)| {
             let label = label.trim().to_owned();
-            let quota =
-                quota_of(algorithm, limit, window).map_err(|e| format!("--sweep {label}: {e}"))?;
+            let quota = match calendar {
+                Some(unit) => Calendar::new(unit, zone.as_deref().unwrap_or("UTC"))
+                    .and_then(|c| Quota::fixed_calendar(limit, c)),
+                None => quota_of(algorithm, limit, window),
+            }
+            .map_err(|e| format!("--sweep {label}: {e}"))?;
             let policy = Policy::new(&name, quota).map_err(|e| format!("--sweep {label}: {e}"))?;
             let mut policies: Vec<PolicyConfig> = config.policies.to_vec();
             let mut changed = base.clone();
@@ -146,26 +179,32 @@ pub fn candidates(config: &Config, sweep: &Sweep) -> Result<(String, Vec<Candida
     Ok((name, out))
 }
 
-type Point = (AlgorithmKind, u32, Duration, String);
+/// One candidate quota: algorithm, `q`, `w`, the calendar of a fixed window by one, label.
+type Point = (AlgorithmKind, u32, Duration, Option<CalendarUnit>, String);
 
 fn expand(grid: Vec<Point>, dimension: &Dimension) -> Vec<Point> {
     let mut out = Vec::new();
-    for (kind, limit, window, label) in grid {
+    for (kind, limit, window, calendar, label) in grid {
         match dimension {
             Dimension::Limit(values) => out.extend(
                 values
                     .iter()
-                    .map(|&v| (kind, v, window, format!("{label} limit={v}"))),
+                    .map(|&v| (kind, v, window, calendar, format!("{label} limit={v}"))),
             ),
             Dimension::Window(values) => out.extend(values.iter().map(|&v| {
                 let text = humanize(v);
-                (kind, limit, v, format!("{label} window={text}"))
+                (kind, limit, v, None, format!("{label} window={text}"))
             })),
-            Dimension::Algorithm(values) => out.extend(
-                values
-                    .iter()
-                    .map(|&v| (v, limit, window, format!("{label} algorithm={v}"))),
-            ),
+            Dimension::Algorithm(values) => out.extend(values.iter().map(|&v| {
+                // A calendar stays only on a fixed window.
+                let calendar = calendar.filter(|_| v == AlgorithmKind::FixedWindow);
+                (v, limit, window, calendar, format!("{label} algorithm={v}"))
+            })),
+            Dimension::Calendar(values) => out.extend(values.iter().map(|&v| {
+                let w = Duration::from_secs(v.nominal_secs());
+                let fixed = AlgorithmKind::FixedWindow;
+                (fixed, limit, w, Some(v), format!("{label} calendar={v}"))
+            })),
         }
     }
     out

@@ -24,6 +24,7 @@ mod resp;
 mod response;
 mod serve;
 mod sharded;
+mod state;
 pub mod store;
 mod telemetry;
 mod tls;
@@ -303,7 +304,12 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()>,
     limits: Limits,
 ) -> Result<(), ServerError> {
-    let store = AnyStore::from_config(&config.store).await?;
+    // A state file first: it may hold the key secret the engine hashes credentials under.
+    let (restored_store, restored) = state::restore(&config.store);
+    let store = match restored_store {
+        Some(memory) => AnyStore::Memory(memory),
+        None => AnyStore::from_config(&config.store).await?,
+    };
     if config.store.kind == config::StoreKind::Redis && config.store.key_secret.is_none() {
         tracing::warn!(
             "[store] key_secret_env is not set: keys are hashed with the public built-in secret, so \
@@ -359,6 +365,7 @@ pub async fn run_with(
     });
     let _ = running.set(Arc::downgrade(&shared));
     queue::open_configured(&shared).await;
+    state::apply(&shared, restored);
     let (stop_tx, stop_rx) = watch::channel(false);
     // Registered before anything is served, so a SIGHUP never finds the default action (exit).
     #[cfg(unix)]
@@ -396,6 +403,7 @@ pub async fn run_with(
     }
     tokio::spawn(purge_idle_keys(Arc::clone(&shared), stop_rx.clone()));
     tokio::spawn(live_operations(Arc::clone(&shared), stop_rx.clone()));
+    tokio::spawn(state::keep(Arc::clone(&shared), stop_rx.clone()));
     tokio::spawn(watch_config(Arc::clone(&shared), hup, stop_rx.clone()));
     let s = Arc::clone(&shared);
     tokio::spawn(tls::watch_files(
@@ -413,6 +421,8 @@ pub async fn run_with(
     if let Err(e) = shared.store.return_leases(SystemClock::new().now()).await {
         tracing::warn!(error = %e, "shutdown: could not give every lease back to the store");
     }
+    // With `[store] path`, the memory store's state, now that nothing changes it any more.
+    state::save_at_stop(&shared).await;
     // The spans not yet exported go now (the exporter waits on its own thread).
     let telemetry = Arc::clone(&shared.telemetry);
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;

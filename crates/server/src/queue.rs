@@ -19,6 +19,8 @@ mod backend;
 mod drain;
 mod memory;
 
+pub(crate) use memory::Kept;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};

@@ -287,6 +287,9 @@ fn foreign_fields(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> bool {
 
 /// The quota from the algorithm's own fields.
 fn quota(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> Option<Quota> {
+    if super::calendar::wanted(p) {
+        return super::calendar::quota(p, cx.kind, cx.at, &cx.prefix, errs);
+    }
     match cx.kind {
         AlgorithmKind::TokenBucket => token_bucket_quota(p, cx, errs),
         AlgorithmKind::LeakyBucket => leaky_bucket_quota(p, cx, errs),

@@ -19,6 +19,8 @@ pub(crate) fn default_store() -> StoreConfig {
         clock: StoreClock::Redis,
         max_keys: None,
         key_secret: None,
+        path: None,
+        snapshot_every: super::state::DEFAULT_SNAPSHOT_EVERY,
     }
 }
 
@@ -93,6 +95,7 @@ pub(super) fn validate(raw: Option<RawStore>, errs: &mut Errors<'_>) -> Option<S
             None => ok = false,
         }
     }
+    ok &= super::state::validate(&s, &mut out, errs);
     ok &= redis_server(&s, &out, ok, errs);
     ok.then_some(out)
 }

@@ -1,19 +1,30 @@
 //! Fixed window counter: one count per window, windows aligned to multiples of the window
 //! length since the Unix epoch. Cheapest of all; admits up to twice the limit across a boundary
 //! (the end of one window and the start of the next), by design.
+//!
+//! With a [`Calendar`], windows are the calendar's periods (a day, an ISO week, a month or a
+//! year in a time zone) instead: their bounds come from [`Calendar::period`], a pure function of
+//! `now`, computed only when a key's window has ended.
 
 use std::time::Duration;
 
 use super::{Algorithm, Divisor, never};
+use crate::calendar::Calendar;
 use crate::quota::{MAX_PERIOD, Rate};
 use crate::{QuotaError, Timestamp, Verdict};
 
-/// `limit` per `window`, counted in windows aligned to the Unix epoch.
+/// `limit` per `window`, counted in windows aligned to the Unix epoch, or per period of a
+/// calendar.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FixedWindow {
     limit: u32,
+    /// The window, or a calendar period's nominal length.
     window: u64,
     per_window: Divisor,
+    /// What the memory store counts window ends in: the window, or a second for a calendar
+    /// (whose periods start on whole seconds but have no one length).
+    index_unit: Divisor,
+    calendar: Option<Calendar>,
 }
 
 /// A fixed window's count.
@@ -34,7 +45,41 @@ impl FixedWindow {
             limit,
             window: rate.period_micros(),
             per_window: Divisor::new(rate.period_micros()),
+            index_unit: Divisor::new(rate.period_micros()),
+            calendar: None,
         })
+    }
+
+    /// `limit` per period of `calendar`; the limit must be positive.
+    pub fn with_calendar(limit: u32, calendar: Calendar) -> Result<Self, QuotaError> {
+        if limit == 0 {
+            return Err(QuotaError::new(
+                &format!("{limit}/{}", calendar.unit()),
+                "count must be at least 1",
+            ));
+        }
+        let window = calendar.unit().nominal_secs() * 1_000_000;
+        Ok(FixedWindow {
+            limit,
+            window,
+            per_window: Divisor::new(window),
+            index_unit: Divisor::new(1_000_000),
+            calendar: Some(calendar),
+        })
+    }
+
+    /// The calendar whose periods are the windows, if any.
+    pub fn calendar(&self) -> Option<&Calendar> {
+        self.calendar.as_ref()
+    }
+
+    /// The end (µs) of the window that contains `now`.
+    pub fn window_end(&self, now: Timestamp) -> u64 {
+        let now = now.as_micros();
+        match &self.calendar {
+            None => (self.per_window.div(now) + 1) * self.window,
+            Some(calendar) => calendar.period(now).end,
+        }
     }
 
     /// The limit per window.
@@ -42,22 +87,29 @@ impl FixedWindow {
         self.limit
     }
 
-    /// The window in microseconds.
+    /// The window in microseconds; for a calendar, the period's nominal length
+    /// ([`CalendarUnit::nominal_secs`](crate::CalendarUnit::nominal_secs)).
     #[inline]
     pub fn window_micros(&self) -> u64 {
         self.window
     }
 
-    /// Divides by the window, fast.
+    /// The unit the memory store counts window ends in: the window, or a second for a
+    /// calendar.
     #[inline]
-    pub(crate) fn per_window(&self) -> Divisor {
-        self.per_window
+    pub(crate) fn index_unit(&self) -> Divisor {
+        self.index_unit
     }
 
     #[inline]
     fn normalize(&self, state: &mut FixedWindowState, now: Timestamp) {
-        let now = now.as_micros();
-        let end = (self.per_window.div(now) + 1) * self.window;
+        let end = match &self.calendar {
+            None => (self.per_window.div(now.as_micros()) + 1) * self.window,
+            // A window not over yet is the current period (or a later one, when the clock
+            // stepped back): the zone's rules are consulted once per key and period.
+            Some(_) if state.window_end > now.as_micros() => return,
+            Some(calendar) => calendar.period(now.as_micros()).end,
+        };
         // A later `window_end` means the clock stepped back: keep counting in it rather than
         // hand out a fresh window.
         if state.window_end < end {

@@ -60,8 +60,12 @@ mod immediate;
 mod key_hash;
 mod log;
 mod packing;
+mod quota_codec;
 mod shard;
+mod snapshot;
 mod table;
+
+pub use snapshot::{RestoreCounts, STORE_FORMAT};
 
 use immediate::{ApplyOne, Immediate};
 use key_hash::KeyHasher;
@@ -85,8 +89,10 @@ struct Inner {
     shard_mask: u64,
     /// Each shard's share of the bounds.
     limits: Limits,
-    /// Keys the hash of a key: random per store.
+    /// Keys the hash of a key: random per store (or a snapshot's).
     hasher: KeyHasher,
+    /// The hasher's key, which a snapshot keeps.
+    hash_key: (u64, u64),
 }
 
 /// Keeps each shard on its own cache lines, so neighbours do not slow each other down.
@@ -100,9 +106,16 @@ pub struct MemoryStoreBuilder {
     max_keys: usize,
     max_log_bytes: usize,
     shards: Option<usize>,
+    hash_key: Option<(u64, u64)>,
 }
 
 impl MemoryStoreBuilder {
+    /// The key of the keys' hash: a snapshot's, so that its keys are found again.
+    pub(crate) fn hash_key(mut self, key: (u64, u64)) -> Self {
+        self.hash_key = Some(key);
+        self
+    }
+
     /// The most keys the store tracks (default 1,000,000); it evicts to stay within it.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
@@ -145,12 +158,14 @@ impl MemoryStoreBuilder {
         let shards = (0..count)
             .map(|_| Padded(ShardedLock::new(Shard::new(limits))))
             .collect();
+        let hash_key = self.hash_key.unwrap_or_else(random_key);
         MemoryStore {
             inner: Arc::new(Inner {
                 shards,
                 shard_mask: count as u64 - 1,
                 limits,
-                hasher: random_hasher(),
+                hasher: KeyHasher::new(hash_key.0, hash_key.1),
+                hash_key,
             }),
         }
     }
@@ -186,6 +201,7 @@ impl MemoryStore {
             max_keys: DEFAULT_MAX_KEYS,
             max_log_bytes: DEFAULT_MAX_LOG_BYTES,
             shards: None,
+            hash_key: None,
         }
     }
 
@@ -498,9 +514,9 @@ impl Store for MemoryStore {
 /// SipHash-1-3 under a random 128-bit key. The key comes from `std`'s `RandomState`, which is
 /// seeded from the operating system's randomness: two of its outputs on fixed inputs, which
 /// nobody can predict without its own secret key, are this store's key.
-fn random_hasher() -> KeyHasher {
+fn random_key() -> (u64, u64) {
     let seed = RandomState::new();
-    KeyHasher::new(seed.hash_one(0_u64), seed.hash_one(1_u64))
+    (seed.hash_one(0_u64), seed.hash_one(1_u64))
 }
 
 /// What the shared lock could not decide: a new key, a spilled or spilling state.

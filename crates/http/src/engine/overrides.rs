@@ -28,7 +28,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use tollgate::{Clock, MAX_PERIOD, Policy, Quota, Rate, Store, Timestamp};
+use tollgate::algorithm::FixedWindow;
+use tollgate::{Calendar, CalendarUnit, Clock, MAX_PERIOD, Policy, Quota, Rate, Store, Timestamp};
 
 use super::Engine;
 use crate::headers::PolicyHeaders;
@@ -36,13 +37,18 @@ use crate::headers::PolicyHeaders;
 /// The quota fields an override sets; the fields it leaves out keep the policy's values.
 ///
 /// The window algorithms take `limit` and `window`, the token bucket `capacity` and `refill`,
-/// the leaky bucket `rate` and `queue`: the names of the configuration.
+/// the leaky bucket `rate` and `queue`: the names of the configuration. A fixed window also
+/// takes `calendar` (a period in the policy's time zone, UTC when it has none); a calendar
+/// policy whose override sets only `limit` keeps its calendar, and one given `window` counts by
+/// that window instead.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct QuotaFields {
     /// `limit` (fixed window, sliding window log and counter).
     pub limit: Option<u32>,
     /// `window` (fixed window, sliding window log and counter).
     pub window: Option<Duration>,
+    /// `calendar` (fixed window): count per day, week, month or year.
+    pub calendar: Option<CalendarUnit>,
     /// `capacity` (token bucket).
     pub capacity: Option<u32>,
     /// `refill` (token bucket).
@@ -91,6 +97,7 @@ impl QuotaFields {
         [
             ("limit", self.limit.is_some()),
             ("window", self.window.is_some()),
+            ("calendar", self.calendar.is_some()),
             ("capacity", self.capacity.is_some()),
             ("refill", self.refill.is_some()),
             ("rate", self.rate.is_some()),
@@ -104,9 +111,8 @@ impl QuotaFields {
     /// `max_delay`), or the first field that does not fit and why.
     pub fn apply(&self, base: &Quota) -> Result<Quota, OverrideError> {
         let own: &[&'static str] = match base {
-            Quota::FixedWindow(_) | Quota::SlidingWindowLog(_) | Quota::SlidingWindowCounter(_) => {
-                &["limit", "window"]
-            }
+            Quota::FixedWindow(_) => &["limit", "window", "calendar"],
+            Quota::SlidingWindowLog(_) | Quota::SlidingWindowCounter(_) => &["limit", "window"],
             Quota::TokenBucket(_) => &["capacity", "refill"],
             Quota::LeakyBucket(_) => &["rate", "queue"],
             // A permit's TTL is the policy's: how long a lost request may hold a slot is not a
@@ -127,9 +133,15 @@ impl QuotaFields {
         if self.given().next().is_none() {
             let give = match own {
                 [one] => format!("give {one}"),
-                _ => format!("give {} (or both)", own.join(" or ")),
+                [a, b] => format!("give {a} or {b} (or both)"),
+                _ => format!("give one or more of {}", own.join(", ")),
             };
             return Err(field_error(own[0], give));
+        }
+        if let Quota::FixedWindow(fixed) = base
+            && let Some(made) = self.calendar_quota(fixed)?
+        {
+            return Ok(made);
         }
         let quota = match base {
             Quota::FixedWindow(_) | Quota::SlidingWindowLog(_) | Quota::SlidingWindowCounter(_) => {
@@ -182,6 +194,31 @@ impl QuotaFields {
             }
         };
         Ok(quota)
+    }
+
+    /// A fixed window's quota by the calendar: when the override names `calendar`, or the
+    /// policy counts by one and the override does not name `window`. `None` otherwise.
+    fn calendar_quota(&self, base: &FixedWindow) -> Result<Option<Quota>, OverrideError> {
+        if self.window.is_some() {
+            if self.calendar.is_some() {
+                return Err(field_error(
+                    "calendar",
+                    "give calendar or window, not both: a calendar period is the window",
+                ));
+            }
+            return Ok(None);
+        }
+        let calendar = match (self.calendar, base.calendar()) {
+            (None, None) => return Ok(None),
+            (None, Some(c)) => c.clone(),
+            (Some(unit), Some(c)) => Calendar::new(unit, c.zone_name())
+                .map_err(|e| field_error("calendar", e.reason()))?,
+            (Some(unit), None) => Calendar::utc(unit),
+        };
+        let limit = self.limit.unwrap_or(base.limit());
+        Quota::fixed_calendar(limit, calendar)
+            .map(Some)
+            .map_err(|e| field_error("limit", e.reason()))
     }
 
     /// The first of `own` that is set (both are not set only when the other is).
@@ -449,3 +486,6 @@ mod tests {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod calendar_tests;

@@ -5,6 +5,8 @@
 --
 -- KEYS[1] "<window_end> <count>"
 -- ARGV    window_us, limit, [cost: 1 when absent], [want: a lease, > cost]
+--         or, for a calendar window (a day, a month… whose length varies; the caller computes
+--         the periods): -period_end_us, limit, cost, want (0: none), next_period_end_us
 -- Reply   a plain check: one integer, (window_end - now) x (limit + 1) + count (before), or
 --         -1 minus that when denied (an integer reply costs Redis far less than an array);
 --         when it does not fit in 2^53, when the count is past the limit, or for a lease: granted (0 when denied; cost..want
@@ -12,8 +14,17 @@
 local w, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 local cost = tonumber(ARGV[3]) or 1
 local want = tonumber(ARGV[4])
--- Exact: floor(a / b) of doubles is exact for integers a < 2^53.
-local e = now - now % w + w
+local e
+if w < 0 then
+  -- The caller's period; the next one when this clock has passed its end.
+  e = -w
+  if now >= e then e = tonumber(ARGV[5]) end
+  if e <= now then return redis.error_reply('the calendar period given ends before now') end
+  if want == 0 then want = nil end
+else
+  -- Exact: floor(a / b) of doubles is exact for integers a < 2^53.
+  e = now - now % w + w
+end
 local c = 0
 local v = redis.call('GET', KEYS[1])
 if v then

@@ -11,7 +11,9 @@
 --          check's cost whatever its quota says, and write it (never refused)
 -- ARGV[2]  m, how many lockout records follow the state keys (0 with mode 2)
 -- ARGV[3 + 5(i-1) ..] per check: algorithm, p1, p2, p3, cost
---   1 fixed window            window_us, limit, 0
+--   1 fixed window            window_us, limit, 0; or for a calendar window, the period's
+--                             end (µs), limit, the next period's end (taken when this clock
+--                             has passed the first)
 --   2 sliding window log      window_us, limit, how many of the oldest units to report
 --   3 sliding window counter  window_us, limit, 0
 --   4 token bucket            interval_us, horizon_us, 0
@@ -54,6 +56,11 @@ local function load(key, alg, p1, p2, p3)
   if alg ~= 2 and alg ~= 6 then v = redis.call('GET', key) end
   if alg == 1 then
     local e, c = now - now % p1 + p1, 0
+    if p3 > 0 then
+      e = p1
+      if now >= e then e = p3 end
+      if e <= now then error('the calendar period given ends before now') end
+    end
     if v then
       local se, sc = string.match(v, '^(%d+) (%d+)$')
       se = tonumber(se)

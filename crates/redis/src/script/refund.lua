@@ -3,7 +3,7 @@
 --
 -- KEYS[i]  the state key of check i
 -- ARGV[1 + 5(i-1) ..] per check: algorithm (codes as in multi.lua), p1 (window_us or
---          interval_us), cost, guard, 0 (concurrency: the permit's id). The guard ties a
+--          interval_us; minus the period's end for a calendar window), cost, guard, 0 (concurrency: the permit's id). The guard ties a
 --          lease's return to where its units were taken: the window end (fixed window, sliding
 --          window counter: nothing comes back once that window is over) or the score they were
 --          logged at (sliding window log); 0 for a plain refund. A concurrency refund gives the
@@ -32,7 +32,8 @@ for i = 1, #KEYS do
     local v = redis.call('GET', key)
     if v then
       if alg == 1 or alg == 3 then
-        local e = now - now % p1 + p1
+        local e
+        if p1 < 0 then e = -p1 else e = now - now % p1 + p1 end
         local se, sc, sp = string.match(v, '^(%d+) (%d+) ?(%d*)$')
         se = tonumber(se)
         local cur, prev = 0, 0

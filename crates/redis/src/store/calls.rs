@@ -111,7 +111,7 @@ impl RedisStore {
         let kind = ScriptKind::of(check.policy.quota());
         let reply = self
             .eval(conn, kind, &[key], now, |cmd| {
-                script::one_check_args(cmd, check, want, at)
+                script::one_check_args(cmd, now, check, want, at)
             })
             .await?;
         verdict::one_check(check, reply)
@@ -142,7 +142,7 @@ impl RedisStore {
                         .filter(|(_, k)| *k == key)
                         .map(|(c, _)| u64::from(c.cost))
                         .sum();
-                    script::multi_args(cmd, check, oldest)?;
+                    script::multi_args(cmd, now, check, oldest)?;
                 }
                 script::ban_args(cmd, checks);
                 Ok(())
@@ -171,7 +171,7 @@ impl RedisStore {
                     cmd.arg(2u8).arg(0u8);
                     for check in &group {
                         // What is left afterwards is a peek: no oldest units are needed.
-                        script::multi_args(cmd, check, 0)?;
+                        script::multi_args(cmd, now, check, 0)?;
                     }
                     Ok(())
                 })
@@ -197,7 +197,7 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         self.eval(conn, ScriptKind::Refund, keys, now, |cmd| {
             for (check, &(cost, guard)) in checks.iter().zip(costs_and_guards) {
-                script::refund_args(cmd, check, cost, guard);
+                script::refund_args(cmd, now, check, cost, guard);
             }
             Ok(())
         })

@@ -225,6 +225,7 @@ pub(crate) fn record_json(
         for (name, value) in [
             ("limit", r.limit.map(Value::from)),
             ("window", r.window.clone().map(Value::from)),
+            ("calendar", r.calendar.clone().map(Value::from)),
             ("capacity", r.capacity.map(Value::from)),
             ("refill", r.refill.clone().map(Value::from)),
             ("rate", r.rate.clone().map(Value::from)),
@@ -382,6 +383,7 @@ fn parse_record(
         key,
         limit: None,
         window: None,
+        calendar: None,
         capacity: None,
         refill: None,
         rate: None,
@@ -402,6 +404,12 @@ fn parse_record(
                 let text = string(name, value)?;
                 parse_duration(&text).map_err(|e| BadField::new(name, e.reason()))?;
                 record.window = Some(text);
+            }
+            "calendar" => {
+                let text = string(name, value)?;
+                text.parse::<tollgate::CalendarUnit>()
+                    .map_err(|e| BadField::new(name, e.reason()))?;
+                record.calendar = Some(text);
             }
             "refill" | "rate" => {
                 let text = string(name, value)?;

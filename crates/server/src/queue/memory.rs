@@ -1,5 +1,6 @@
 //! The queue of a `queue` policy with the memory store: bounded, in this process, and gone when
-//! it stops (a restart loses every queued request; use the Redis store to keep them). It keeps
+//! it stops unless `[store] path` keeps the state on disk (then a restart finds its requests
+//! again; see `persist`); the Redis store keeps them for every instance. It keeps
 //! the Redis queue's semantics where they apply: depth counts waiting and taken messages, a
 //! message taken by the drainer stays taken until it is finished or buried, dead letters are
 //! kept for re-driving, statuses of finished messages for a while.
@@ -240,6 +241,10 @@ impl MemoryQueue {
         }
     }
 }
+
+mod persist;
+
+pub(crate) use persist::Kept;
 
 #[cfg(test)]
 mod tests {

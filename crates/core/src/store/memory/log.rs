@@ -417,6 +417,18 @@ impl LogTable {
         )
     }
 
+    /// Makes room for `additional` more logs (see [`Table::reserve`]).
+    pub(super) fn reserve(&mut self, additional: usize) {
+        self.records.reserve(additional);
+    }
+
+    /// Calls `f` on every `(hash, log)`, for a caller that holds the shard shared.
+    pub(super) fn for_each(&self, mut f: impl FnMut(u64, &Mutex<CompactLog>)) {
+        for record in self.records.entries() {
+            f(record.hash, &record.log);
+        }
+    }
+
     /// Calls `f` on every `(hash, log)`.
     pub(super) fn for_each_mut(&mut self, mut f: impl FnMut(u64, &mut CompactLog)) {
         for record in self.records.entries_mut() {

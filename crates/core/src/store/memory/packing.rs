@@ -3,7 +3,9 @@
 //! 16-byte [`Slot`] kept beside the table.
 //!
 //! - Token and leaky bucket: the one timestamp, as is.
-//! - Fixed window: the window's index since 2024 (32 bits) and the count (32 bits).
+//! - Fixed window: the window's index since 2024 (32 bits) and the count (32 bits). A calendar
+//!   window (a day, a month… in a time zone) has no one length: its index counts seconds, so
+//!   its end (a whole second) fits until 2160.
 //! - Sliding window counter: the window's index since 2024 (32 bits) and both counts (16 bits
 //!   each).
 //!
@@ -63,19 +65,19 @@ fn window_index(window_end: u64, window: Divisor, base: u64) -> Option<u64> {
 
 impl Packed for FixedWindow {
     fn base(&self) -> u64 {
-        INDEX_EPOCH / self.window_micros()
+        INDEX_EPOCH / self.index_unit().get()
     }
 
     #[inline]
     fn encode(&self, base: u64, state: &FixedWindowState) -> Option<u64> {
-        let index = window_index(state.window_end, self.per_window(), base)?;
+        let index = window_index(state.window_end, self.index_unit(), base)?;
         Some(index << 32 | u64::from(state.count))
     }
 
     #[inline]
     fn decode(&self, base: u64, word: u64) -> FixedWindowState {
         FixedWindowState {
-            window_end: ((word >> 32) + base) * self.window_micros(),
+            window_end: ((word >> 32) + base) * self.index_unit().get(),
             count: word as u32,
         }
     }
@@ -239,6 +241,15 @@ mod tests {
             count: 1,
         };
         assert!(!round_trips(&fixed, off));
+
+        // A calendar window packs its end in seconds.
+        let monthly = FixedWindow::with_calendar(
+            10,
+            crate::Calendar::new(crate::CalendarUnit::Month, "Europe/Lisbon")?,
+        )?;
+        let mut state = FixedWindowState::default();
+        monthly.commit(&mut state, now, 3);
+        assert!(round_trips(&monthly, state));
 
         let sliding = SlidingWindowCounter::new(100_000, Duration::from_secs(1))?;
         let mut state = SlidingWindowCounterState::default();

@@ -44,9 +44,11 @@ macro_rules! by_algorithm {
 
 mod ghosts;
 mod permits;
+mod persist;
 mod policy_table;
 
 use ghosts::Ghosts;
+pub(super) use persist::Restored;
 use policy_table::{PolicyTable, Room};
 
 #[derive(Debug, Default)]

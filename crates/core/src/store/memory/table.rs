@@ -165,6 +165,16 @@ impl<E: Keyed> Table<E> {
         )
     }
 
+    /// Makes room for `additional` more entries at once, so that many keys added in the order
+    /// of their hashes (a restored snapshot) land at their homes instead of piling up behind
+    /// one another in a table too small for them.
+    pub(super) fn reserve(&mut self, additional: usize) {
+        let needed = self.len() + additional;
+        if needed > self.max_len {
+            self.resize((needed * 5 / 4 + 1).max(MIN_CAPACITY));
+        }
+    }
+
     fn place(&mut self, entry: E) {
         let mut i = self.home(entry.hash());
         while self.entries[i].hash() != EMPTY {
@@ -205,6 +215,11 @@ impl<E: Keyed> Table<E> {
         self.entries[hole] = E::default();
         *self.len.get_mut() -= 1;
         Some(removed)
+    }
+
+    /// Every entry, for a caller that holds the table shared.
+    pub(super) fn entries(&self) -> impl Iterator<Item = &E> + '_ {
+        self.entries.iter().filter(|e| e.hash() != EMPTY)
     }
 
     /// Every entry, for a caller that holds the table exclusively.

@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tollgate::{Rate, StoreError, Timestamp, parse_duration};
+use tollgate::{CalendarUnit, Rate, StoreError, Timestamp, parse_duration};
 use tollgate_http::{OverrideError, QuotaFields};
 use tollgate_redis::RedisStore;
 
@@ -33,6 +33,8 @@ pub(crate) struct Record {
     pub(crate) limit: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) window: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) calendar: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) capacity: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,6 +70,14 @@ impl Record {
                 .window
                 .as_deref()
                 .map(|t| parse_duration(t).map_err(|e| bad("window", e.reason().to_owned())))
+                .transpose()?,
+            calendar: self
+                .calendar
+                .as_deref()
+                .map(|t| {
+                    t.parse::<CalendarUnit>()
+                        .map_err(|e| bad("calendar", e.reason().to_owned()))
+                })
                 .transpose()?,
             capacity: self.capacity,
             refill: rate("refill", &self.refill)?,
@@ -165,6 +175,34 @@ impl Registry {
             .filter(|(_, r)| !r.expired(unix_secs))
             .map(|(id, r)| (r.clone(), state.inactive.get(id).cloned()))
             .collect()
+    }
+
+    /// Every record not expired at `unix_secs`, for the state file (`[store] path`).
+    pub(crate) fn records(&self, unix_secs: u64) -> Vec<Record> {
+        let state = self.lock();
+        state
+            .records
+            .values()
+            .filter(|r| !r.expired(unix_secs))
+            .cloned()
+            .collect()
+    }
+
+    /// Puts `records` from the state file back (in memory only: Redis keeps its own) and
+    /// installs them into `engine`; how many.
+    pub(crate) fn restore(&self, records: Vec<Record>, engine: &Generation) -> usize {
+        if self.shared() {
+            return 0;
+        }
+        let mut state = self.lock();
+        let n = records.len();
+        for record in records {
+            state
+                .records
+                .insert((record.policy.clone(), record.key.clone()), record);
+        }
+        install(&mut state, engine);
+        n
     }
 
     /// Sets `record` (replacing the one of its policy and key) and installs it into `current`.

@@ -63,10 +63,15 @@ pub(super) fn get_mut<T>(entry: &mut Mutex<T>) -> &mut T {
 
 impl PolicyTable {
     pub(super) fn new(policy: &Policy) -> Self {
-        let base = by_algorithm!(policy.quota(), a => a.base(), _log => 0, _permits => 0);
+        Self::with_quota(policy.fingerprint(), policy.quota().clone())
+    }
+
+    /// The table of the policy whose fingerprint is `fingerprint`, with `quota`.
+    pub(super) fn with_quota(fingerprint: u64, quota: Quota) -> Self {
+        let base = by_algorithm!(&quota, a => a.base(), _log => 0, _permits => 0);
         PolicyTable {
-            fingerprint: policy.fingerprint(),
-            quota: policy.quota().clone(),
+            fingerprint,
+            quota,
             base,
             packed: Table::default(),
             spill: KeyMap::default(),
@@ -77,6 +82,37 @@ impl PolicyTable {
 
     pub(super) fn len(&self) -> usize {
         self.packed.len() + self.logs.len() + self.permits.len()
+    }
+
+    /// Makes room for `additional` more keys.
+    pub(super) fn reserve(&mut self, additional: usize) {
+        match self.quota {
+            Quota::SlidingWindowLog(_) => self.logs.reserve(additional),
+            Quota::Concurrency(_) => {}
+            _ => self.packed.reserve(additional),
+        }
+    }
+
+    /// Whether `hash` has a state here.
+    pub(super) fn contains(&self, hash: u64) -> bool {
+        self.packed.get(hash).is_some()
+            || self.logs.get(hash).is_some()
+            || self.permits.contains_key(&hash)
+    }
+
+    /// Every packed `(hash, word)`; a word [`SPILLED`] has its state in [`spilled`](Self::spilled).
+    pub(super) fn packed_words(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.packed.iter()
+    }
+
+    /// The state of a spilled key.
+    pub(super) fn spilled(&self, hash: u64) -> Option<&Mutex<Slot>> {
+        self.spill.get(&hash)
+    }
+
+    /// [`Packed::base`] of the quota.
+    pub(super) fn base(&self) -> u64 {
+        self.base
     }
 
     pub(super) fn load<A: Packed>(&self, alg: &A, hash: u64) -> Option<A::State> {

@@ -1,0 +1,176 @@
+//! The memory store on disk: [`MemoryStore::write_snapshot`] streams every live key's state,
+//! shard by shard, and [`MemoryStore::restore_snapshot`] builds a store from it.
+//!
+//! Writing takes each shard's shared lock just long enough to copy its live entries (decisions on
+//! known keys go on under the same lock meanwhile; a new key of that shard waits for the copy),
+//! then writes them without any lock: the extra memory is one shard's entries, about 24 bytes a
+//! key, never the whole store.
+//!
+//! The stream is [frames](crate::store::snapshot): a header (the format version and the key of
+//! the store's hash, without which the keys' states could not be found again), chunks of one
+//! table's entries each (its policy's fingerprint and quota, then the entries), and an end frame
+//! with the count of entries, so a cut stream is told apart from a whole one.
+
+use std::io::{Read, Write};
+
+use super::packing::Slot;
+use super::quota_codec;
+use super::shard::Restored;
+use super::{MemoryStore, MemoryStoreBuilder, write};
+use crate::store::snapshot::{Cursor, Put, SnapshotError, corrupt, read_frame, write_frame};
+use crate::{Quota, Timestamp};
+
+/// The format this build writes and reads.
+pub const STORE_FORMAT: u16 = 1;
+
+const HEADER: u8 = 1;
+const CHUNK: u8 = 2;
+const END: u8 = 3;
+
+/// What a restore found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RestoreCounts {
+    /// Keys restored.
+    pub restored: u64,
+    /// Keys whose state had expired by the time of the restore (nothing to restore).
+    pub expired: u64,
+    /// Keys of a quota this build cannot make (a time zone it does not know).
+    pub unreadable: u64,
+}
+
+impl MemoryStore {
+    /// Writes every key whose state has not expired by `now` to `out` (the frames above); how
+    /// many keys. Concurrency permits are not written: their requests end with the process.
+    pub fn write_snapshot(
+        &self,
+        now: Timestamp,
+        out: &mut impl Write,
+    ) -> Result<u64, SnapshotError> {
+        let mut header = Vec::with_capacity(32);
+        header.put_u16(STORE_FORMAT);
+        header.put_u64(self.inner.hash_key.0);
+        header.put_u64(self.inner.hash_key.1);
+        header.put_u64(now.as_micros());
+        write_frame(out, HEADER, &header)?;
+        let mut total = 0;
+        let mut chunks = Vec::new();
+        for shard in self.inner.shards.iter() {
+            // Copied under the shared lock, written after it is released.
+            total += super::read(&shard.0).export(now.as_micros(), &mut chunks);
+            for chunk in chunks.drain(..) {
+                write_frame(out, CHUNK, &chunk)?;
+            }
+        }
+        let mut end = Vec::with_capacity(8);
+        end.put_u64(total);
+        write_frame(out, END, &end)?;
+        Ok(total)
+    }
+
+    /// A store as `builder` makes it, holding the keys of the snapshot `input` whose states have
+    /// not expired by `now`. Reads up to the snapshot's end frame and no further. An error (a
+    /// checksum that does not match, a cut stream, another format version) returns no store at
+    /// all: a snapshot is restored whole or not at all.
+    pub fn restore_snapshot(
+        builder: MemoryStoreBuilder,
+        now: Timestamp,
+        input: &mut impl Read,
+    ) -> Result<(MemoryStore, RestoreCounts), SnapshotError> {
+        let mut frame = Vec::new();
+        match read_frame(input, &mut frame)? {
+            Some(HEADER) => {}
+            Some(_) => {
+                return Err(corrupt(
+                    "the store's snapshot does not start with its header",
+                ));
+            }
+            None => return Err(corrupt("the store's snapshot is empty")),
+        }
+        let mut c = Cursor::new(&frame);
+        let version = c.u16()?;
+        if version != STORE_FORMAT {
+            return Err(SnapshotError::Version(u32::from(version)));
+        }
+        let key = (c.u64()?, c.u64()?);
+        let store = builder.hash_key(key).build();
+        let mut counts = RestoreCounts::default();
+        let mut seen = 0u64;
+        loop {
+            match read_frame(input, &mut frame)? {
+                Some(CHUNK) => seen += store.restore_chunk(&frame, now, &mut counts)?,
+                Some(END) => {
+                    let total = Cursor::new(&frame).u64()?;
+                    if total != seen {
+                        return Err(corrupt(format!(
+                            "the snapshot says {total} keys but holds {seen}"
+                        )));
+                    }
+                    return Ok((store, counts));
+                }
+                Some(kind) => return Err(corrupt(format!("a frame of kind {kind} in the store"))),
+                None => return Err(corrupt("the store's snapshot has no end")),
+            }
+        }
+    }
+
+    /// Restores one chunk; how many entries it held.
+    ///
+    /// The entries come in the order of their hashes (a table's order): each shard's table is
+    /// first made large enough for the chunk's keys it receives, so they land at their homes.
+    fn restore_chunk(
+        &self,
+        frame: &[u8],
+        now: Timestamp,
+        counts: &mut RestoreCounts,
+    ) -> Result<u64, SnapshotError> {
+        let mut c = Cursor::new(frame);
+        let fingerprint = c.u64()?;
+        let quota = quota_codec::decode(&mut c)?;
+        let n = u64::from(c.u32()?);
+        let mut entries =
+            Vec::with_capacity(usize::try_from(n).unwrap_or(0).min(c.remaining() / 20));
+        for _ in 0..n {
+            let hash = c.u64()?;
+            // A quota this build cannot make is a calendar window's: packed entries.
+            let entry = if matches!(quota, Some(Quota::SlidingWindowLog(_))) {
+                let count = c.u32()? as usize;
+                let len = count
+                    .checked_mul(12)
+                    .ok_or_else(|| corrupt("a log's length"))?;
+                Restored::Log(c.take(len)?)
+            } else {
+                Restored::Packed(Slot {
+                    expires_at: c.u64()?,
+                    a: c.u32()?,
+                    b: c.u32()?,
+                })
+            };
+            entries.push((hash, entry));
+        }
+        if !c.is_empty() {
+            return Err(corrupt("a chunk longer than its entries"));
+        }
+        let Some(quota) = &quota else {
+            counts.unreadable += n;
+            return Ok(n);
+        };
+        let limits = self.inner.limits;
+        let mut per_shard = vec![0usize; self.inner.shards.len()];
+        for (hash, _) in &entries {
+            per_shard[self.shard_index(*hash)] += 1;
+        }
+        for (i, &k) in per_shard.iter().enumerate() {
+            if k > 0 {
+                write(&self.inner.shards[i].0).reserve(fingerprint, quota, k);
+            }
+        }
+        for (hash, entry) in entries {
+            if write(self.shard(hash)).restore(fingerprint, quota, hash, entry, now, limits) {
+                counts.restored += 1;
+            } else {
+                counts.expired += 1;
+            }
+        }
+        Ok(n)
+    }
+}

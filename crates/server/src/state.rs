@@ -1,0 +1,285 @@
+//! The memory store kept on disk (`[store] path`): counters and buckets, overrides and the
+//! memory queues' requests, written every `snapshot_every` and once more on a clean stop, and
+//! read back at start.
+//!
+//! A snapshot goes to a temporary file beside the state file, is flushed to the disk (the file,
+//! then its folder after the rename), and replaces the state file by rename: a crash at any
+//! moment leaves the previous state file or the new one, never a torn one. A crash (SIGKILL,
+//! power loss) loses what happened since the last snapshot, at most `snapshot_every`.
+//!
+//! At start, a state file that cannot be read (unreadable, damaged: every frame has a CRC-32,
+//! cut short, of another format version) is moved aside to `<path>.corrupt-<unix seconds>` with
+//! a warning that says so, and the server starts empty: it never refuses to start over it, and
+//! never overwrites it.
+
+mod file;
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tollgate::store::snapshot::SnapshotError;
+use tollgate::{Clock, MemoryStore, SystemClock, Timestamp};
+
+use crate::Shared;
+use crate::admin::overrides::registry::Record;
+use crate::config::{StoreConfig, StoreKind};
+use crate::queue::Kept;
+use crate::store::AnyStore;
+use file::{Extras, Written};
+
+/// What a state file gave back besides the store, put in place once the server is built.
+#[derive(Debug, Default)]
+pub(crate) struct Restored {
+    overrides: Vec<Record>,
+    queues: Vec<(String, Kept)>,
+}
+
+fn unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The memory store of `config`, restored from its `path` when there is one and it reads; and
+/// what else the file held. `None` (build the store as usual) without a path, for Redis, when
+/// the file does not exist yet, or when it could not be read (it is moved aside, with a
+/// warning).
+pub(crate) fn restore(config: &StoreConfig) -> (Option<MemoryStore>, Restored) {
+    let (StoreKind::Memory, Some(path)) = (&config.kind, &config.path) else {
+        return (None, Restored::default());
+    };
+    let started = Instant::now();
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::info!(path = %path.display(), "no state file yet: starting empty");
+            return (None, Restored::default());
+        }
+        Err(e) => {
+            set_aside(path, &SnapshotError::Io(e));
+            return (None, Restored::default());
+        }
+    };
+    let mut builder = MemoryStore::builder();
+    if let Some(n) = config.max_keys {
+        builder = builder.max_keys(n);
+    }
+    let now = SystemClock::new().now();
+    match file::read(&mut BufReader::with_capacity(1 << 20, file), builder, now) {
+        Ok((store, counts, extras)) => {
+            if let Some(secret) = &extras.secret
+                && config.key_secret.is_none()
+                && !tollgate_config::restore_process_secret(secret)
+            {
+                tracing::warn!(
+                    "state file: the key secret could not be restored; keys hashed under it \
+                     start afresh"
+                );
+            }
+            let requests: usize = extras
+                .queues
+                .iter()
+                .map(|(_, k)| k.waiting.len() + k.dead.len())
+                .sum();
+            tracing::info!(
+                path = %path.display(),
+                keys = counts.restored,
+                expired = counts.expired,
+                unreadable = counts.unreadable,
+                overrides = extras.overrides.len(),
+                queued_requests = requests,
+                millis = started.elapsed().as_millis() as u64,
+                "state restored"
+            );
+            if counts.unreadable > 0 {
+                tracing::warn!(
+                    keys = counts.unreadable,
+                    "state file: keys of policies whose time zone this build does not know were \
+                     not restored"
+                );
+            }
+            let restored = Restored {
+                overrides: extras.overrides,
+                queues: extras.queues,
+            };
+            (Some(store), restored)
+        }
+        Err(e) => {
+            set_aside(path, &e);
+            (None, Restored::default())
+        }
+    }
+}
+
+/// Moves a state file that cannot be used to `<path>.corrupt-<unix seconds>`, saying so.
+fn set_aside(path: &Path, why: &SnapshotError) {
+    let secs = unix_secs();
+    let mut aside = PathBuf::from(format!("{}.corrupt-{secs}", path.display()));
+    let mut n = 1;
+    while aside.exists() {
+        aside = PathBuf::from(format!("{}.corrupt-{secs}-{n}", path.display()));
+        n += 1;
+    }
+    let why = match why {
+        SnapshotError::Version(v) => format!(
+            "it was written in format version {v}, and this build reads version {}",
+            file::FORMAT
+        ),
+        other => other.to_string(),
+    };
+    match std::fs::rename(path, &aside) {
+        Ok(()) => tracing::warn!(
+            path = %path.display(),
+            moved_to = %aside.display(),
+            "the state file could not be read ({why}); it was moved aside to {}, and Tollgate \
+             starts with empty state",
+            aside.display()
+        ),
+        Err(e) => tracing::error!(
+            path = %path.display(),
+            error = %e,
+            "the state file could not be read ({why}) nor moved aside; Tollgate starts with \
+             empty state, and its next snapshot replaces the file"
+        ),
+    }
+}
+
+/// Puts the restored overrides and queued requests in place (the server's queues are open).
+pub(crate) fn apply(shared: &Shared, restored: Restored) {
+    if !restored.overrides.is_empty() {
+        shared
+            .overrides
+            .restore(restored.overrides, &shared.engine());
+    }
+    for (name, kept) in restored.queues {
+        let n = kept.waiting.len() + kept.dead.len();
+        if !shared.queues.import_memory(&name, kept) {
+            tracing::warn!(
+                policy = %name,
+                requests = n,
+                "state file: queued requests of a policy that no longer queues were not \
+                 restored; the next snapshot leaves them out"
+            );
+        }
+    }
+}
+
+/// One snapshot at a time: the periodic one and the last one at a stop share the temporary file.
+static WRITING: Mutex<()> = Mutex::new(());
+
+/// Writes the state to `[store] path`, if the server keeps one; what was written.
+pub(crate) async fn save(shared: &Shared) -> Option<Result<Written, String>> {
+    let config = shared.engine().config().store.clone();
+    let path = config.path.clone()?;
+    let AnyStore::Memory(store) = &shared.store else {
+        return None;
+    };
+    let extras = Extras {
+        secret: config
+            .key_secret
+            .is_none()
+            .then(|| tollgate_config::process_secret().to_vec()),
+        overrides: shared.overrides.records(unix_secs()),
+        queues: shared.queues.export_memory(),
+    };
+    let store = store.clone();
+    let now = SystemClock::new().now();
+    let written =
+        tokio::task::spawn_blocking(move || write_atomically(&path, now, &store, &extras))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+    Some(written)
+}
+
+/// The state, written to a temporary file, flushed, renamed over `path`, and the folder flushed.
+fn write_atomically(
+    path: &Path,
+    now: Timestamp,
+    store: &MemoryStore,
+    extras: &Extras,
+) -> Result<Written, String> {
+    let _one = WRITING.lock().unwrap_or_else(PoisonError::into_inner);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what} {}: {e}", tmp.display());
+    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let mut options = OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let out = options.open(&tmp).map_err(|e| fail("create", &e))?;
+    let mut out = BufWriter::with_capacity(1 << 20, out);
+    let written = file::write(&mut out, now, store, extras).map_err(|e| fail("write", &e))?;
+    out.flush().map_err(|e| fail("write", &e))?;
+    let out = out.into_inner().map_err(|e| fail("write", &e.error()))?;
+    out.sync_all().map_err(|e| fail("flush", &e))?;
+    drop(out);
+    std::fs::rename(&tmp, path).map_err(|e| format!("rename to {}: {e}", path.display()))?;
+    File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("flush {}: {e}", dir.display()))?;
+    Ok(written)
+}
+
+/// Writes the state every `[store] snapshot_every` until `stop` turns true.
+pub(crate) async fn keep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let config = shared.engine().config().store.clone();
+    if config.path.is_none() || !matches!(shared.store, AnyStore::Memory(_)) {
+        return;
+    }
+    let every = config.snapshot_every.max(Duration::from_secs(1));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        let started = Instant::now();
+        match save(&shared).await {
+            Some(Ok(w)) => tracing::debug!(
+                keys = w.keys,
+                overrides = w.overrides,
+                queued_requests = w.requests,
+                millis = started.elapsed().as_millis() as u64,
+                "state snapshot written"
+            ),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "state snapshot failed; the previous one stays")
+            }
+            None => return,
+        }
+    }
+}
+
+/// The last snapshot, at a clean stop, once every listener has drained.
+pub(crate) async fn save_at_stop(shared: &Shared) {
+    let started = Instant::now();
+    match save(shared).await {
+        Some(Ok(w)) => tracing::info!(
+            keys = w.keys,
+            overrides = w.overrides,
+            queued_requests = w.requests,
+            millis = started.elapsed().as_millis() as u64,
+            "state saved"
+        ),
+        Some(Err(e)) => {
+            tracing::error!(error = %e, "state could not be saved at stop; the last snapshot stays")
+        }
+        None => {}
+    }
+}
