@@ -1,6 +1,6 @@
 //! The memory store kept on disk (`[store] path`), through real `tollgate serve` processes:
 //! counts survive a clean stop (SIGTERM) whole and a crash (SIGKILL) up to the last snapshot;
-//! overrides and queued requests come back; a damaged, cut or future state file is set aside
+//! overrides, lockouts, live list entries and queued requests come back; a damaged, cut or future state file is set aside
 //! with a warning and the server starts empty.
 
 mod serve_support;
@@ -197,6 +197,54 @@ fn overrides_and_queued_requests_survive_a_restart() {
         assert_eq!(a.status, 200, "{id}: {a:?}\n{}", server.log());
         assert_eq!(a.json()["state"], "queued", "{a:?}");
     }
+}
+
+#[test]
+fn lockouts_and_live_list_entries_survive_a_restart() {
+    let d = dir();
+    let state = d.path().join("state");
+    let extra = "\n[[policy]]\nname = \"login\"\nalgorithm = \"fixed_window\"\nlimit = 1\n\
+         window = \"1s\"\nkey = [\"ip\"]\nmatch = { path = \"/login\" }\n\
+         ban = { after = 2, within = \"10m\", for = \"1h\" }\n\n\
+         [[list]]\nname = \"blocked\"\naction = \"deny\"\nips = [\"198.51.100.0/24\"]\n";
+    let text = config(&state, "1h", extra);
+    let mut server = Server::start(d.path(), &text, None);
+    let login = r#"{"path": "/login", "ip": "192.0.2.9"}"#;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(http(server.api, "POST", "/v1/check", login).status);
+    }
+    // Admitted, then two denials within the window: the second starts the ban.
+    assert_eq!(statuses, [200, 429, 429], "{}", server.log());
+    let put = http(
+        server.admin,
+        "PUT",
+        "/v1/lists/blocked/entries/203.0.113.0%2F24",
+        r#"{"reason": "credential stuffing"}"#,
+    );
+    assert_eq!(put.status, 201, "{put:?}");
+    let stranger = r#"{"path": "/x", "ip": "203.0.113.5"}"#;
+    assert_eq!(http(server.api, "POST", "/v1/check", stranger).status, 403);
+    assert!(server.terminate().success());
+
+    let server = Server::start(d.path(), &text, None);
+    // Long past the login window (1 s), the ban (1 h) holds.
+    std::thread::sleep(Duration::from_millis(1100));
+    let banned = http(server.api, "POST", "/v1/check", login);
+    assert_eq!(banned.status, 429, "{banned:?}\n{}", server.log());
+    let retry: u64 = banned
+        .headers
+        .get("retry-after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(retry > 3000, "the ban's end, not the window's: {banned:?}");
+    let bans = http(server.admin, "GET", "/v1/bans", "");
+    assert_eq!(bans.status, 200, "{bans:?}");
+    assert!(bans.body.contains("192.0.2.9"), "{bans:?}");
+    // The live deny entry is back and applies.
+    assert_eq!(http(server.api, "POST", "/v1/check", stranger).status, 403);
+    let lists = http(server.admin, "GET", "/v1/lists", "");
+    assert!(lists.body.contains("credential stuffing"), "{lists:?}");
 }
 
 /// `GET /api/items` with an API key, through the proxy.

@@ -169,3 +169,49 @@ fn a_snapshot_streams_shard_by_shard() {
     let d = restored.apply_now(T0, &[Check::new(&policy, &7u32.to_le_bytes(), 0)]);
     assert_eq!(d.into_first().map(|d| d.remaining), Some(4));
 }
+
+#[test]
+fn lockouts_and_running_streaks_survive_a_restore() {
+    let ban = tollgate::Ban::new(2, Duration::from_secs(60), Duration::from_secs(600)).unwrap();
+    let policy = Policy::new(
+        "logins",
+        Quota::fixed_window(1, Duration::from_secs(10)).unwrap(),
+    )
+    .and_then(|p| p.with_ban(ban))
+    .unwrap();
+    let store = MemoryStore::new();
+    let check = |store: &MemoryStore, key: &'static [u8], at: Timestamp| {
+        store
+            .apply_now(at, &[Check::new(&policy, key, 1)])
+            .into_first()
+            .unwrap()
+    };
+    // "banned" is denied twice (a ban); "streak" once (a streak running); "done" once, long ago.
+    for key in [&b"banned"[..], b"banned", b"banned", b"streak", b"streak"] {
+        check(&store, key, T0);
+    }
+    assert!(check(&store, b"banned", T0).ban.is_ban());
+    let now = T0.saturating_add(Duration::from_secs(30));
+    let bytes = snapshot(&store, now);
+    let (restored, counts) =
+        MemoryStore::restore_snapshot(MemoryStore::builder(), now, &mut &bytes[..]).unwrap();
+    assert_eq!(counts.bans, 2, "{counts:?}");
+    let listed = restored.bans_now(now);
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].key, b"banned");
+    assert_eq!(listed[0].policy, "logins");
+    assert_eq!(listed[0].until, T0.saturating_add(Duration::from_secs(600)));
+    // Still banned after the restore, with the window long reset.
+    let d = check(&restored, b"banned", now);
+    assert!(!d.allowed && d.ban.is_ban(), "{d:?}");
+    // The running streak goes on: one more denial within the minute bans.
+    assert!(check(&restored, b"streak", now).allowed);
+    let second = check(&restored, b"streak", now);
+    assert_eq!(second.ban, tollgate::BanStatus::Started, "{second:?}");
+    // Once the ban is over and the streak is old, a snapshot keeps nothing of them.
+    let later = T0.saturating_add(Duration::from_secs(4000));
+    let bytes = snapshot(&restored, later);
+    let (_, counts) =
+        MemoryStore::restore_snapshot(MemoryStore::builder(), later, &mut &bytes[..]).unwrap();
+    assert_eq!(counts.bans, 0, "{counts:?}");
+}

@@ -1,5 +1,5 @@
-//! The memory store kept on disk (`[store] path`): counters and buckets, overrides and the
-//! memory queues' requests, written every `snapshot_every` and once more on a clean stop, and
+//! The memory store kept on disk (`[store] path`): counters and buckets, lockouts, overrides,
+//! the lists' live entries and the memory queues' requests, written every `snapshot_every` and once more on a clean stop, and
 //! read back at start.
 //!
 //! A snapshot goes to a temporary file beside the state file, is flushed to the disk (the file,
@@ -25,6 +25,7 @@ use tollgate::store::snapshot::SnapshotError;
 use tollgate::{Clock, MemoryStore, SystemClock, Timestamp};
 
 use crate::Shared;
+use crate::admin::lists::registry::Record as ListRecord;
 use crate::admin::overrides::registry::Record;
 use crate::config::{StoreConfig, StoreKind};
 use crate::queue::Kept;
@@ -35,6 +36,7 @@ use file::{Extras, Written};
 #[derive(Debug, Default)]
 pub(crate) struct Restored {
     overrides: Vec<Record>,
+    lists: Vec<ListRecord>,
     queues: Vec<(String, Kept)>,
 }
 
@@ -91,6 +93,8 @@ pub(crate) fn restore(config: &StoreConfig) -> (Option<MemoryStore>, Restored) {
                 expired = counts.expired,
                 unreadable = counts.unreadable,
                 overrides = extras.overrides.len(),
+                bans = counts.bans,
+                list_entries = extras.lists.len(),
                 queued_requests = requests,
                 millis = started.elapsed().as_millis() as u64,
                 "state restored"
@@ -104,6 +108,7 @@ pub(crate) fn restore(config: &StoreConfig) -> (Option<MemoryStore>, Restored) {
             }
             let restored = Restored {
                 overrides: extras.overrides,
+                lists: extras.lists,
                 queues: extras.queues,
             };
             (Some(store), restored)
@@ -148,12 +153,15 @@ fn set_aside(path: &Path, why: &SnapshotError) {
     }
 }
 
-/// Puts the restored overrides and queued requests in place (the server's queues are open).
+/// Puts the restored overrides, list entries and queued requests in place (the server's queues are open).
 pub(crate) fn apply(shared: &Shared, restored: Restored) {
     if !restored.overrides.is_empty() {
         shared
             .overrides
             .restore(restored.overrides, &shared.engine());
+    }
+    if !restored.lists.is_empty() {
+        shared.lists.restore(restored.lists, &shared.engine());
     }
     for (name, kept) in restored.queues {
         let n = kept.waiting.len() + kept.dead.len();
@@ -184,6 +192,7 @@ pub(crate) async fn save(shared: &Shared) -> Option<Result<Written, String>> {
             .is_none()
             .then(|| tollgate_config::process_secret().to_vec()),
         overrides: shared.overrides.records(unix_secs()),
+        lists: shared.lists.list(unix_secs()),
         queues: shared.queues.export_memory(),
     };
     let store = store.clone();
@@ -254,6 +263,7 @@ pub(crate) async fn keep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             Some(Ok(w)) => tracing::debug!(
                 keys = w.keys,
                 overrides = w.overrides,
+                list_entries = w.list_entries,
                 queued_requests = w.requests,
                 millis = started.elapsed().as_millis() as u64,
                 "state snapshot written"
@@ -273,6 +283,7 @@ pub(crate) async fn save_at_stop(shared: &Shared) {
         Some(Ok(w)) => tracing::info!(
             keys = w.keys,
             overrides = w.overrides,
+            list_entries = w.list_entries,
             queued_requests = w.requests,
             millis = started.elapsed().as_millis() as u64,
             "state saved"

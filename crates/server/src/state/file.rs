@@ -8,7 +8,9 @@
 //! frame 11  the key secret credentials were hashed under, when no key_secret_env was set
 //! frame 12  the overrides, as JSON
 //! frame 13  one queued request (queue, message, status); frame 14 one dead letter
-//! frame 15  end: how many overrides and requests, so a cut file is told apart from a whole one
+//! frame 16  the allow and deny lists' live entries, as JSON
+//! frame 15  end: how many overrides, requests and list entries, so a cut file is told apart
+//!           from a whole one
 //! ```
 //!
 //! A reader of another format version stops at the header and says which version it found.
@@ -20,6 +22,7 @@ use tollgate::store::snapshot::{Cursor, Put, SnapshotError, corrupt, read_frame,
 use tollgate::{MemoryStore, Timestamp};
 use tollgate_redis::stream_queue::{DeadLetter, MessageState, MessageStatus, QueuedMessage};
 
+use crate::admin::lists::registry::Record as ListRecord;
 use crate::admin::overrides::registry::Record;
 use crate::queue::Kept;
 
@@ -35,6 +38,7 @@ const OVERRIDES: u8 = 12;
 const MESSAGE: u8 = 13;
 const DEAD: u8 = 14;
 const END: u8 = 15;
+const LISTS: u8 = 16;
 
 /// What a state file holds besides the store.
 #[derive(Debug, Default)]
@@ -42,6 +46,8 @@ pub(crate) struct Extras {
     /// The process's key secret, when the configuration names none.
     pub(crate) secret: Option<Vec<u8>>,
     pub(crate) overrides: Vec<Record>,
+    /// The lists' live entries (`/v1/lists`).
+    pub(crate) lists: Vec<ListRecord>,
     /// Queued requests, by policy name.
     pub(crate) queues: Vec<(String, Kept)>,
 }
@@ -52,6 +58,7 @@ pub(crate) struct Written {
     pub(crate) keys: u64,
     pub(crate) overrides: u64,
     pub(crate) requests: u64,
+    pub(crate) list_entries: u64,
 }
 
 /// Writes a whole state file to `out`.
@@ -73,6 +80,8 @@ pub(crate) fn write(
     let json =
         serde_json::to_vec(&extras.overrides).map_err(|e| corrupt(format!("overrides: {e}")))?;
     write_frame(out, OVERRIDES, &json)?;
+    let json = serde_json::to_vec(&extras.lists).map_err(|e| corrupt(format!("lists: {e}")))?;
+    write_frame(out, LISTS, &json)?;
     let mut requests = 0u64;
     let mut buf = Vec::new();
     for (name, kept) in &extras.queues {
@@ -98,14 +107,17 @@ pub(crate) fn write(
         }
     }
     let overrides = extras.overrides.len() as u64;
-    let mut end = Vec::with_capacity(16);
+    let list_entries = extras.lists.len() as u64;
+    let mut end = Vec::with_capacity(24);
     end.put_u64(overrides);
     end.put_u64(requests);
+    end.put_u64(list_entries);
     write_frame(out, END, &end)?;
     Ok(Written {
         keys,
         overrides,
         requests,
+        list_entries,
     })
 }
 
@@ -133,7 +145,7 @@ pub(crate) fn read(
     }
     let (store, counts) = MemoryStore::restore_snapshot(builder, now, input)?;
     let mut extras = Extras::default();
-    let (mut overrides_seen, mut requests) = (false, 0u64);
+    let (mut overrides_seen, mut lists_seen, mut requests) = (false, false, 0u64);
     loop {
         match read_frame(input, &mut frame)? {
             Some(SECRET) => extras.secret = Some(frame.clone()),
@@ -141,6 +153,11 @@ pub(crate) fn read(
                 extras.overrides = serde_json::from_slice(&frame)
                     .map_err(|e| corrupt(format!("overrides: {e}")))?;
                 overrides_seen = true;
+            }
+            Some(LISTS) => {
+                extras.lists =
+                    serde_json::from_slice(&frame).map_err(|e| corrupt(format!("lists: {e}")))?;
+                lists_seen = true;
             }
             Some(kind @ (MESSAGE | DEAD)) => {
                 let mut c = Cursor::new(&frame);
@@ -173,8 +190,13 @@ pub(crate) fn read(
             }
             Some(END) => {
                 let mut c = Cursor::new(&frame);
-                let (o, r) = (c.u64()?, c.u64()?);
-                if !overrides_seen || o != extras.overrides.len() as u64 || r != requests {
+                let (o, r, l) = (c.u64()?, c.u64()?, c.u64()?);
+                if !overrides_seen
+                    || !lists_seen
+                    || o != extras.overrides.len() as u64
+                    || r != requests
+                    || l != extras.lists.len() as u64
+                {
                     return Err(corrupt("the file's end does not match what it holds"));
                 }
                 return Ok((store, counts, extras));

@@ -14,11 +14,13 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use super::shard::{Limits, Mode, Shard, Shared};
 use super::{MemoryStore, guard_for, read, trim_logs, write};
+use crate::store::snapshot::{Cursor, Put, SnapshotError, corrupt};
 use crate::{Ban, BanRecord, BanState, Check, Decision, Decisions, Timestamp, Verdict};
 
 /// Key hashes are keyed SipHash already: the map uses them as they are.
@@ -386,4 +388,102 @@ pub(super) fn settle_bans(
             counted_decision(decision, counted, limit, now)
         })
         .collect()
+}
+
+/// A ban record as a snapshot keeps it: `hash | policy | key | after | within µs | for µs |
+/// streak start | denials | since | until`, the policy and key as length-prefixed bytes.
+impl BanTable {
+    /// Appends the records that still mean something at `now` to `out`; how many.
+    pub(super) fn export(&self, now: u64, out: &mut Vec<u8>) -> u64 {
+        let mut n = 0;
+        for (&hash, list) in &self.records {
+            for r in list {
+                let state = r.state();
+                if now >= r.rule.expires_at(&state) {
+                    continue;
+                }
+                out.put_u64(hash);
+                out.put_bytes(r.policy.as_bytes());
+                out.put_bytes(&r.key);
+                out.put_u32(r.rule.after());
+                out.put_u64(r.rule.within_micros());
+                out.put_u64(r.rule.duration_micros());
+                out.put_u64(state.streak_start);
+                out.put_u32(state.denials);
+                out.put_u64(state.since);
+                out.put_u64(state.until);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// One record read back from a snapshot.
+pub(super) struct RestoredBan {
+    pub(super) hash: u64,
+    pub(super) policy: String,
+    record: Record,
+}
+
+impl RestoredBan {
+    /// The next record of `c`; `None` for one that means nothing at `now`.
+    pub(super) fn read(c: &mut Cursor<'_>, now: u64) -> Result<Option<Self>, SnapshotError> {
+        let hash = c.u64()?;
+        let policy = std::str::from_utf8(c.bytes()?)
+            .map_err(|_| corrupt("a ban's policy name is not UTF-8"))?
+            .to_owned();
+        let key = c.bytes()?.into();
+        let (after, within, duration) = (c.u32()?, c.u64()?, c.u64()?);
+        let rule = Ban::new(
+            after,
+            Duration::from_micros(within),
+            Duration::from_micros(duration),
+        )
+        .map_err(|e| corrupt(format!("a ban's rule: {e}")))?;
+        let state = BanState {
+            streak_start: c.u64()?,
+            denials: c.u32()?,
+            since: c.u64()?,
+            until: c.u64()?,
+        };
+        if now >= rule.expires_at(&state) {
+            return Ok(None);
+        }
+        let mut record = Record {
+            policy: "",
+            key,
+            rule,
+            streak_start: 0,
+            since: 0,
+            until: 0,
+            denials: AtomicU32::new(0),
+        };
+        record.set(state);
+        Ok(Some(RestoredBan {
+            hash,
+            policy,
+            record,
+        }))
+    }
+}
+
+impl BanTable {
+    /// Adds a restored record under `policy` (the store's interned name), unless the table
+    /// holds one for it already or is full.
+    pub(super) fn restore(&mut self, ban: RestoredBan, policy: &'static str, cap: usize) -> bool {
+        let list = self.records.entry(ban.hash).or_default();
+        if self.len >= cap || list.iter().any(|r| r.policy == policy) {
+            if list.is_empty() {
+                self.records.remove(&ban.hash);
+            }
+            return false;
+        }
+        list.push(Record {
+            policy,
+            ..ban.record
+        });
+        self.len += 1;
+        true
+    }
 }

@@ -8,11 +8,13 @@
 //!
 //! The stream is [frames](crate::store::snapshot): a header (the format version and the key of
 //! the store's hash, without which the keys' states could not be found again), chunks of one
-//! table's entries each (its policy's fingerprint and quota, then the entries), and an end frame
-//! with the count of entries, so a cut stream is told apart from a whole one.
+//! table's entries each (its policy's fingerprint and quota, then the entries), a frame of each
+//! shard's lockout records (bans and denial streaks still running), and an end frame with the
+//! count of entries and records, so a cut stream is told apart from a whole one.
 
 use std::io::{Read, Write};
 
+use super::bans::RestoredBan;
 use super::packing::Slot;
 use super::quota_codec;
 use super::shard::Restored;
@@ -26,6 +28,7 @@ pub const STORE_FORMAT: u16 = 1;
 const HEADER: u8 = 1;
 const CHUNK: u8 = 2;
 const END: u8 = 3;
+const BANS: u8 = 4;
 
 /// What a restore found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,6 +39,8 @@ pub struct RestoreCounts {
     pub expired: u64,
     /// Keys of a quota this build cannot make (a time zone it does not know).
     pub unreadable: u64,
+    /// Lockout records restored (bans in force and denial streaks still running).
+    pub bans: u64,
 }
 
 impl MemoryStore {
@@ -52,17 +57,31 @@ impl MemoryStore {
         header.put_u64(self.inner.hash_key.1);
         header.put_u64(now.as_micros());
         write_frame(out, HEADER, &header)?;
-        let mut total = 0;
+        let (mut total, mut bans) = (0, 0);
         let mut chunks = Vec::new();
+        let mut records = Vec::new();
         for shard in self.inner.shards.iter() {
             // Copied under the shared lock, written after it is released.
-            total += super::read(&shard.0).export(now.as_micros(), &mut chunks);
+            let n = {
+                let shard = super::read(&shard.0);
+                total += shard.export(now.as_micros(), &mut chunks);
+                records.clear();
+                shard.bans.export(now.as_micros(), &mut records)
+            };
             for chunk in chunks.drain(..) {
                 write_frame(out, CHUNK, &chunk)?;
             }
+            if n > 0 {
+                let mut frame = Vec::with_capacity(8 + records.len());
+                frame.put_u64(n);
+                frame.extend_from_slice(&records);
+                write_frame(out, BANS, &frame)?;
+                bans += n;
+            }
         }
-        let mut end = Vec::with_capacity(8);
+        let mut end = Vec::with_capacity(16);
         end.put_u64(total);
+        end.put_u64(bans);
         write_frame(out, END, &end)?;
         Ok(total)
     }
@@ -94,15 +113,18 @@ impl MemoryStore {
         let key = (c.u64()?, c.u64()?);
         let store = builder.hash_key(key).build();
         let mut counts = RestoreCounts::default();
-        let mut seen = 0u64;
+        let (mut seen, mut seen_bans) = (0u64, 0u64);
         loop {
             match read_frame(input, &mut frame)? {
                 Some(CHUNK) => seen += store.restore_chunk(&frame, now, &mut counts)?,
+                Some(BANS) => seen_bans += store.restore_bans(&frame, now, &mut counts)?,
                 Some(END) => {
-                    let total = Cursor::new(&frame).u64()?;
-                    if total != seen {
+                    let mut c = Cursor::new(&frame);
+                    let (total, bans) = (c.u64()?, c.u64()?);
+                    if total != seen || bans != seen_bans {
                         return Err(corrupt(format!(
-                            "the snapshot says {total} keys but holds {seen}"
+                            "the snapshot says {total} keys and {bans} lockout records but \
+                             holds {seen} and {seen_bans}"
                         )));
                     }
                     return Ok((store, counts));
@@ -111,6 +133,32 @@ impl MemoryStore {
                 None => return Err(corrupt("the store's snapshot has no end")),
             }
         }
+    }
+
+    /// Restores one frame of lockout records; how many it held.
+    fn restore_bans(
+        &self,
+        frame: &[u8],
+        now: Timestamp,
+        counts: &mut RestoreCounts,
+    ) -> Result<u64, SnapshotError> {
+        let mut c = Cursor::new(frame);
+        let n = c.u64()?;
+        let cap = self.inner.limits.keys;
+        for _ in 0..n {
+            if let Some(ban) = RestoredBan::read(&mut c, now.as_micros())? {
+                let policy = crate::policy::intern(&ban.policy);
+                if write(self.shard(ban.hash)).bans.restore(ban, policy, cap) {
+                    counts.bans += 1;
+                }
+            }
+        }
+        if !c.is_empty() {
+            return Err(corrupt(
+                "a frame of lockout records longer than its records",
+            ));
+        }
+        Ok(n)
     }
 
     /// Restores one chunk; how many entries it held.

@@ -110,6 +110,20 @@ impl Registry {
             .collect()
     }
 
+    /// Puts `records` from the state file back (in memory only: Redis keeps its own) and
+    /// installs them into `engine`.
+    pub(crate) fn restore(&self, records: Vec<Record>, engine: &Generation) {
+        if self.shared() {
+            return;
+        }
+        let mut state = self.lock();
+        for record in records {
+            let id = (record.list.clone(), record.entry.clone());
+            state.records.insert(id, record);
+        }
+        install(&state, engine);
+    }
+
     /// Sets `record` (replacing the same entry of its list) and installs it into `current`;
     /// whether the entry was there already.
     pub(crate) async fn put(
