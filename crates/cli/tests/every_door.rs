@@ -13,6 +13,10 @@
 //! Allow and deny lists are decided before any policy at every door too: a client on a deny
 //! list is refused with the same 403, a partner on an allow list passes uncounted.
 //!
+//! A calendar quota (a day in a zone 14 hours ahead of UTC) ends at the same instant at every
+//! door: each refusal's retry time is the time left until local midnight (Envoy's door keeps
+//! its own fixed units and has no calendar).
+//!
 //! A rule a door does not apply is a row that says why: `/v1/check` and replay are told the
 //! client's address outright, so a forwarding header is nothing to them; the tower layer gets
 //! its target from hyper, whose URI parser never hands a fragment on.
@@ -989,6 +993,130 @@ async fn a_concurrency_limit_is_held_to_each_doors_view_of_the_end() {
     assert_eq!(
         replay.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
         [200, 200]
+    );
+    server.stop().await;
+}
+
+/// Seconds from now until the next midnight at UTC+14 (`Pacific/Kiritimati`, no daylight
+/// saving time), so a day's end that UTC's would never give.
+fn until_kiritimati_midnight() -> u64 {
+    let offset = 14 * 3600;
+    let local = now_secs() + offset;
+    (local / 86_400 + 1) * 86_400 - local
+}
+
+/// A calendar quota (one a day in a zone fourteen hours ahead of UTC) ends at the same instant
+/// at every door: each answers its second request with the time left until local midnight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calendar_day_ends_at_the_same_instant_at_every_door() {
+    if until_kiritimati_midnight() < 10 {
+        // Not across a midnight: the first and second request of a door would fall on two days.
+        tokio::time::sleep(std::time::Duration::from_secs(11)).await;
+    }
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let up = upstream().await;
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nresp_listen = \"127.0.0.1:0\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n\
+         [proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{up}\"\n\
+         trusted_proxies = [\"127.0.0.0/8\"]\n\
+         [[policy]]\nname = \"daily\"\nalgorithm = \"fixed_window\"\nlimit = 1\n\
+         calendar = \"day\"\ntimezone = \"Pacific/Kiritimati\"\n\
+         key = [\"header:x-api-key\", \"ip\"]\nmatch = {{ path = \"/v1/**\" }}\n"
+    );
+    let server = Server::start(&text, dir.path()).await;
+    let request = |key: &'static str| Described {
+        method: "GET",
+        target: "/v1/items",
+        host: "api.example.com",
+        xff: "203.0.113.9",
+        client: "203.0.113.9",
+        api_key: Some(key),
+    };
+    let near = |got: Option<u64>, at: &str| {
+        let want = until_kiritimati_midnight();
+        let got = got.unwrap_or_else(|| panic!("{at}: no retry time"));
+        assert!(
+            got.abs_diff(want) <= 2,
+            "{at}: retry in {got} s, local midnight in {want} s"
+        );
+    };
+    let second = |a: &Answer, at: &str| {
+        assert_eq!(a.status, 429, "{at}: {}", String::from_utf8_lossy(&a.body));
+        near(a.header("retry-after").and_then(|v| v.parse().ok()), at);
+        // A day is advertised by its nominal length.
+        assert_eq!(
+            a.header("ratelimit-policy"),
+            Some("\"daily\";q=1;w=86400"),
+            "{at}"
+        );
+    };
+    let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
+    assert_eq!(proxy(proxy_addr, &request("px")).await.status, 200);
+    second(&proxy(proxy_addr, &request("px")).await, "the proxy");
+    let mut service = layered(&server.config);
+    for (i, status) in [200, 429].into_iter().enumerate() {
+        let a = layer(&mut service, &request("ly"))
+            .await
+            .unwrap_or_else(|| panic!("no answer"));
+        if i == 0 {
+            assert_eq!(a.status, status, "the tower layer");
+        } else {
+            second(&a, "the tower layer");
+        }
+    }
+    let fa = request("fa");
+    assert_eq!(
+        forward_auth(server.api, "/v1/forward-auth", &fa)
+            .await
+            .status,
+        200
+    );
+    second(
+        &forward_auth(server.api, "/v1/forward-auth", &fa).await,
+        "forward-auth",
+    );
+    assert_eq!(check(server.api, &request("ck")).await.status, 200);
+    let checked = check(server.api, &request("ck")).await;
+    second(&checked, "/v1/check");
+    near(checked.json()["retry_after"].as_u64(), "/v1/check's body");
+    // The Redis-protocol door: allowed, limit, remaining, reset, retry-after.
+    let resp = server.resp.unwrap_or_else(|| panic!("no resp door"));
+    let mut stream = TcpStream::connect(resp)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut replies = Vec::new();
+    for _ in 0..2 {
+        stream
+            .write_all(b"*3\r\n$14\r\nTOLLGATE.CHECK\r\n$5\r\ndaily\r\n$2\r\nrs\r\n")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut reply = vec![0u8; 512];
+        let n = stream
+            .read(&mut reply)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        replies.push(String::from_utf8_lossy(&reply[..n]).into_owned());
+    }
+    let ints = |reply: &str| -> Vec<i64> {
+        reply
+            .lines()
+            .filter_map(|l| l.strip_prefix(':'))
+            .filter_map(|n| n.parse().ok())
+            .collect()
+    };
+    assert_eq!(ints(&replies[0]).first(), Some(&1), "{}", replies[0]);
+    let refused = ints(&replies[1]);
+    assert_eq!(refused.first(), Some(&0), "{}", replies[1]);
+    near(
+        refused.last().and_then(|&n| u64::try_from(n).ok()),
+        "the Redis-protocol door",
+    );
+    // Replay judges the log's lines by the same day.
+    let replay = replayed(&server.config, dir.path(), &[request("rp"), request("rp")]);
+    assert_eq!(
+        replay.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        [200, 429]
     );
     server.stop().await;
 }
