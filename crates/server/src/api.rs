@@ -82,21 +82,52 @@ async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
         (h.get("traceparent").cloned(), h.get("tracestate").cloned())
     });
     let (parent, state) = context.unwrap_or_default();
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return bad_request("the body could not be read or exceeds 64 KiB"),
+    };
     let trace = Trace {
         door: Door::Check,
         parent: parent.as_ref().map(HeaderValue::as_bytes),
         state: state.as_ref().map(HeaderValue::as_bytes),
     };
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return bad_request("the body could not be read or exceeds 64 KiB"),
-    };
+    check_body(engine, &body, trace).await
+}
+
+/// The decision API's quick lane (`serve::quick`): checks read without hyper.
+pub(crate) struct QuickCheck(pub(crate) Arc<Shared>);
+
+impl crate::serve::quick::Quick for QuickCheck {
+    fn traced(&self) -> bool {
+        self.0.engine().traced()
+    }
+
+    fn check<'a>(
+        &'a self,
+        body: &'a [u8],
+        parent: Option<&'a [u8]>,
+        state: Option<&'a [u8]>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Response<Body>> + Send + 'a>> {
+        Box::pin(async move {
+            let engine = self.0.engine();
+            let trace = Trace {
+                door: Door::Check,
+                parent,
+                state,
+            };
+            check_body(&engine, body, trace).await
+        })
+    }
+}
+
+/// Answers `POST /v1/check` with `body`, however it arrived.
+async fn check_body(engine: &Generation, body: &[u8], trace: Trace<'_>) -> Response<Body> {
     // The common call, by policy and key, is read field by field without building a tree;
     // anything else (by attributes, or a body the quick reading cannot take) the general way.
-    if let Some(asked) = by_policy::Asked::read(&body) {
+    if let Some(asked) = by_policy::Asked::read(body) {
         return by_policy::check(engine, asked, trace).await;
     }
-    let value: Value = match serde_json::from_slice(&body) {
+    let value: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => return bad_request(&format!("malformed JSON: {e}")),
     };

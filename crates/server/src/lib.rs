@@ -447,6 +447,7 @@ fn spawn_listeners(
         stop.clone(),
         limits,
         tls.api.clone(),
+        Some(Arc::new(api::QuickCheck(Arc::clone(shared)))),
     ));
     let s = Arc::clone(shared);
     tasks.spawn(serve::serve(
@@ -456,6 +457,7 @@ fn spawn_listeners(
         stop.clone(),
         limits,
         tls.admin.clone(),
+        None,
     ));
     tasks.spawn(queue::supervise(
         Arc::clone(shared),

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
@@ -26,6 +27,8 @@ pub use tollgate_config::Limits;
 
 use crate::response::Body;
 use crate::tls::Tls;
+
+pub(crate) mod quick;
 
 /// Completes once `rx` turns true (or its sender is gone).
 pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
@@ -47,6 +50,7 @@ pub(crate) async fn serve<H, F>(
     shutdown: watch::Receiver<bool>,
     limits: Limits,
     tls: Option<Arc<Tls>>,
+    quick: Option<Arc<dyn quick::Quick>>,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -57,16 +61,23 @@ pub(crate) async fn serve<H, F>(
         move |stream, peer, stop| {
             let handler = handler.clone();
             let tls = tls.clone();
+            let quick = quick.clone();
             async move {
+                let conn = Conn {
+                    name,
+                    peer,
+                    limits,
+                    quick,
+                };
                 match tls {
-                    None => serve_connection(name, stream, peer, handler, limits, stop).await,
+                    None => serve_connection(conn, stream, handler, stop).await,
                     Some(tls) => {
                         let Some(stream) =
                             tls.accept(stream, peer, limits.header_read_timeout).await
                         else {
                             return;
                         };
-                        serve_connection(name, stream, peer, handler, limits, stop).await;
+                        serve_connection(conn, stream, handler, stop).await;
                     }
                 }
             }
@@ -87,18 +98,31 @@ const H2_PREFACE: &[u8] = b"PRI ";
 /// timeout again for the rest of its head (hyper's timer starts there), so at most twice.
 /// Why not `hyper_util`'s `auto` builder: its HTTP/1.1 side has no header size bound (only a
 /// buffer size), and it waits for the first bytes without any timeout.
-async fn serve_connection<S, H, F>(
+/// What a connection is served with besides its handler.
+struct Conn {
     name: &'static str,
-    mut stream: S,
     peer: SocketAddr,
-    handler: H,
     limits: Limits,
+    /// The quick lane for checks, on the decision listener.
+    quick: Option<Arc<dyn quick::Quick>>,
+}
+
+async fn serve_connection<S, H, F>(
+    conn: Conn,
+    mut stream: S,
+    handler: H,
     mut stop: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
+    let Conn {
+        name,
+        peer,
+        limits,
+        quick,
+    } = conn;
     let mut head = [0; H2_PREFACE.len()];
     let read = tokio::time::timeout(
         limits.header_read_timeout,
@@ -118,15 +142,25 @@ async fn serve_connection<S, H, F>(
             return;
         }
     };
+    let read = match (&quick, h2) {
+        (Some(quick), false) => {
+            match quick::serve(stream, &head[..len], &**quick, limits, &mut stop).await {
+                quick::Left::Closed => return,
+                quick::Left::HandOff(io, read) => {
+                    stream = io;
+                    read
+                }
+            }
+        }
+        _ => Bytes::copy_from_slice(&head[..len]),
+    };
     // A client that takes no byte of an answer for the header read timeout is cut off: one
     // that never reads would otherwise hold its connection, and megabytes of send buffer, for
     // ever (hyper bounds reading a head, not writing an answer).
     let mut io = tokio_io_timeout::TimeoutStream::new(stream);
     io.set_write_timeout(Some(limits.header_read_timeout));
     let io = TokioIo::new(Replay {
-        head,
-        len,
-        at: 0,
+        read,
         io: Box::pin(io),
     });
     if h2 {
@@ -158,9 +192,7 @@ async fn read_head<S: AsyncRead + Unpin>(
 
 /// A connection whose first bytes were read already: reads give them back first.
 struct Replay<S> {
-    head: [u8; H2_PREFACE.len()],
-    len: usize,
-    at: usize,
+    read: Bytes,
     io: Pin<Box<S>>,
 }
 
@@ -170,11 +202,10 @@ impl<S: AsyncRead> AsyncRead for Replay<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.at < self.len {
-            let this = &mut *self;
-            let n = (this.len - this.at).min(buf.remaining());
-            buf.put_slice(&this.head[this.at..this.at + n]);
-            this.at += n;
+        if !self.read.is_empty() {
+            let n = self.read.len().min(buf.remaining());
+            let head = self.read.split_to(n);
+            buf.put_slice(&head);
             return Poll::Ready(Ok(()));
         }
         self.io.as_mut().poll_read(cx, buf)
