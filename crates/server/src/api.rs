@@ -91,37 +91,34 @@ async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
         parent: parent.as_ref().map(HeaderValue::as_bytes),
         state: state.as_ref().map(HeaderValue::as_bytes),
     };
-    check_body(engine, &body, trace).await
+    check_body(engine, &body, trace).await.into_response()
 }
+
+use by_policy::Checked;
 
 /// The decision API's quick lane (`serve::quick`): checks read without hyper.
 pub(crate) struct QuickCheck(pub(crate) Arc<Shared>);
 
 impl crate::serve::quick::Quick for QuickCheck {
-    fn traced(&self) -> bool {
-        self.0.engine().traced()
-    }
-
-    fn check<'a>(
-        &'a self,
-        body: &'a [u8],
-        parent: Option<&'a [u8]>,
-        state: Option<&'a [u8]>,
-    ) -> std::pin::Pin<Box<dyn Future<Output = Response<Body>> + Send + 'a>> {
-        Box::pin(async move {
-            let engine = self.0.engine();
-            let trace = Trace {
-                door: Door::Check,
-                parent,
-                state,
-            };
-            check_body(&engine, body, trace).await
-        })
+    async fn check<'a>(&'a self, head: &'a [u8], body: &'a [u8], out: &'a mut Vec<u8>) -> bool {
+        let engine = self.0.engine();
+        // The trace context is read from the head again, only when decisions are traced.
+        let (parent, state) = if engine.traced() {
+            crate::serve::quick::trace_context(head)
+        } else {
+            (None, None)
+        };
+        let trace = Trace {
+            door: Door::Check,
+            parent,
+            state,
+        };
+        check_body(&engine, body, trace).await.write_http1(out)
     }
 }
 
 /// Answers `POST /v1/check` with `body`, however it arrived.
-async fn check_body(engine: &Generation, body: &[u8], trace: Trace<'_>) -> Response<Body> {
+async fn check_body(engine: &Generation, body: &[u8], trace: Trace<'_>) -> Checked {
     // The common call, by policy and key, is read field by field without building a tree;
     // anything else (by attributes, or a body the quick reading cannot take) the general way.
     if let Some(asked) = by_policy::Asked::read(body) {
@@ -129,17 +126,17 @@ async fn check_body(engine: &Generation, body: &[u8], trace: Trace<'_>) -> Respo
     }
     let value: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
-        Err(e) => return bad_request(&format!("malformed JSON: {e}")),
+        Err(e) => return Checked::Other(bad_request(&format!("malformed JSON: {e}"))),
     };
     let Some(obj) = value.as_object() else {
-        return bad_request(
+        return Checked::Other(bad_request(
             "expected a JSON object: {\"policy\", \"key\", \"cost\"} or {\"method\", \"path\", \"headers\", \"ip\"}",
-        );
+        ));
     };
     if obj.contains_key("policy") {
         by_policy::check(engine, by_policy::Asked::from_map(obj), trace).await
     } else {
-        check_by_attributes(engine, obj, trace).await
+        Checked::Other(check_by_attributes(engine, obj, trace).await)
     }
 }
 

@@ -457,7 +457,7 @@ fn spawn_listeners(
         stop.clone(),
         limits,
         tls.admin.clone(),
-        None,
+        None::<Arc<serve::quick::Never>>,
     ));
     tasks.spawn(queue::supervise(
         Arc::clone(shared),

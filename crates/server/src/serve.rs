@@ -43,14 +43,14 @@ const MAX_H2_STREAMS: u32 = 256;
 /// client that opens with the HTTP/2 preface (h2c with prior knowledge), until `shutdown` turns
 /// true, then drains. With `tls`, each connection's handshake comes first, in its own task,
 /// within the header read timeout.
-pub(crate) async fn serve<H, F>(
+pub(crate) async fn serve<H, F, Q: quick::Quick>(
     name: &'static str,
     listener: TcpListener,
     handler: H,
     shutdown: watch::Receiver<bool>,
     limits: Limits,
     tls: Option<Arc<Tls>>,
-    quick: Option<Arc<dyn quick::Quick>>,
+    quick: Option<Arc<Q>>,
 ) where
     H: Fn(SocketAddr, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -99,16 +99,16 @@ const H2_PREFACE: &[u8] = b"PRI ";
 /// Why not `hyper_util`'s `auto` builder: its HTTP/1.1 side has no header size bound (only a
 /// buffer size), and it waits for the first bytes without any timeout.
 /// What a connection is served with besides its handler.
-struct Conn {
+struct Conn<Q> {
     name: &'static str,
     peer: SocketAddr,
     limits: Limits,
     /// The quick lane for checks, on the decision listener.
-    quick: Option<Arc<dyn quick::Quick>>,
+    quick: Option<Arc<Q>>,
 }
 
-async fn serve_connection<S, H, F>(
-    conn: Conn,
+async fn serve_connection<S, H, F, Q: quick::Quick>(
+    conn: Conn<Q>,
     mut stream: S,
     handler: H,
     mut stop: watch::Receiver<bool>,

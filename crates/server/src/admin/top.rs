@@ -69,6 +69,11 @@ struct SpaceSaving {
     errors: Vec<u64>,
     /// Hash of a key → its slot.
     index: HashMap<u64, u32, BuildHasherDefault<Identity>>,
+    /// At most the smallest counter (counters only grow), and where the search for a slot
+    /// holding it resumes: a stream of new keys finds one in a few steps instead of a scan of
+    /// every counter per key.
+    low: u64,
+    cursor: usize,
 }
 
 impl SpaceSaving {
@@ -91,14 +96,8 @@ impl SpaceSaving {
             self.index.insert(hash, slot as u32);
             return;
         }
-        // Full: the new key takes over the smallest counter.
-        let (slot, min) = self
-            .counts
-            .iter()
-            .copied()
-            .enumerate()
-            .min_by_key(|&(_, c)| c)
-            .unwrap_or((0, 0));
+        // Full: the new key takes over a smallest counter.
+        let (slot, min) = self.smallest();
         self.index.remove(&self.hashes[slot]);
         self.hashes[slot] = hash;
         self.keys[slot].clear();
@@ -108,7 +107,26 @@ impl SpaceSaving {
         self.index.insert(hash, slot as u32);
     }
 
+    /// A slot holding the smallest counter, and that counter: the next one at `low` from the
+    /// cursor on; when none is, `low` is raised to the smallest and the search made again.
+    fn smallest(&mut self) -> (usize, u64) {
+        let n = self.counts.len();
+        for _ in 0..2 {
+            for step in 0..n {
+                let slot = (self.cursor + step) % n;
+                if self.counts[slot] <= self.low {
+                    self.cursor = (slot + 1) % n;
+                    return (slot, self.counts[slot]);
+                }
+            }
+            self.low = self.counts.iter().copied().min().unwrap_or(0);
+        }
+        (0, self.counts.first().copied().unwrap_or(0))
+    }
+
     fn clear(&mut self) {
+        self.low = 0;
+        self.cursor = 0;
         self.hashes.clear();
         self.keys.clear();
         self.counts.clear();

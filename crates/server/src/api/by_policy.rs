@@ -14,12 +14,13 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tollgate::{AlgorithmKind, Decision};
-use tollgate_http::Refusal;
+use tollgate_http::{RateLimitHeaders, Refusal};
 
 use super::bad_request;
 use crate::config::{Action, PolicyConfig};
 use crate::generation::{Disposition, Generation};
 use crate::response::{Body, full, json_bytes_response, problem, problem_response};
+use crate::serve::quick;
 use crate::telemetry::Trace;
 
 /// What a by-policy check asks, each field as sent (checked in [`check`]).
@@ -168,34 +169,30 @@ impl Mode {
 
 /// Decides a by-policy check and answers it: the decision as JSON with the rate-limit headers,
 /// 200 or 429; 400 naming what cannot be read; 404 for a policy not configured.
-pub(super) async fn check(
-    engine: &Generation,
-    asked: Asked<'_>,
-    trace: Trace<'_>,
-) -> Response<Body> {
+pub(super) async fn check(engine: &Generation, asked: Asked<'_>, trace: Trace<'_>) -> Checked {
     let Some(name) = asked.policy.text() else {
-        return bad_request("\"policy\" must be a string");
+        return Checked::Other(bad_request("\"policy\" must be a string"));
     };
     let Some(key) = asked.key.text() else {
-        return bad_request("\"key\" is required and must be a string");
+        return Checked::Other(bad_request("\"key\" is required and must be a string"));
     };
     let cost = match asked.cost {
         Field::Absent => 1,
         Field::Number(c) => match u32::try_from(c) {
             Ok(c) => c,
-            Err(_) => return bad_request(COST),
+            Err(_) => return Checked::Other(bad_request(COST)),
         },
-        _ => return bad_request(COST),
+        _ => return Checked::Other(bad_request(COST)),
     };
     let mode = match Mode::read(&asked.mode) {
         Ok(m) => m,
-        Err(refusal) => return problem_response(&refusal),
+        Err(refusal) => return Checked::Other(problem_response(&refusal)),
     };
     let Some(pc) = engine.policy(name) else {
-        return unknown_policy(engine, name);
+        return Checked::Other(unknown_policy(engine, name));
     };
     if let Err(refusal) = mode.fits(pc) {
-        return problem_response(&refusal);
+        return Checked::Other(problem_response(&refusal));
     }
     let decided = if mode == Mode::Report {
         engine.report_key(name, key.as_bytes(), cost, trace).await
@@ -203,7 +200,7 @@ pub(super) async fn check(
         engine.check_key(name, key.as_bytes(), cost, trace).await
     };
     let Some(mut eval) = decided else {
-        return unknown_policy(engine, name);
+        return Checked::Other(unknown_policy(engine, name));
     };
     let shadow = pc.action == Action::Shadow;
     let fail_open = eval.store_failed() && eval.allowed();
@@ -212,7 +209,7 @@ pub(super) async fn check(
     match disposition {
         // Refused before any count, or the store failed closed: the engine's own answer.
         Disposition::Respond(a) if a.status() != StatusCode::TOO_MANY_REQUESTS => {
-            return a.into_response().map(full);
+            return Checked::Other(a.into_response().map(full));
         }
         // The caller holds the request; keep its slot rather than give it back.
         Disposition::Hold(hold) => drop(tokio::spawn(hold.wait())),
@@ -232,11 +229,64 @@ pub(super) async fn check(
     } else {
         StatusCode::TOO_MANY_REQUESTS
     };
-    let mut res = json_bytes_response(status, answer.write());
-    if !shadow {
-        headers.apply(res.headers_mut());
+    Checked::Decided {
+        status,
+        headers: (!shadow).then_some(headers),
+        body: answer.write(),
     }
-    res
+}
+
+/// A by-policy check's answer.
+pub(crate) enum Checked {
+    /// Decided: the decision as JSON, with the rate-limit headers (none for a shadow policy).
+    Decided {
+        status: StatusCode,
+        headers: Option<RateLimitHeaders>,
+        body: Bytes,
+    },
+    /// Anything else: a refusal of the request, or the engine's own answer.
+    Other(Response<Body>),
+}
+
+impl Checked {
+    pub(crate) fn into_response(self) -> Response<Body> {
+        match self {
+            Checked::Decided {
+                status,
+                headers,
+                body,
+            } => {
+                let mut res = json_bytes_response(status, body);
+                if let Some(headers) = headers {
+                    headers.apply(res.headers_mut());
+                }
+                res
+            }
+            Checked::Other(res) => res,
+        }
+    }
+
+    /// Appends the answer as HTTP/1.1 to `out`, in the bytes hyper writes for
+    /// [`into_response`](Self::into_response), but with no header map built on the way;
+    /// `false` for a body that cannot be written at once (never one of the API's).
+    pub(crate) fn write_http1(self, out: &mut Vec<u8>) -> bool {
+        match self {
+            Checked::Decided {
+                status,
+                headers,
+                body,
+            } => {
+                quick::status_line(status, out);
+                out.extend_from_slice(b"content-type: application/json\r\n");
+                if let Some(headers) = headers {
+                    headers.write(out);
+                }
+                quick::finish(&body, out);
+                true
+            }
+            Checked::Other(res) => quick::write_response(res, out),
+        }
+    }
 }
 
 const COST: &str = "\"cost\" must be a whole number from 0 to 4294967295";

@@ -22,8 +22,8 @@ use std::task::{Context, Poll};
 use std::time::SystemTime;
 
 use bytes::{Bytes, BytesMut};
-use hyper::Response;
 use hyper::body::Body as _;
+use hyper::{Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -38,19 +38,40 @@ pub(crate) const MAX_BODY: usize = 64 * 1024;
 /// The most header fields the lane parses; a head with more goes to hyper.
 const MAX_HEADERS: usize = 32;
 
-/// What answers a check the lane read: the decision API's handler, given the body and the
-/// caller's trace context (`traceparent`, `tracestate`).
+/// What answers a check the lane read: the decision API's handler.
 pub(crate) trait Quick: Send + Sync + 'static {
-    /// Whether the trace context is read (decisions are traced).
-    fn traced(&self) -> bool;
-
-    /// The answer to `POST /v1/check` with `body`.
+    /// Answers `POST /v1/check` with `body` (its request head is `head`, for the trace
+    /// context): the whole HTTP/1.1 response appended to `out` (see [`write_response`]);
+    /// `false` when it could not be written.
     fn check<'a>(
         &'a self,
+        head: &'a [u8],
         body: &'a [u8],
-        parent: Option<&'a [u8]>,
-        state: Option<&'a [u8]>,
-    ) -> Pin<Box<dyn Future<Output = Response<Body>> + Send + 'a>>;
+        out: &'a mut Vec<u8>,
+    ) -> impl Future<Output = bool> + Send + 'a;
+}
+
+/// No quick lane (a listener that serves no checks).
+pub(crate) enum Never {}
+
+impl Quick for Never {
+    #[allow(clippy::manual_async_fn)]
+    fn check<'a>(
+        &'a self,
+        _: &'a [u8],
+        _: &'a [u8],
+        _: &'a mut Vec<u8>,
+    ) -> impl Future<Output = bool> + Send + 'a {
+        async { match *self {} }
+    }
+}
+
+/// The caller's trace context in a head the lane took: `traceparent` and `tracestate`.
+pub(crate) fn trace_context(head: &[u8]) -> (Option<&[u8]>, Option<&[u8]>) {
+    match parse(head, true) {
+        Parsed::Take(h) => (h.parent, h.state),
+        _ => (None, None),
+    }
 }
 
 /// How a connection left the lane.
@@ -72,10 +93,10 @@ struct Head<'b> {
 
 /// Serves checks on `io` (whose first bytes, already read, are `read`) until the connection
 /// ends or a request the lane does not take arrives.
-pub(crate) async fn serve<S>(
+pub(crate) async fn serve<S, Q: Quick>(
     mut io: S,
     read: &[u8],
-    quick: &dyn Quick,
+    quick: &Q,
     limits: Limits,
     stop: &mut watch::Receiver<bool>,
 ) -> Left<S>
@@ -110,16 +131,12 @@ where
                 Ok(Ok(_)) => {}
             }
         };
-        // The trace context borrows the head: read again, and only when decisions are traced.
-        let (parent, state) = match quick.traced().then(|| parse(&buf, true)) {
-            Some(Parsed::Take(h)) => (h.parent, h.state),
-            _ => (None, None),
-        };
-        let response = quick.check(&buf[len..len + body], parent, state).await;
-        let _ = buf.split_to(len + body);
         out.clear();
-        if write_response(response, &mut out).is_err() {
-            // A body the lane cannot write at once: never for the check's answers.
+        let answered = quick
+            .check(&buf[..len], &buf[len..len + body], &mut out)
+            .await;
+        let _ = buf.split_to(len + body);
+        if !answered {
             return Left::Closed;
         }
         let written = tokio::time::timeout(limits.header_read_timeout, io.write_all(&out)).await;
@@ -196,30 +213,24 @@ fn content_length(value: &[u8]) -> Option<usize> {
     std::str::from_utf8(value).ok()?.parse().ok()
 }
 
-/// Writes `response` as HTTP/1.1 into `out`, in the bytes hyper writes: the status line, the
-/// fields in their order, then `content-length` and `date` when the response has none.
-fn write_response(response: Response<Body>, out: &mut Vec<u8>) -> Result<(), ()> {
+/// Appends `response` as HTTP/1.1 to `out`, in the bytes hyper writes: the status line, the
+/// fields in their order, then `content-length` and `date` when the response has none, and the
+/// body. `false` for a body that is not there at once (a stream; never one of the API's).
+pub(crate) fn write_response(response: Response<Body>, out: &mut Vec<u8>) -> bool {
     let (parts, mut body) = response.into_parts();
-    let bytes =
-        match Pin::new(&mut body).poll_frame(&mut Context::from_waker(std::task::Waker::noop())) {
-            Poll::Ready(Some(Ok(frame))) => frame.into_data().map_err(|_| ())?,
-            Poll::Ready(None) => Bytes::new(),
-            _ => return Err(()),
-        };
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let bytes = match Pin::new(&mut body).poll_frame(&mut cx) {
+        Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+            Ok(data) => data,
+            Err(_) => return false,
+        },
+        Poll::Ready(None) => Bytes::new(),
+        _ => return false,
+    };
     if !body.is_end_stream() {
-        return Err(());
+        return false;
     }
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(parts.status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(
-        parts
-            .status
-            .canonical_reason()
-            .unwrap_or("<none>")
-            .as_bytes(),
-    );
-    out.extend_from_slice(b"\r\n");
+    status_line(parts.status, out);
     let mut length = false;
     let mut date = false;
     for (name, value) in &parts.headers {
@@ -230,19 +241,49 @@ fn write_response(response: Response<Body>, out: &mut Vec<u8>) -> Result<(), ()>
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    if !length {
-        out.extend_from_slice(b"content-length: ");
-        out.extend_from_slice(itoa::Buffer::new().format(bytes.len()).as_bytes());
+    if length || date {
+        // Never set by the API's handlers; written as they are, in hyper's order otherwise.
+        if !length {
+            content_length_line(bytes.len(), out);
+        }
+        if !date {
+            date_line(out);
+        }
         out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(&bytes);
+        return true;
     }
-    if !date {
-        out.extend_from_slice(b"date: ");
-        DATE.with(|d| d.borrow_mut().write(out));
-        out.extend_from_slice(b"\r\n");
-    }
+    finish(&bytes, out);
+    true
+}
+
+/// `HTTP/1.1 <code> <reason>` and CRLF.
+pub(crate) fn status_line(status: StatusCode, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(&bytes);
-    Ok(())
+}
+
+/// The `content-length` and `date` fields, the blank line, and `body`.
+pub(crate) fn finish(body: &[u8], out: &mut Vec<u8>) {
+    content_length_line(body.len(), out);
+    date_line(out);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+}
+
+fn content_length_line(len: usize, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn date_line(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"date: ");
+    DATE.with(|d| d.borrow_mut().write(out));
+    out.extend_from_slice(b"\r\n");
 }
 
 thread_local! {
