@@ -317,3 +317,134 @@ impl CachedDate {
         out.extend_from_slice(&self.text);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::{Parsed, content_length, parse};
+
+    fn head(fields: &[(&str, &str)]) -> Vec<u8> {
+        let mut h = b"POST /v1/check HTTP/1.1\r\n".to_vec();
+        for (name, value) in fields {
+            h.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+        }
+        h.extend_from_slice(b"\r\n");
+        h
+    }
+
+    fn taken(bytes: &[u8]) -> Option<usize> {
+        match parse(bytes, true) {
+            Parsed::Take(h) => Some(h.body),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn only_what_reads_one_way_is_taken() {
+        assert_eq!(taken(&head(&[("Content-Length", "12")])), Some(12));
+        assert_eq!(
+            taken(&head(&[
+                ("host", "t"),
+                ("connection", "Keep-Alive"),
+                ("content-length", "0")
+            ])),
+            Some(0)
+        );
+        for fields in [
+            &[][..],
+            &[("content-length", "5"), ("content-length", "5")],
+            &[("content-length", "5"), ("transfer-encoding", "chunked")],
+            &[("content-length", "5"), ("expect", "100-continue")],
+            &[("content-length", "5"), ("connection", "close")],
+            &[
+                ("content-length", "5"),
+                ("connection", "upgrade"),
+                ("upgrade", "h2c"),
+            ],
+            &[("content-length", "+5")],
+            &[("content-length", "0x5")],
+            &[("content-length", "65537")],
+            &[("content-length", "99999999999999999999999")],
+        ] {
+            assert_eq!(taken(&head(fields)), None, "{fields:?}");
+        }
+        for line in [
+            &b"POST /v1/check?x=1 HTTP/1.1\r\ncontent-length: 1\r\n\r\n"[..],
+            b"POST /v1/check HTTP/1.0\r\ncontent-length: 1\r\n\r\n",
+            b"GET /v1/check HTTP/1.1\r\ncontent-length: 1\r\n\r\n",
+            b"POST /v1/checks HTTP/1.1\r\ncontent-length: 1\r\n\r\n",
+            b"POST //v1/check HTTP/1.1\r\ncontent-length: 1\r\n\r\n",
+            b"POST http://x/v1/check HTTP/1.1\r\ncontent-length: 1\r\n\r\n",
+        ] {
+            assert_eq!(taken(line), None, "{}", String::from_utf8_lossy(line));
+        }
+        assert!(matches!(
+            parse(b"POST /v1/check HTTP/1.1\r\ncontent-le", false),
+            Parsed::Partial
+        ));
+        let traced = head(&[
+            ("content-length", "2"),
+            (
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+        ]);
+        match parse(&traced, true) {
+            Parsed::Take(h) => assert!(h.parent.is_some() && h.state.is_none()),
+            _ => panic!("not taken"),
+        }
+    }
+
+    #[test]
+    fn lengths_are_decimal_digits_only() {
+        assert_eq!(content_length(b"0"), Some(0));
+        assert_eq!(content_length(b"00012"), Some(12));
+        for bad in [&b""[..], b"-1", b"1.5", b" 1", b"1,1", b"\xff"] {
+            assert_eq!(content_length(bad), None, "{bad:?}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Any bytes: no panic, and a head taken is one httparse reads whole.
+        #[test]
+        fn any_bytes_are_read_without_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            if let Parsed::Take(h) = parse(&bytes, true) {
+                let mut fields = [httparse::EMPTY_HEADER; 64];
+                let mut req = httparse::Request::new(&mut fields);
+                prop_assert_eq!(req.parse(&bytes).ok(), Some(httparse::Status::Complete(h.len)));
+            }
+        }
+
+        /// A well-formed check with fields in any order and case is taken exactly when the
+        /// model says it is, with the model's body length.
+        #[test]
+        fn the_lane_takes_what_the_model_takes(
+            fields in prop::collection::vec(
+                (prop::sample::select(vec![
+                    "content-length", "Content-Length", "transfer-encoding", "expect",
+                    "connection", "upgrade", "x-api-key", "host", "traceparent",
+                ]), prop::sample::select(vec!["12", "keep-alive", "close", "chunked", "abc", "70000"])),
+                0..6,
+            )
+        ) {
+            let pairs: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (*n, *v)).collect();
+            let lengths: Vec<&str> = pairs
+                .iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+                .map(|(_, v)| *v)
+                .collect();
+            let refused = pairs.iter().any(|(n, v)| {
+                matches!(*n, "transfer-encoding" | "expect" | "upgrade")
+                    || (*n == "connection" && !v.eq_ignore_ascii_case("keep-alive"))
+            });
+            let model = match (refused, lengths.as_slice()) {
+                (false, [one]) => one.parse::<usize>().ok().filter(|&n| n <= super::MAX_BODY),
+                _ => None,
+            };
+            prop_assert_eq!(taken(&head(&pairs)), model);
+        }
+    }
+}
