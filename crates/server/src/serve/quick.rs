@@ -106,9 +106,18 @@ where
     let mut buf = BytesMut::with_capacity(4096);
     buf.extend_from_slice(read);
     let mut out = Vec::with_capacity(1024);
+    // Waits for the stop once for the whole connection: a wait per request would register and
+    // unregister with the listener's one channel, which every connection shares, each time.
+    let stopping = super::stopped(stop);
+    tokio::pin!(stopping);
+    // One timer for the connection, set again for each head.
+    let timeout = tokio::time::sleep(limits.header_read_timeout);
+    tokio::pin!(timeout);
     loop {
         // A whole head (and body), within the header read timeout from now.
-        let deadline = Instant::now() + limits.header_read_timeout;
+        timeout
+            .as_mut()
+            .reset(Instant::now() + limits.header_read_timeout);
         let (len, body) = loop {
             match parse(&buf, false) {
                 Parsed::Take(head) => {
@@ -122,13 +131,13 @@ where
             }
             let idle = buf.is_empty();
             let more = tokio::select! {
-                r = tokio::time::timeout_at(deadline, io.read_buf(&mut buf)) => r,
+                r = io.read_buf(&mut buf) => r,
+                () = &mut timeout => return Left::Closed,
                 // Stopping: a connection between requests has nothing in flight.
-                _ = super::stopped(stop), if idle => return Left::Closed,
+                _ = &mut stopping, if idle => return Left::Closed,
             };
-            match more {
-                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Left::Closed,
-                Ok(Ok(_)) => {}
+            if !matches!(more, Ok(n) if n > 0) {
+                return Left::Closed;
             }
         };
         out.clear();
@@ -140,7 +149,7 @@ where
             return Left::Closed;
         }
         let written = tokio::time::timeout(limits.header_read_timeout, io.write_all(&out)).await;
-        if !matches!(written, Ok(Ok(()))) || *stop.borrow() {
+        if !matches!(written, Ok(Ok(()))) {
             return Left::Closed;
         }
     }
