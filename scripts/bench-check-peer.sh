@@ -41,22 +41,13 @@ if ! command -v wrk >/dev/null; then
     exit 1
   fi
 fi
-# throttlecrab-server compiles its gRPC protos with protoc (and fails to build without it).
-command -v protoc >/dev/null || { echo "needs protoc (apt-get install protobuf-compiler)" >&2; exit 1; }
 
 echo "building tollgate (--profile profiling)..." >&2
 cargo build --quiet --profile profiling -p tollgate-cli
 ours_bin="$target/profiling/tollgate"
 
-src="${THROTTLECRAB_SRC:-$target/throttlecrab-src}"
-if [ ! -d "$src" ]; then
-  echo "cloning throttlecrab into $src" >&2
-  git clone --quiet --depth 1 https://github.com/lazureykis/throttlecrab "$src"
-fi
-echo "building throttlecrab-server ($(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?'))" >&2
-CARGO_TARGET_DIR="$target/throttlecrab-target" \
-  cargo build --quiet --release --manifest-path "$src/Cargo.toml" -p throttlecrab-server
-theirs_bin="$target/throttlecrab-target/release/throttlecrab-server"
+# shellcheck source=scripts/throttlecrab.sh
+. scripts/throttlecrab.sh
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'

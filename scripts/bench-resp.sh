@@ -29,22 +29,13 @@ target="$(cd "$target" && pwd)"
 for tool in redis-benchmark redis-cli; do
   command -v "$tool" >/dev/null || { echo "needs $tool (apt-get install redis-tools)" >&2; exit 1; }
 done
-# throttlecrab-server compiles its gRPC protos with protoc (and fails to build without it).
-command -v protoc >/dev/null || { echo "needs protoc (apt-get install protobuf-compiler)" >&2; exit 1; }
 
 echo "building tollgate-resp's example server (profiling profile)" >&2
 cargo build --quiet --profile profiling -p tollgate-resp --example resp_server
 ours_bin="$target/profiling/examples/resp_server"
 
-src="${THROTTLECRAB_SRC:-$target/throttlecrab-src}"
-if [ ! -d "$src" ]; then
-  echo "cloning throttlecrab into $src" >&2
-  git clone --quiet --depth 1 https://github.com/lazureykis/throttlecrab "$src"
-fi
-echo "building throttlecrab-server ($(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?'))" >&2
-CARGO_TARGET_DIR="$target/throttlecrab-target" \
-  cargo build --quiet --release --manifest-path "$src/Cargo.toml" -p throttlecrab-server
-theirs_bin="$target/throttlecrab-target/release/throttlecrab-server"
+# shellcheck source=scripts/throttlecrab.sh
+. scripts/throttlecrab.sh
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'

@@ -974,16 +974,11 @@ async fn a_concurrency_limit_is_held_to_each_doors_view_of_the_end() {
     let mut stream = TcpStream::connect(resp)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    stream
-        .write_all(b"*3\r\n$14\r\nTOLLGATE.CHECK\r\n$7\r\nexports\r\n$2\r\nrs\r\n")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut reply = vec![0u8; 512];
-    let n = stream
-        .read(&mut reply)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let reply = String::from_utf8_lossy(&reply[..n]).into_owned();
+    let reply = resp_command(
+        &mut stream,
+        b"*3\r\n$14\r\nTOLLGATE.CHECK\r\n$7\r\nexports\r\n$2\r\nrs\r\n",
+    )
+    .await;
     assert!(
         reply.starts_with("-ERR") && reply.contains("requests in flight"),
         "{reply}"
@@ -995,6 +990,20 @@ async fn a_concurrency_limit_is_held_to_each_doors_view_of_the_end() {
         [200, 200]
     );
     server.stop().await;
+}
+
+/// Sends one RESP command on `stream`; the reply (one read: the door's replies are small).
+async fn resp_command(stream: &mut TcpStream, command: &[u8]) -> String {
+    stream
+        .write_all(command)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut reply = vec![0u8; 512];
+    let n = stream
+        .read(&mut reply)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    String::from_utf8_lossy(&reply[..n]).into_owned()
 }
 
 /// Seconds from now until the next midnight at UTC+14 (`Pacific/Kiritimati`, no daylight
@@ -1087,16 +1096,8 @@ async fn a_calendar_day_ends_at_the_same_instant_at_every_door() {
         .unwrap_or_else(|e| panic!("{e}"));
     let mut replies = Vec::new();
     for _ in 0..2 {
-        stream
-            .write_all(b"*3\r\n$14\r\nTOLLGATE.CHECK\r\n$5\r\ndaily\r\n$2\r\nrs\r\n")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let mut reply = vec![0u8; 512];
-        let n = stream
-            .read(&mut reply)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        replies.push(String::from_utf8_lossy(&reply[..n]).into_owned());
+        let command = b"*3\r\n$14\r\nTOLLGATE.CHECK\r\n$5\r\ndaily\r\n$2\r\nrs\r\n";
+        replies.push(resp_command(&mut stream, command).await);
     }
     let ints = |reply: &str| -> Vec<i64> {
         reply

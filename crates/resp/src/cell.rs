@@ -62,20 +62,7 @@ pub(crate) fn parse_i64(arg: &[u8]) -> Option<i64> {
     if digits.is_empty() {
         return None;
     }
-    let mut n: i64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        let d = i64::from(d - b'0');
-        n = n.checked_mul(10)?;
-        n = if negative {
-            n.checked_sub(d)?
-        } else {
-            n.checked_add(d)?
-        };
-    }
-    Some(n)
+    crate::codec::decimal(digits, negative)
 }
 
 /// redis-cell's error for an argument that is no integer (its text as sent, lossily).

@@ -163,6 +163,12 @@ pub(crate) fn strict_i64(s: &[u8]) -> Option<i64> {
         [b'0', ..] => return None,
         _ => {}
     }
+    decimal(digits, negative)
+}
+
+/// `digits` (ASCII, at least one) as an `i64`, negated when `negative`; `None` for any other
+/// byte or past `i64`. The sign and leading-zero rules are the caller's.
+pub(crate) fn decimal(digits: &[u8], negative: bool) -> Option<i64> {
     let mut n: i64 = 0;
     for &d in digits {
         if !d.is_ascii_digit() {

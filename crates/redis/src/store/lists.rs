@@ -143,23 +143,6 @@ impl RedisStore {
                 reply.map_err(classify)
             })
             .await?;
-        let unexpected = || StoreError::Protocol {
-            reason: "the list script answered an unexpected shape".to_owned(),
-        };
-        let Value::Array(parts) = reply else {
-            return Err(unexpected());
-        };
-        let [version, fields] = <[Value; 2]>::try_from(parts).map_err(|_| unexpected())?;
-        let version: u64 = redis::from_redis_value::<String>(version)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(unexpected)?;
-        let fields: Vec<String> = redis::from_redis_value(fields).map_err(|_| unexpected())?;
-        let mut pairs = Vec::with_capacity(fields.len() / 2);
-        let mut items = fields.into_iter();
-        while let (Some(field), Some(value)) = (items.next(), items.next()) {
-            pairs.push((field, value));
-        }
-        Ok((version, pairs))
+        super::overrides::versioned_pairs(reply, "list")
     }
 }
