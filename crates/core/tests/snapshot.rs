@@ -193,6 +193,21 @@ fn lockouts_and_running_streaks_survive_a_restore() {
     assert!(check(&store, b"banned", T0).ban.is_ban());
     let now = T0.saturating_add(Duration::from_secs(30));
     let bytes = snapshot(&store, now);
+    // Cut anywhere, or with a byte changed, the file with lockout records restores nothing.
+    for cut in 0..bytes.len() {
+        assert!(
+            MemoryStore::restore_snapshot(MemoryStore::builder(), now, &mut &bytes[..cut]).is_err(),
+            "cut at {cut}"
+        );
+    }
+    for at in (0..bytes.len()).step_by(7) {
+        let mut changed = bytes.clone();
+        changed[at] ^= 0x40;
+        assert!(
+            MemoryStore::restore_snapshot(MemoryStore::builder(), now, &mut &changed[..]).is_err(),
+            "byte {at} changed"
+        );
+    }
     let (restored, counts) =
         MemoryStore::restore_snapshot(MemoryStore::builder(), now, &mut &bytes[..]).unwrap();
     assert_eq!(counts.bans, 2, "{counts:?}");

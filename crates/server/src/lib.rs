@@ -344,14 +344,8 @@ pub async fn run_with(
         Arc::clone(&metrics),
         Arc::clone(&telemetry),
     )?;
-    let overrides = Registry::new(match &store {
-        AnyStore::Memory(_) => Backend::Memory,
-        AnyStore::Redis(r) => Backend::Redis(r.clone()),
-    });
-    let lists = admin::lists::registry::Registry::new(match &store {
-        AnyStore::Memory(_) => admin::lists::registry::Backend::Memory,
-        AnyStore::Redis(r) => admin::lists::registry::Backend::Redis(r.clone()),
-    });
+    let overrides = Registry::new(Backend::of(&store));
+    let lists = admin::lists::registry::Registry::new(Backend::of(&store));
     let shared = Arc::new(Shared {
         engine: ArcSwap::from_pointee(engine),
         store: store.clone(),

@@ -250,19 +250,15 @@ pub(crate) fn write_response(response: Response<Body>, out: &mut Vec<u8>) -> boo
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    if length || date {
-        // Never set by the API's handlers; written as they are, in hyper's order otherwise.
-        if !length {
-            content_length_line(bytes.len(), out);
-        }
-        if !date {
-            date_line(out);
-        }
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(&bytes);
-        return true;
+    // Never set by the API's handlers; kept as they are when set.
+    if !length {
+        content_length_line(bytes.len(), out);
     }
-    finish(&bytes, out);
+    if !date {
+        date_line(out);
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(&bytes);
     true
 }
 

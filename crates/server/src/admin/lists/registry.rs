@@ -41,14 +41,7 @@ impl Record {
     }
 }
 
-/// Where the records are kept.
-#[derive(Debug)]
-pub(crate) enum Backend {
-    /// In this process.
-    Memory,
-    /// In Redis, for every instance.
-    Redis(RedisStore),
-}
+pub(crate) use crate::admin::overrides::registry::Backend;
 
 type Id = (String, String);
 

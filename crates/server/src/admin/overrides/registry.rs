@@ -15,6 +15,7 @@ use tollgate_http::{OverrideError, QuotaFields};
 use tollgate_redis::RedisStore;
 
 use crate::generation::Generation;
+use crate::store::AnyStore;
 
 /// The most overrides at once, over every policy: each costs a policy of its own in every
 /// engine, and interned header text for each distinct quota.
@@ -106,13 +107,23 @@ fn field(policy: &str, key: &str) -> String {
     format!("{policy}\n{key}")
 }
 
-/// Where the records are kept.
+/// Where the records are kept (overrides, and the lists' live entries alike).
 #[derive(Debug)]
 pub(crate) enum Backend {
     /// In this process.
     Memory,
     /// In Redis, for every instance.
     Redis(RedisStore),
+}
+
+impl Backend {
+    /// Beside the counts: in this process with the memory store, in Redis with Redis.
+    pub(crate) fn of(store: &AnyStore) -> Self {
+        match store {
+            AnyStore::Memory(_) => Backend::Memory,
+            AnyStore::Redis(r) => Backend::Redis(r.clone()),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
