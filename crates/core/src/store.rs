@@ -92,6 +92,22 @@ pub trait Store: Send + Sync + 'static {
         }
     }
 
+    /// Decides one check on the spot, when this store can: what [`apply_one`](Self::apply_one)
+    /// would resolve to, with no future around it. `None` (the default) says "not here", and
+    /// the caller awaits `apply_one` instead; a store may say it for any check.
+    ///
+    /// [`Limiter::check`](crate::Limiter::check) asks here first. The memory store answers
+    /// every check of a policy without a [`Ban`](crate::Ban). Why a second way in: a decision
+    /// that comes out of a future, or out of a branch that may also call the lockouts'
+    /// out-of-line path, is built in a temporary and copied, and the copy reads back with one
+    /// 16-byte load what was just stored as 8-byte words, which the processor cannot forward
+    /// from its store buffer. Here it is built where the caller receives it: 27 ns a check of
+    /// one hot key rather than 32 (`benches/check.rs`).
+    fn apply_one_immediately(&self, now: Timestamp, check: &Check<'_>) -> Option<Decision> {
+        let _ = (now, check);
+        None
+    }
+
     /// Charges each check's cost whatever the quota says, never refusing: a usage report, or
     /// the true-up of a cost known only once the response is out (tokens an AI API answered
     /// with). Each check is charged on its own, atomically per key, even past the limit; the

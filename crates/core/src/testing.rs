@@ -400,7 +400,18 @@ impl Xorshift {
 /// Random traffic (bursts, gaps across window boundaries, costs 0 to 4, three keys) decides
 /// exactly as the pure algorithms do, field by field.
 pub async fn matches_the_pure_algorithms<S: Store>(store: &S) {
-    let prefix = unique("model");
+    against_the_pure_algorithms(store, "model", false).await;
+}
+
+/// The same traffic, each check asked of [`Store::apply_one_immediately`] first, through
+/// [`Store::apply_one`] when it says "not here", or at random: both ways decide as the pure
+/// algorithms do, and share the keys' state.
+pub async fn immediately_matches_the_pure_algorithms<S: Store>(store: &S) {
+    against_the_pure_algorithms(store, "immediately", true).await;
+}
+
+async fn against_the_pure_algorithms<S: Store>(store: &S, name: &str, immediately: bool) {
+    let prefix = unique(name);
     let mut quotas = vec![
         Quota::fixed_window(7, Duration::from_millis(700)),
         Quota::sliding_window_log(7, Duration::from_millis(700)),
@@ -424,7 +435,19 @@ pub async fn matches_the_pure_algorithms<S: Store>(store: &S) {
             let key = rng.below(3) as u8;
             let cost = rng.below(5) as u32;
             let stored_key = format!("{prefix}-{key}");
-            let got = one(store, now, &policy, stored_key.as_bytes(), cost).await;
+            let check = Check::new(&policy, stored_key.as_bytes(), cost);
+            let answered = match immediately && rng.below(4) != 0 {
+                true => store.apply_one_immediately(now, &check),
+                false => None,
+            };
+            let got = match answered {
+                Some(decision) => decision,
+                None if immediately => store
+                    .apply_one(now, check)
+                    .await
+                    .unwrap_or_else(|e| panic!("apply_one failed: {e}")),
+                None => one(store, now, &policy, stored_key.as_bytes(), cost).await,
+            };
             let want = model
                 .check(key, now, cost)
                 .into_decision(policy.shared_name());
@@ -626,6 +649,7 @@ macro_rules! store_conformance_tests {
             quota_returns_with_time,
             leaky_bucket_delays_and_refunds,
             matches_the_pure_algorithms,
+            immediately_matches_the_pure_algorithms,
             charges_match_the_pure_algorithms,
             charges_are_never_refused,
             concurrent_callers_never_over_admit,

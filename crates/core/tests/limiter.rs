@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tollgate::{
-    Check, Clock, Error, ErrorKind, Limiter, ManualClock, MemoryStore, Policy, Quota, Rate,
+    Ban, Check, Clock, Error, ErrorKind, Limiter, ManualClock, MemoryStore, Policy, Quota, Rate,
     Timestamp,
 };
 
@@ -22,6 +22,11 @@ fn limiter(
         )?)
         .policy(Policy::new("burst", Quota::token_bucket(2, rate)?)?)
         .policy(Policy::new("outbound", Quota::leaky_bucket(rate, 2)?)?)
+        .policy(
+            Policy::new("login", Quota::fixed_window(2, Duration::from_secs(10))?)?.with_ban(
+                Ban::new(2, Duration::from_secs(10), Duration::from_secs(5))?,
+            )?,
+        )
         .build()?)
 }
 
@@ -229,7 +234,8 @@ impl tollgate::Store for Yielding {
 }
 
 /// `check_policy` with a policy resolved once decides exactly as `check` by name, on an
-/// immediate store and on one that waits, through admits, denials, refills and errors.
+/// immediate store and on one that waits, through admits, denials, refills, lockouts and
+/// errors.
 #[tokio::test]
 async fn check_policy_decides_as_check_by_name() -> Result<(), Box<dyn std::error::Error>> {
     let clock = ManualClock::new(START);
@@ -242,17 +248,19 @@ async fn check_policy_decides_as_check_by_name() -> Result<(), Box<dyn std::erro
         .policies(policies.clone())
         .build()?;
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut lockouts = 0;
     for step in 0..600 {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        let policy = &policies[(seed % 3) as usize];
+        let policy = &policies[(seed % policies.len() as u64) as usize];
         let key = format!("k{}", (seed >> 8) % 4);
         let cost = ((seed >> 16) % 5) as u32;
         let expected = by_name.check(policy.name(), &key, cost).await;
         let handle = resolved.policy(policy.name()).ok_or("policy")?;
         let got = resolved.check_policy(handle, &key, cost).await;
         let got_waiting = waiting.check_policy(policy, &key, cost).await;
+        lockouts += usize::from(matches!(&expected, Ok(d) if d.ban.is_ban()));
         assert_eq!(format!("{got:?}"), format!("{expected:?}"), "step {step}");
         assert_eq!(
             format!("{got_waiting:?}"),
@@ -263,5 +271,6 @@ async fn check_policy_decides_as_check_by_name() -> Result<(), Box<dyn std::erro
             clock.advance(Duration::from_millis((seed >> 24) % 700));
         }
     }
+    assert!(lockouts > 0, "the traffic never reached a lockout");
     Ok(())
 }

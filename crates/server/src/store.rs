@@ -136,6 +136,14 @@ impl Store for AnyStore {
         }
     }
 
+    #[inline(always)]
+    fn apply_one_immediately(&self, now: Timestamp, check: &Check<'_>) -> Option<Decision> {
+        match self {
+            AnyStore::Memory(m) => m.apply_one_immediately(now, check),
+            AnyStore::Redis(_) => None,
+        }
+    }
+
     async fn charge(&self, now: Timestamp, checks: &[Check<'_>]) -> Result<Decisions, StoreError> {
         match self {
             AnyStore::Memory(m) => m.charge(now, checks).await,

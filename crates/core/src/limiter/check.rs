@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 
 use super::Limiter;
 use crate::store::Store;
-use crate::{Clock, Decision, Error, Policy, StoreError};
+use crate::{Check, Clock, Decision, Error, Policy, StoreError, Timestamp};
 
 /// The policy a check is against: by name, or resolved beforehand
 /// ([`Limiter::check_policy`](super::Limiter::check_policy)). One decision function takes
@@ -107,8 +107,9 @@ fn poll_deferred<F: Future>(future: Pin<&mut F>, cx: &mut Context<'_>) -> Poll<F
     future.poll(cx)
 }
 
-/// The check, decided by polling the store's future once: an immediate store promises that it
-/// is ready then (a store that breaks the promise gets a store error, as `is_immediate` says).
+/// The check, decided by the store on the spot ([`Store::apply_one_immediately`]) or else by
+/// polling its future once: an immediate store promises that it is ready then (a store that
+/// breaks the promise gets a store error, as `is_immediate` says).
 ///
 /// Out of line, and not generic over the key: the future stays a few words that the caller's
 /// poll folds away, and the decision is built once, where the caller receives it.
@@ -127,7 +128,19 @@ fn decide_now<S: Store, C: Clock>(
         Target::Policy(policy) => policy,
     };
     let (check, now) = limiter.prepare(policy, key, cost)?;
-    let future = pin!(limiter.store().apply_one(now, check));
+    if let Some(decision) = limiter.store().apply_one_immediately(now, &check) {
+        return Ok(decision);
+    }
+    poll_once(limiter.store(), now, &check)
+}
+
+/// The check through the store's future, polled once: a check the store did not decide
+/// [immediately](Store::apply_one_immediately). Out of line, so that the common path above
+/// stays small and returns its decision in place; the check by reference, or the common path
+/// copies it into this call's arguments too (its 4-byte cost read back as 8 bytes, a stall).
+#[inline(never)]
+fn poll_once<S: Store>(store: &S, now: Timestamp, check: &Check<'_>) -> Result<Decision, Error> {
+    let future = pin!(store.apply_one(now, *check));
     match future.poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(Ok(decision)) => Ok(decision),
         Poll::Ready(Err(error)) => Err(error.into()),
