@@ -250,6 +250,9 @@ impl ListenerTls {
     /// Loads every listener's files; the first that fails names its listener.
     pub(crate) fn new(config: &Config) -> Result<ListenerTls, crate::ServerError> {
         const HTTP1: &[&[u8]] = &[b"http/1.1"];
+        // The listeners that serve HTTP/2 as well offer it first: a client that offers both
+        // (curl, Go, Java) multiplexes its checks over one connection.
+        const HTTP2_AND_1: &[&[u8]] = &[b"h2", b"http/1.1"];
         let make = |listener: &'static str,
                     files: Option<TlsConfig>,
                     alpn: &[&[u8]],
@@ -261,8 +264,8 @@ impl ListenerTls {
                 .map_err(|source| crate::ServerError::Tls { listener, source })
         };
         Ok(ListenerTls {
-            api: make("api", server_files(config), HTTP1, true)?,
-            admin: make("admin", admin_files(config), HTTP1, true)?,
+            api: make("api", server_files(config), HTTP2_AND_1, true)?,
+            admin: make("admin", admin_files(config), HTTP2_AND_1, true)?,
             proxy: make("proxy", proxy_files(config), HTTP1, true)?,
             grpc: match config.grpc_listen {
                 Some(_) => make("grpc", server_files(config), &[b"h2"], false)?,

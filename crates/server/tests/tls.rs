@@ -24,6 +24,7 @@ use tollgate_envoy::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 
 const HTTP1: &[&[u8]] = &[b"http/1.1"];
 const H2: &[&[u8]] = &[b"h2"];
+const BOTH: &[&[u8]] = &[b"h2", b"http/1.1"];
 
 /// The listeners a client connects to.
 #[derive(Clone, Copy, Debug)]
@@ -181,9 +182,52 @@ async fn every_listener_serves_tls_and_refuses_plaintext() {
         let call = tokio::time::timeout(NO_HANG, client.should_rate_limit(rls_request()));
         assert!(call.await.expect("no hang").is_err());
     }
-    // A client offering only a protocol the listener does not speak is refused.
+    // The decision API and the admin listener speak HTTP/2 too, chosen by ALPN: what a client
+    // offering both gets, and the only choice of one offering just h2.
+    for alpn in [BOTH, H2] {
+        let (chosen, status, body) = https2(
+            s.api,
+            client_config(&ca, None, alpn),
+            "POST",
+            "/v1/check",
+            r#"{"policy":"api","key":"k2"}"#,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("h2 check: {e}"));
+        assert_eq!(chosen.as_deref(), Some(&b"h2"[..]));
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("\"allowed\":true"), "{body}");
+        let (chosen, status, _) = https2(
+            s.admin,
+            client_config(&ca, None, alpn),
+            "GET",
+            "/healthz",
+            "",
+        )
+        .await
+        .unwrap_or_else(|e| panic!("h2 health: {e}"));
+        assert_eq!((chosen.as_deref(), status), (Some(&b"h2"[..]), 200));
+    }
+    // The proxy speaks HTTP/1.1 to clients: one offering both gets it, one offering only h2 is
+    // refused, as is one offering only a protocol no listener speaks.
+    let (status, _) = https(
+        s.proxy.unwrap(),
+        client_config(&ca, None, BOTH),
+        "GET",
+        "/through",
+        "",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("proxy: {e}"));
+    assert_eq!(status, 200);
     let h2_only = client_config(&ca, None, H2);
-    assert!(https(s.api, h2_only, "GET", "/healthz", "").await.is_err());
+    assert!(
+        https(s.proxy.unwrap(), h2_only, "GET", "/through", "")
+            .await
+            .is_err()
+    );
+    let spdy = client_config(&ca, None, &[b"spdy/3.1"]);
+    assert!(https(s.api, spdy, "GET", "/healthz", "").await.is_err());
     // A client that does not trust the server's CA refuses it.
     let stranger = client_config(&Ca::new("another CA"), None, HTTP1);
     assert!(https(s.api, stranger, "GET", "/healthz", "").await.is_err());

@@ -213,6 +213,50 @@ pub async fn https(
     .expect("an answer or an error, not a hang")
 }
 
+/// One request over HTTP/2 on a new TLS connection, within [`NO_HANG`]: the protocol ALPN
+/// chose, then the status and body. Errs when the handshake or the request fails.
+pub async fn https2(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(Option<Vec<u8>>, u16, String), String> {
+    tokio::time::timeout(NO_HANG, async {
+        let tls = connect(addr, config)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+        let (mut send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(tls),
+        )
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+        tokio::spawn(conn);
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("https://localhost{path}"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .unwrap();
+        let res = send
+            .send_request(req)
+            .await
+            .map_err(|e| format!("request: {e}"))?;
+        let status = res.status().as_u16();
+        let body = res
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e}"))?
+            .to_bytes();
+        Ok((alpn, status, String::from_utf8_lossy(&body).into_owned()))
+    })
+    .await
+    .expect("an answer or an error, not a hang")
+}
+
 /// tonic's connector for a channel over tokio-rustls.
 #[derive(Clone)]
 struct TlsConnector {
