@@ -184,15 +184,22 @@ impl Https {
             .send_request(req)
             .await
             .map_err(|e| format!("request: {e}"))?;
-        let status = res.status().as_u16();
-        let body = res
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| format!("body: {e}"))?
-            .to_bytes();
-        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+        status_and_body(res).await
     }
+}
+
+/// A response's status and its body as text.
+async fn status_and_body(
+    res: hyper::Response<hyper::body::Incoming>,
+) -> Result<(u16, String), String> {
+    let status = res.status().as_u16();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("body: {e}"))?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// One request on a new TLS connection, within [`NO_HANG`].
@@ -244,14 +251,8 @@ pub async fn https2(
             .send_request(req)
             .await
             .map_err(|e| format!("request: {e}"))?;
-        let status = res.status().as_u16();
-        let body = res
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| format!("body: {e}"))?
-            .to_bytes();
-        Ok((alpn, status, String::from_utf8_lossy(&body).into_owned()))
+        let (status, body) = status_and_body(res).await?;
+        Ok((alpn, status, body))
     })
     .await
     .expect("an answer or an error, not a hang")
