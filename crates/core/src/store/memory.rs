@@ -430,7 +430,7 @@ impl MemoryStore {
 
     /// The key's identity: SipHash-1-3 of its bytes under this store's random key
     /// (`key_hash`). The policy is not hashed in: each policy has its own tables.
-    #[inline]
+    #[inline(always)]
     fn hash(&self, key: &[u8]) -> u64 {
         table::identity(self.inner.hasher.hash(key))
     }
