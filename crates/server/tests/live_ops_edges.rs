@@ -5,9 +5,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
+use common::log::with_log;
 use common::*;
 use hyper::StatusCode;
 use serde_json::json;
@@ -101,67 +99,40 @@ async fn malformed_and_oversized_path_segments_are_refused_by_field() {
     s.stop().await;
 }
 
-/// A writer the log lines go to, shared with the test.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn every_override_change_is_logged_with_its_reason() {
-    let captured = Captured::default();
-    let sink = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || sink.clone())
-        .finish();
-    // One thread: the server's tasks run where this subscriber is the default.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    tracing::subscriber::with_default(subscriber, || {
-        rt.block_on(async {
-            let s = start_text(POLICIES).await;
-            let url = s.admin_url("/v1/overrides/api/ip:192.0.2.44");
-            let set = |limit: u32, reason: &str| {
-                json!({"limit": limit, "expires": "2h", "reason": reason}).to_string()
-            };
-            let r = send("PUT", &url, &[], set(50, "ticket 1234: launch day")).await;
-            assert_eq!(r.status, StatusCode::CREATED);
-            let r = send("PUT", &url, &[], set(80, "ticket 1234: more")).await;
-            assert_eq!(r.status, StatusCode::OK);
-            let r = send("DELETE", &format!("{url}?reason=launch+over"), &[], "").await;
-            assert_eq!(r.status, StatusCode::NO_CONTENT);
-            // Refused changes change nothing and log no change.
-            let r = send("PUT", &url, &[], json!({"limit": 9}).to_string()).await;
-            assert_eq!(r.status, StatusCode::BAD_REQUEST);
-            s.stop().await;
-        });
+    with_log(|captured| async move {
+        let s = start_text(POLICIES).await;
+        let url = s.admin_url("/v1/overrides/api/ip:192.0.2.44");
+        let set = |limit: u32, reason: &str| {
+            json!({"limit": limit, "expires": "2h", "reason": reason}).to_string()
+        };
+        let r = send("PUT", &url, &[], set(50, "ticket 1234: launch day")).await;
+        assert_eq!(r.status, StatusCode::CREATED);
+        let r = send("PUT", &url, &[], set(80, "ticket 1234: more")).await;
+        assert_eq!(r.status, StatusCode::OK);
+        let r = send("DELETE", &format!("{url}?reason=launch+over"), &[], "").await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT);
+        // Refused changes change nothing and log no change.
+        let r = send("PUT", &url, &[], json!({"limit": 9}).to_string()).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
+        s.stop().await;
+        let log = captured.text();
+        let changes: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("override set") || l.contains("override removed"))
+            .collect();
+        assert_eq!(changes.len(), 3, "{log}");
+        for (line, quota, reason) in [
+            (changes[0], "limit=50", "ticket 1234: launch day"),
+            (changes[1], "limit=80", "ticket 1234: more"),
+            (changes[2], "", "launch over"),
+        ] {
+            assert!(line.contains("ip:192.0.2.44"), "{line}");
+            assert!(line.contains("policy=api"), "{line}");
+            assert!(line.contains(quota), "{line}");
+            assert!(line.contains(&format!("reason={reason:?}")), "{line}");
+        }
+        assert!(changes[0].contains("expires="), "{}", changes[0]);
     });
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    let changes: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("override set") || l.contains("override removed"))
-        .collect();
-    assert_eq!(changes.len(), 3, "{log}");
-    for (line, quota, reason) in [
-        (changes[0], "limit=50", "ticket 1234: launch day"),
-        (changes[1], "limit=80", "ticket 1234: more"),
-        (changes[2], "", "launch over"),
-    ] {
-        assert!(line.contains("ip:192.0.2.44"), "{line}");
-        assert!(line.contains("policy=api"), "{line}");
-        assert!(line.contains(quota), "{line}");
-        assert!(line.contains(&format!("reason={reason:?}")), "{line}");
-    }
-    assert!(changes[0].contains("expires="), "{}", changes[0]);
 }

@@ -10,11 +10,11 @@
 mod common;
 mod tls_common;
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use common::log::with_log;
 use common::{Running, start, wait_for};
 use tls_common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -266,44 +266,6 @@ async fn mutual_tls_takes_only_certificates_of_the_client_ca() {
         }
     }
     s.stop().await;
-}
-
-/// A writer the log lines go to, shared with the test.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    /// The log lines containing `text`.
-    fn count(&self, text: &str) -> usize {
-        let log = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
-        log.lines().filter(|l| l.contains(text)).count()
-    }
-}
-
-/// Runs `test` on one thread with its log lines captured (the server's tasks run where this
-/// subscriber is the default).
-fn with_log<F: std::future::Future<Output = ()>>(test: impl FnOnce(Captured) -> F) {
-    let captured = Captured::default();
-    let sink = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || sink.clone())
-        .finish();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    tracing::subscriber::with_default(subscriber, || rt.block_on(test(captured)));
 }
 
 #[test]

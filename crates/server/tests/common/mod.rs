@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tollgate_server::{Config, Listeners};
 
+pub mod log;
 pub mod otlp;
 pub mod raw;
 pub mod redis;
