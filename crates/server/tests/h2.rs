@@ -15,7 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use common::{post_json, start_text, with_ports};
+use common::{post_json, start_text, start_with_limits, with_ports};
 
 const FIVE_PER_MINUTE: &str = r#"
 [[policy]]
@@ -220,21 +220,12 @@ async fn closed_within(mut c: TcpStream) -> Option<Duration> {
 #[tokio::test]
 async fn slow_http2_clients_are_cut_off() {
     let config = tollgate_server::Config::parse("t.toml", &with_ports("")).unwrap();
-    let listeners = tollgate_server::Listeners::bind(&config).await.unwrap();
-    let api = listeners.api.local_addr().unwrap();
     let limits = tollgate_server::Limits {
         header_read_timeout: Duration::from_millis(300),
         ..Default::default()
     };
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(tollgate_server::run_with(
-        config,
-        listeners,
-        async {
-            let _ = rx.await;
-        },
-        limits,
-    ));
+    let s = start_with_limits(config, limits).await;
+    let api = s.api;
     // A client that connects and sends nothing.
     let c = TcpStream::connect(api).await.unwrap();
     assert!(closed_within(c).await.is_some(), "silent client cut off");
@@ -276,8 +267,7 @@ async fn slow_http2_clients_are_cut_off() {
     if let Some(c) = trickle.await.unwrap() {
         assert!(closed_within(c).await.is_some(), "trickling client cut off");
     }
-    let _ = tx.send(());
-    task.await.unwrap().unwrap();
+    s.stop_cleanly().await;
 }
 
 #[tokio::test]

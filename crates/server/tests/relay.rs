@@ -346,21 +346,12 @@ async fn the_proxy_cuts_slow_loris_clients() {
     let up = upstream().await;
     let config =
         tollgate_server::Config::parse("t.toml", &with_ports(&proxy_config(up, ""))).unwrap();
-    let listeners = tollgate_server::Listeners::bind(&config).await.unwrap();
-    let proxy = listeners.proxy.as_ref().unwrap().local_addr().unwrap();
     let limits = tollgate_server::Limits {
         header_read_timeout: Duration::from_millis(300),
         ..Default::default()
     };
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(tollgate_server::run_with(
-        config,
-        listeners,
-        async {
-            let _ = rx.await;
-        },
-        limits,
-    ));
+    let s = start_with_limits(config, limits).await;
+    let proxy = s.proxy.unwrap();
     // Half a head, then silence; and a connection that never sends anything.
     let partial = exchange(proxy, b"GET /echo HTTP/1.1\r\nHost: x\r\n").await;
     assert!(
@@ -376,8 +367,7 @@ async fn the_proxy_cuts_slow_loris_clients() {
     )
     .await;
     assert_eq!(statuses(&ok), [200], "{ok}");
-    let _ = tx.send(());
-    task.await.unwrap().unwrap();
+    s.stop_cleanly().await;
 }
 
 #[tokio::test]

@@ -498,21 +498,12 @@ async fn shutdown_drains_in_flight_requests() {
 async fn slow_loris_and_huge_headers_are_cut_off() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let config = tollgate_server::Config::parse("t.toml", &with_ports("")).unwrap();
-    let listeners = tollgate_server::Listeners::bind(&config).await.unwrap();
-    let api = listeners.api.local_addr().unwrap();
     let limits = tollgate_server::Limits {
         header_read_timeout: Duration::from_millis(300),
         ..Default::default()
     };
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(tollgate_server::run_with(
-        config,
-        listeners,
-        async {
-            let _ = rx.await;
-        },
-        limits,
-    ));
+    let s = start_with_limits(config, limits).await;
+    let api = s.api;
     // Slow loris: half a request line, then silence → the server closes the connection.
     let mut c = tokio::net::TcpStream::connect(api).await.unwrap();
     c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
@@ -525,6 +516,5 @@ async fn slow_loris_and_huge_headers_are_cut_off() {
     let big = "a".repeat(100 * 1024);
     let r = get(&format!("http://{api}/healthz"), &[("x-big", big.as_str())]).await;
     assert_eq!(r.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
-    let _ = tx.send(());
-    task.await.unwrap().unwrap();
+    s.stop_cleanly().await;
 }

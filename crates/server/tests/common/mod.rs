@@ -48,6 +48,13 @@ impl Running {
         }
         let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
     }
+    /// Triggers shutdown and waits for the server to end; panics if it failed.
+    pub async fn stop_cleanly(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        (&mut self.task).await.expect("the server ends cleanly");
+    }
     pub fn trigger_stop(&mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
@@ -64,15 +71,23 @@ pub fn with_ports(text: &str) -> String {
 }
 
 pub async fn start(config: Config) -> Running {
+    let limits = config.limits;
+    start_with_limits(config, limits).await
+}
+
+/// [`start`] with listener limits of the test's own (a short header read timeout) in place of
+/// the configuration's.
+pub async fn start_with_limits(config: Config, limits: tollgate_server::Limits) -> Running {
     let listeners = Listeners::bind(&config).await.expect("bind");
     let addrs = listeners.local_addrs();
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        tollgate_server::run(config, listeners, async {
+        let shutdown = async {
             let _ = rx.await;
-        })
-        .await
-        .expect("run");
+        };
+        tollgate_server::run_with(config, listeners, shutdown, limits)
+            .await
+            .expect("run");
     });
     Running {
         api: addrs.api.unwrap(),
