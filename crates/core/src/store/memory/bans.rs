@@ -11,37 +11,16 @@
 //! that have expired go first, then streaks that have not banned anyone; when every record left
 //! is a ban in force, a new denial is not counted.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use super::key_hash::KeyMap;
 use super::shard::{Limits, Mode, Shard, Shared};
 use super::{MemoryStore, guard_for, read, trim_logs, write};
 use crate::store::snapshot::{Cursor, Put, SnapshotError, corrupt};
 use crate::{Ban, BanRecord, BanState, Check, Decision, Decisions, Timestamp, Verdict};
-
-/// Key hashes are keyed SipHash already: the map uses them as they are.
-#[derive(Default)]
-pub(super) struct Identity(u64);
-
-impl Hasher for Identity {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
 
 #[derive(Debug)]
 struct Record {
@@ -88,7 +67,7 @@ pub(super) enum Counted {
 /// One shard's records.
 #[derive(Debug, Default)]
 pub(super) struct BanTable {
-    records: HashMap<u64, SmallVec<[Record; 1]>, BuildHasherDefault<Identity>>,
+    records: KeyMap<SmallVec<[Record; 1]>>,
     len: usize,
 }
 

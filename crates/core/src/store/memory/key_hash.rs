@@ -16,7 +16,32 @@
 //! those same bytes under that same key, so a key's identity is unchanged.
 
 use std::cell::Cell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A map keyed by key hashes (spilled states, permits, lockout records).
+pub(super) type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
+
+/// The map keys are already keyed SipHash outputs: hashing them again would only cost time.
+#[derive(Default)]
+pub(super) struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 /// SipHash-1-3 with its key folded into the initial state once.
 #[derive(Clone, Copy, Debug)]

@@ -2,11 +2,10 @@
 //! word, its sliding logs and its concurrency permits; deciding a known key by
 //! compare-and-swap, and what a sweep and an eviction read of each state.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use super::super::key_hash::KeyMap;
 use super::super::log::LogTable;
 use super::super::packing::{Packed, SPILLED, Slot, VACANT};
 use super::super::table::{Claim, Table};
@@ -28,28 +27,6 @@ pub(super) struct PolicyTable {
     /// Concurrency keys' permits, each under a mutex of its own, so that a known key is decided
     /// under the shard's shared lock. A key's vector holds at most `limit` permits.
     pub(super) permits: KeyMap<Mutex<ConcurrencyState>>,
-}
-
-pub(super) type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
-
-/// The map keys are already keyed SipHash outputs: hashing them again would only cost time.
-#[derive(Default)]
-pub(super) struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 /// A poisoned entry still holds a valid state: steps do not panic midway.
