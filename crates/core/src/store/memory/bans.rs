@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use super::batch::guard_for;
 use super::key_hash::KeyMap;
 use super::shard::{Limits, Mode, Shard, Shared};
-use super::{MemoryStore, guard_for, read, trim_logs, write};
+use super::{MemoryStore, read, trim_logs, write};
 use crate::store::snapshot::{Cursor, Put, SnapshotError, corrupt};
 use crate::{Ban, BanRecord, BanState, Check, Decision, Decisions, Timestamp, Verdict};
 
