@@ -49,7 +49,6 @@ use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
 use super::{Check, Store};
 use crate::{Decision, Decisions, StoreError, Timestamp, Verdict};
@@ -62,6 +61,7 @@ mod log;
 mod packing;
 mod quota_codec;
 mod shard;
+mod shard_lock;
 mod snapshot;
 mod table;
 
@@ -70,6 +70,7 @@ pub use snapshot::{RestoreCounts, STORE_FORMAT};
 use immediate::{ApplyOne, Immediate};
 use key_hash::KeyHasher;
 use shard::{Limits, Mode, Shard, Shared};
+use shard_lock::{Lock, ShardLocks};
 
 /// The default bound on tracked keys.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -85,7 +86,7 @@ pub struct MemoryStore {
 
 #[derive(Debug)]
 struct Inner {
-    shards: Box<[Padded<ShardedLock<Shard>>]>,
+    shards: ShardLocks<Shard>,
     shard_mask: u64,
     /// Each shard's share of the bounds.
     limits: Limits,
@@ -94,11 +95,6 @@ struct Inner {
     /// The hasher's key, which a snapshot keeps.
     hash_key: (u64, u64),
 }
-
-/// Keeps each shard on its own cache lines, so neighbours do not slow each other down.
-#[derive(Debug)]
-#[repr(align(128))]
-struct Padded<T>(T);
 
 /// Builds a [`MemoryStore`].
 #[derive(Clone, Debug)]
@@ -155,9 +151,7 @@ impl MemoryStoreBuilder {
             keys: (self.max_keys / count).max(1),
             log_bytes: self.max_log_bytes / count,
         };
-        let shards = (0..count)
-            .map(|_| Padded(ShardedLock::new(Shard::new(limits))))
-            .collect();
+        let shards = ShardLocks::new((0..count).map(|_| Shard::new(limits)));
         let hash_key = self.hash_key.unwrap_or_else(random_key);
         MemoryStore {
             inner: Arc::new(Inner {
@@ -175,18 +169,6 @@ impl Default for MemoryStore {
     fn default() -> Self {
         MemoryStore::builder().build()
     }
-}
-
-/// A poisoned shard still holds valid state (steps do not panic midway), so keep going.
-#[inline]
-fn read(lock: &ShardedLock<Shard>) -> ShardedLockReadGuard<'_, Shard> {
-    lock.read()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn write(lock: &ShardedLock<Shard>) -> ShardedLockWriteGuard<'_, Shard> {
-    lock.write()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl MemoryStore {
@@ -212,7 +194,7 @@ impl MemoryStore {
 
     /// How many keys are tracked now (expired ones included until a sweep drops them).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| read(&s.0).len()).sum()
+        self.inner.shards.iter().map(|s| s.read().len()).sum()
     }
 
     /// Whether no key is tracked.
@@ -225,7 +207,7 @@ impl MemoryStore {
         self.inner
             .shards
             .iter()
-            .map(|s| read(&s.0).log_bytes())
+            .map(|s| s.read().log_bytes())
             .sum()
     }
 
@@ -236,7 +218,7 @@ impl MemoryStore {
         self.inner
             .shards
             .iter()
-            .map(|s| write(&s.0).sweep(now.as_micros()))
+            .map(|s| s.write().sweep(now.as_micros()))
             .sum()
     }
 
@@ -281,7 +263,7 @@ impl MemoryStore {
         let hash = self.hash(key);
         let lock = self.shard(hash);
         let limits = &self.inner.limits;
-        let shard = read(lock);
+        let shard = lock.read();
         match shard.try_shared(policy, hash, now, cost, permit, limits) {
             Shared::Decided(decision) => decision,
             Shared::DecidedOverBudget(decision) => {
@@ -304,7 +286,7 @@ impl MemoryStore {
             .iter()
             .map(|check| {
                 let hash = self.hash(check.key);
-                write(self.shard(hash))
+                self.shard(hash).write()
                     .charge(check.policy, hash, now, check.cost, limits)
                     .into_decision(check.policy.shared_name())
             })
@@ -316,7 +298,7 @@ impl MemoryStore {
     pub fn refund_now(&self, now: Timestamp, checks: &[Check<'_>]) {
         for check in checks {
             let hash = self.hash(check.key);
-            write(self.shard(hash)).refund(check.policy, hash, now, check.cost, check.permit);
+            self.shard(hash).write().refund(check.policy, hash, now, check.cost, check.permit);
         }
     }
 
@@ -328,7 +310,7 @@ impl MemoryStore {
             if let crate::Quota::Concurrency(_) = check.policy.quota() {
                 let hash = self.hash(check.key);
                 let released =
-                    write(self.shard(hash)).release_permit(check.policy, hash, now, check.permit);
+                    self.shard(hash).write().release_permit(check.policy, hash, now, check.permit);
                 held += u32::from(released);
             }
         }
@@ -349,8 +331,8 @@ impl MemoryStore {
     }
 
     #[inline]
-    fn shard(&self, hash: u64) -> &ShardedLock<Shard> {
-        &self.inner.shards[self.shard_index(hash)].0
+    fn shard(&self, hash: u64) -> Lock<'_, Shard> {
+        self.inner.shards.lock(self.shard_index(hash))
     }
 }
 
@@ -446,13 +428,13 @@ fn random_key() -> (u64, u64) {
 #[cold]
 #[inline(never)]
 fn decide_exclusive(
-    lock: &ShardedLock<Shard>,
+    lock: Lock<'_, Shard>,
     now: Timestamp,
     check: &Check<'_>,
     hash: u64,
     limits: Limits,
 ) -> Verdict {
-    write(lock)
+    lock.write()
         .step(
             check.policy,
             hash,
@@ -468,8 +450,8 @@ fn decide_exclusive(
 /// Brings the shard's logs back within their budget, keeping `hash`'s.
 #[cold]
 #[inline(never)]
-fn trim_logs(lock: &ShardedLock<Shard>, now: Timestamp, limits: Limits, hash: u64) {
-    write(lock).trim_logs(now, limits, hash);
+fn trim_logs(lock: Lock<'_, Shard>, now: Timestamp, limits: Limits, hash: u64) {
+    lock.write().trim_logs(now, limits, hash);
 }
 
 #[cfg(test)]

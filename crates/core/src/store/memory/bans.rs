@@ -19,7 +19,8 @@ use smallvec::SmallVec;
 use super::batch::guard_for;
 use super::key_hash::KeyMap;
 use super::shard::{Limits, Mode, Shard, Shared};
-use super::{MemoryStore, read, trim_logs, write};
+use super::shard_lock::WriteGuard;
+use super::{MemoryStore, trim_logs};
 use crate::store::snapshot::{Cursor, Put, SnapshotError, corrupt};
 use crate::{Ban, BanRecord, BanState, Check, Decision, Decisions, Timestamp, Verdict};
 
@@ -220,7 +221,7 @@ impl MemoryStore {
         let lock = self.shard(hash);
         let limits = self.inner.limits;
         let decided = {
-            let shard = read(lock);
+            let shard = lock.read();
             if let Some(until) = shard.bans.refuse(name, hash, now_us) {
                 return Ban::banned_decision(name, limit, now_us, until);
             }
@@ -239,7 +240,7 @@ impl MemoryStore {
         {
             return d;
         }
-        let mut shard = write(lock);
+        let mut shard = lock.write();
         let denied = match decided {
             Some(d) => d,
             None => {
@@ -271,7 +272,7 @@ impl MemoryStore {
     pub fn bans_now(&self, now: Timestamp) -> Vec<BanRecord> {
         let mut out = Vec::new();
         for shard in self.inner.shards.iter() {
-            read(&shard.0).bans.list(now.as_micros(), &mut out);
+            shard.read().bans.list(now.as_micros(), &mut out);
         }
         out
     }
@@ -279,7 +280,7 @@ impl MemoryStore {
     /// Lifts a ban (see [`Store::lift_ban`](crate::Store::lift_ban)).
     pub fn lift_ban_now(&self, now: Timestamp, policy: &str, key: &[u8]) -> bool {
         let hash = self.hash(key);
-        write(self.shard(hash))
+        self.shard(hash).write()
             .bans
             .lift(policy, hash, now.as_micros())
     }
@@ -302,10 +303,7 @@ fn counted_decision(
 /// A batch's checks of policies with a ban, under the batch's exclusive locks: whether each
 /// is banned before anything is decided (`None`: not banned, or no ban).
 pub(super) fn banned_before(
-    guards: &mut [(
-        usize,
-        crossbeam_utils::sync::ShardedLockWriteGuard<'_, Shard>,
-    )],
+    guards: &mut [(usize, WriteGuard<'_, Shard>)],
     store: &MemoryStore,
     checks: &[Check<'_>],
     hashes: &[u64],
@@ -327,10 +325,7 @@ pub(super) fn banned_before(
 /// policy with a ban counted (and answered as the ban it may start).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn settle_bans(
-    guards: &mut [(
-        usize,
-        crossbeam_utils::sync::ShardedLockWriteGuard<'_, Shard>,
-    )],
+    guards: &mut [(usize, WriteGuard<'_, Shard>)],
     store: &MemoryStore,
     checks: &[Check<'_>],
     hashes: &[u64],

@@ -1,10 +1,10 @@
 //! Several checks decided at once, all-or-nothing (a request under several policies).
 
-use crossbeam_utils::sync::ShardedLockWriteGuard;
 use smallvec::SmallVec;
 
 use super::shard::{Mode, Shard, Undo};
-use super::{MemoryStore, bans, write};
+use super::shard_lock::WriteGuard;
+use super::{MemoryStore, bans};
 use crate::{Check, Decisions, Timestamp, Verdict};
 
 impl MemoryStore {
@@ -17,9 +17,9 @@ impl MemoryStore {
             hashes.iter().map(|&h| self.shard_index(h)).collect();
         indexes.sort_unstable();
         indexes.dedup();
-        let mut guards: SmallVec<[(usize, ShardedLockWriteGuard<'_, Shard>); 4]> = indexes
+        let mut guards: SmallVec<[(usize, WriteGuard<'_, Shard>); 4]> = indexes
             .iter()
-            .map(|&i| (i, write(&self.inner.shards[i].0)))
+            .map(|&i| (i, self.inner.shards.write(i)))
             .collect();
         let limits = self.inner.limits;
         let mut verdicts: SmallVec<[Verdict; 4]> = SmallVec::new();
@@ -104,7 +104,7 @@ impl MemoryStore {
 
 /// The shard at `index` among a batch's exclusive locks, sorted by index.
 pub(super) fn guard_for<'g, 's>(
-    guards: &'g mut [(usize, ShardedLockWriteGuard<'s, Shard>)],
+    guards: &'g mut [(usize, WriteGuard<'s, Shard>)],
     index: usize,
 ) -> &'g mut Shard {
     let position = guards.partition_point(|(i, _)| *i < index);

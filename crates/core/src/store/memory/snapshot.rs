@@ -18,7 +18,7 @@ use super::bans::RestoredBan;
 use super::packing::Slot;
 use super::quota_codec;
 use super::shard::Restored;
-use super::{MemoryStore, MemoryStoreBuilder, write};
+use super::{MemoryStore, MemoryStoreBuilder};
 use crate::store::snapshot::{Cursor, Put, SnapshotError, corrupt, read_frame, write_frame};
 use crate::{Quota, Timestamp};
 
@@ -63,7 +63,7 @@ impl MemoryStore {
         for shard in self.inner.shards.iter() {
             // Copied under the shared lock, written after it is released.
             let n = {
-                let shard = super::read(&shard.0);
+                let shard = shard.read();
                 total += shard.export(now.as_micros(), &mut chunks);
                 records.clear();
                 shard.bans.export(now.as_micros(), &mut records)
@@ -148,7 +148,7 @@ impl MemoryStore {
         for _ in 0..n {
             if let Some(ban) = RestoredBan::read(&mut c, now.as_micros())? {
                 let policy = crate::policy::intern(&ban.policy);
-                if write(self.shard(ban.hash)).bans.restore(ban, policy, cap) {
+                if self.shard(ban.hash).write().bans.restore(ban, policy, cap) {
                     counts.bans += 1;
                 }
             }
@@ -209,11 +209,11 @@ impl MemoryStore {
         }
         for (i, &k) in per_shard.iter().enumerate() {
             if k > 0 {
-                write(&self.inner.shards[i].0).reserve(fingerprint, quota, k);
+                self.inner.shards.write(i).reserve(fingerprint, quota, k);
             }
         }
         for (hash, entry) in entries {
-            if write(self.shard(hash)).restore(fingerprint, quota, hash, entry, now, limits) {
+            if self.shard(hash).write().restore(fingerprint, quota, hash, entry, now, limits) {
                 counts.restored += 1;
             } else {
                 counts.expired += 1;
