@@ -103,6 +103,64 @@ fn many_keys_many_threads_each_key_exact() -> Result<(), Box<dyn std::error::Err
     Ok(())
 }
 
+/// Known keys decided under the shared lock stay exact while other threads take their shards
+/// exclusively: a thread adding fresh keys (the tables grow under the exclusive lock, and move
+/// every word), one sweeping, and one deciding batches. Twenty deciding threads, more than the
+/// shard locks have per-thread slots, so some read at the gate instead.
+#[test]
+fn known_keys_stay_exact_while_tables_grow_and_sweep() -> Result<(), Box<dyn std::error::Error>> {
+    let store = MemoryStore::builder().shards(4).build();
+    let policy = Policy::new("k", Quota::token_bucket(1_000, "1/h".parse()?)?)?;
+    let other = Policy::new(
+        "other",
+        Quota::fixed_window(1_000_000, Duration::from_secs(60))?,
+    )?;
+    let admitted: Vec<AtomicU64> = (0..16).map(|_| AtomicU64::new(0)).collect();
+    thread::scope(|scope| {
+        for t in 0..20_u64 {
+            let (store, policy, admitted) = (&store, &policy, &admitted);
+            scope.spawn(move || {
+                for i in 0..2_000_u64 {
+                    let k = ((i + t) % 16) as usize;
+                    let key = format!("hot-{k}");
+                    let d = store.apply_now(NOW, &[Check::new(policy, key.as_bytes(), 1)]);
+                    admitted[k].fetch_add(u64::from(d.allowed()), Ordering::Relaxed);
+                }
+            });
+        }
+        let (store, policy, other) = (&store, &policy, &other);
+        scope.spawn(move || {
+            for i in 0..60_000_u64 {
+                store.apply_now(NOW, &[Check::new(policy, &i.to_le_bytes(), 1)]);
+            }
+        });
+        scope.spawn(move || {
+            for _ in 0..200 {
+                store.purge_expired(NOW);
+                thread::yield_now();
+            }
+        });
+        scope.spawn(move || {
+            for i in 0..5_000_u64 {
+                let key = (i % 100).to_le_bytes();
+                store.apply_now(
+                    NOW,
+                    &[Check::new(other, &key, 1), Check::new(other, b"b", 1)],
+                );
+            }
+        });
+    });
+    for (k, a) in admitted.iter().enumerate() {
+        assert_eq!(a.load(Ordering::Relaxed), 1_000, "key {k}");
+    }
+    // The fresh keys all landed too: each has spent one of its thousand.
+    for i in [0_u64, 29_999, 59_999] {
+        let d = store.apply_now(NOW, &[Check::new(&policy, &i.to_le_bytes(), 0)]);
+        assert_eq!(d.as_slice()[0].remaining, 999, "fresh key {i}");
+    }
+    Ok(())
+}
+
 #[test]
 fn opposite_order_batches_neither_deadlock_nor_over_admit() -> Result<(), Box<dyn std::error::Error>>
 {

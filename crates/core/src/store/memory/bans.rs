@@ -280,7 +280,8 @@ impl MemoryStore {
     /// Lifts a ban (see [`Store::lift_ban`](crate::Store::lift_ban)).
     pub fn lift_ban_now(&self, now: Timestamp, policy: &str, key: &[u8]) -> bool {
         let hash = self.hash(key);
-        self.shard(hash).write()
+        self.shard(hash)
+            .write()
             .bans
             .lift(policy, hash, now.as_micros())
     }

@@ -213,7 +213,11 @@ impl MemoryStore {
             }
         }
         for (hash, entry) in entries {
-            if self.shard(hash).write().restore(fingerprint, quota, hash, entry, now, limits) {
+            if self
+                .shard(hash)
+                .write()
+                .restore(fingerprint, quota, hash, entry, now, limits)
+            {
                 counts.restored += 1;
             } else {
                 counts.expired += 1;
