@@ -11,7 +11,9 @@
 //!
 //! Threads get rows in turn, so threads that outnumber the rows share some. A reader whose slot
 //! is taken (by a thread that shares its row, or by a writer) reads under the gate instead, as
-//! an ordinary reader-writer lock does, and waits there for a writer without spinning.
+//! an ordinary reader-writer lock does, and waits there for a writer without spinning. So does
+//! a reader that finds a writer waiting for the slots: readers that keep taking their slot back
+//! would otherwise keep a writer out for as long as they run.
 //!
 //! Like `std`'s locks, neither side is reentrant: a thread that holds a shard must not lock it
 //! again.
@@ -22,7 +24,7 @@
 
 use std::cell::{Cell, UnsafeCell};
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A slot nobody holds.
@@ -45,6 +47,8 @@ struct Padded<T>(T);
 #[derive(Debug)]
 struct Guarded<T> {
     gate: RwLock<()>,
+    /// A writer holds the gate and is taking the slots: new readers go to the gate.
+    writing: AtomicBool,
     value: UnsafeCell<T>,
 }
 
@@ -75,6 +79,7 @@ impl<T> ShardLocks<T> {
             .map(|value| {
                 Padded(Guarded {
                     gate: RwLock::new(()),
+                    writing: AtomicBool::new(false),
                     value: UnsafeCell::new(value),
                 })
             })
@@ -112,10 +117,13 @@ impl<T> ShardLocks<T> {
     pub(super) fn read(&self, index: usize) -> ReadGuard<'_, T> {
         let shard = &self.shards[index].0;
         let slot = &self.slots[(thread_row() & (self.rows - 1)) * self.stride + index];
-        // Acquire: what the last writer did is seen here (it released the slot after).
-        if slot
-            .compare_exchange(IDLE, READING, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
+        // Acquire: what the last writer did is seen here (it released the slot after). The flag
+        // is a courtesy to writers, not what keeps them out: a reader that missed it holds its
+        // slot, and the writer waits for it.
+        if !shard.writing.load(Ordering::Relaxed)
+            && slot
+                .compare_exchange(IDLE, READING, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
         {
             return ReadGuard {
                 value: &shard.value,
@@ -141,6 +149,7 @@ impl<T> ShardLocks<T> {
     pub(super) fn write(&self, index: usize) -> WriteGuard<'_, T> {
         let shard = &self.shards[index].0;
         let gate = shard.gate.write().unwrap_or_else(PoisonError::into_inner);
+        shard.writing.store(true, Ordering::Relaxed);
         let slots = (0..self.rows).map(|row| &self.slots[row * self.stride + index]);
         for slot in slots.clone() {
             let mut spins = 0_u32;
@@ -261,6 +270,10 @@ impl<T> Drop for WriteGuard<'_, T> {
             // Release: what was written here is seen by the next reader of each slot.
             locks.slots[row * locks.stride + self.index].store(IDLE, Ordering::Release);
         }
+        locks.shards[self.index]
+            .0
+            .writing
+            .store(false, Ordering::Relaxed);
     }
 }
 
@@ -336,6 +349,42 @@ mod tests {
         }
         assert_eq!(written, writes, "every write landed");
         assert_eq!(read, threads as u64 * 20_000 - writes, "every read ran");
+    }
+
+    /// Readers that take their slot back as soon as they give it up do not keep a writer out.
+    /// Each reader stops after a budget of reads; the writer must be done before they have used
+    /// it. (On two cores the scheduler lets the writer in even without the `writing` flag; the
+    /// flag is for machines with a core per reader.)
+    #[test]
+    fn a_writer_gets_in_while_readers_hammer_the_shard() {
+        const READS: u64 = 2_000_000;
+        let locks = ShardLocks::new([0_u64]);
+        let done = AtomicBool::new(false);
+        let reads_when_done = std::thread::scope(|s| {
+            let readers: Vec<_> = (0..3)
+                .map(|_| {
+                    let (locks, done) = (&locks, &done);
+                    s.spawn(move || {
+                        let mut reads = 0_u64;
+                        while !done.load(Ordering::Relaxed) && reads < READS {
+                            std::hint::black_box(*locks.read(0));
+                            reads += 1;
+                        }
+                        reads
+                    })
+                })
+                .collect();
+            for _ in 0..100 {
+                *locks.write(0) += 1;
+            }
+            done.store(true, Ordering::Relaxed);
+            readers.into_iter().map(|r| r.join().unwrap_or(READS)).max()
+        });
+        assert_eq!(*locks.read(0), 100);
+        assert!(
+            reads_when_done.is_some_and(|r| r < READS),
+            "the writer waited out the readers' whole budget"
+        );
     }
 
     #[test]
