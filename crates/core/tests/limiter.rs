@@ -234,13 +234,16 @@ impl tollgate::Store for Yielding {
 }
 
 /// `check_policy` with a policy resolved once decides exactly as `check` by name, on an
-/// immediate store and on one that waits, through admits, denials, refills, lockouts and
-/// errors.
+/// immediate store and on one that waits, and so do the synchronous `check_now` and
+/// `check_policy_now`, through admits, denials, refills, lockouts and errors.
 #[tokio::test]
-async fn check_policy_decides_as_check_by_name() -> Result<(), Box<dyn std::error::Error>> {
+async fn check_policy_and_the_synchronous_checks_decide_as_check_by_name()
+-> Result<(), Box<dyn std::error::Error>> {
     let clock = ManualClock::new(START);
     let by_name = limiter(&clock)?;
     let resolved = limiter(&clock)?;
+    let sync_by_name = limiter(&clock)?;
+    let sync_resolved = limiter(&clock)?;
     let policies: Vec<Policy> = limiter(&clock)?.policies().cloned().collect();
     let waiting = Limiter::builder()
         .store(Yielding(MemoryStore::new()))
@@ -260,8 +263,21 @@ async fn check_policy_decides_as_check_by_name() -> Result<(), Box<dyn std::erro
         let handle = resolved.policy(policy.name()).ok_or("policy")?;
         let got = resolved.check_policy(handle, &key, cost).await;
         let got_waiting = waiting.check_policy(policy, &key, cost).await;
+        let got_now = sync_by_name.check_now(policy.name(), &key, cost);
+        let handle = sync_resolved.policy(policy.name()).ok_or("policy")?;
+        let got_policy_now = sync_resolved.check_policy_now(handle, &key, cost);
         lockouts += usize::from(matches!(&expected, Ok(d) if d.ban.is_ban()));
         assert_eq!(format!("{got:?}"), format!("{expected:?}"), "step {step}");
+        assert_eq!(
+            format!("{got_now:?}"),
+            format!("{expected:?}"),
+            "step {step}"
+        );
+        assert_eq!(
+            format!("{got_policy_now:?}"),
+            format!("{expected:?}"),
+            "step {step}"
+        );
         assert_eq!(
             format!("{got_waiting:?}"),
             format!("{expected:?}"),

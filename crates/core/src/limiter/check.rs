@@ -1,6 +1,8 @@
 //! The future [`Limiter::check`](super::Limiter::check) returns: for a store that
 //! [is immediate](Store::is_immediate) (the memory store), a few words that decide on their first
-//! poll, with no state machine around them; for the others, an `async` block.
+//! poll, with no state machine around them; for the others, an `async` block. And the memory
+//! store's synchronous checks, [`Limiter::check_now`](super::Limiter::check_now), which are the
+//! same decision without the future.
 //!
 //! Why not just an `async fn`: its state machine holds the arguments, the store's future and
 //! the decision in flight, and converts the store's result into the limiter's, which cost about
@@ -14,7 +16,7 @@ use pin_project_lite::pin_project;
 
 use super::Limiter;
 use crate::store::Store;
-use crate::{Check, Clock, Decision, Error, Policy, StoreError, Timestamp};
+use crate::{Check, Clock, Decision, Error, MemoryStore, Policy, StoreError, Timestamp};
 
 /// The policy a check is against: by name, or resolved beforehand
 /// ([`Limiter::check_policy`](super::Limiter::check_policy)). One decision function takes
@@ -97,6 +99,51 @@ where
             }
             CheckProjection::Deferred { future } => poll_deferred(future, cx),
         }
+    }
+}
+
+/// Synchronous checks, for the memory store: it never waits, so code that is not async (or that
+/// is, but has no reason to go through a future) decides without an executor.
+impl<C: Clock> Limiter<MemoryStore, C> {
+    /// [`check`](Limiter::check), decided on the spot: the same decision, with no future to
+    /// poll and no executor to poll it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Limiter, Policy, Quota};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::new("api", Quota::sliding_window_counter(2, Duration::from_secs(60))?)?)
+    ///     .build()?;
+    /// assert!(limiter.check_now("api", "customer-42", 1)?.allowed);
+    /// assert!(limiter.check_now("api", "customer-42", 1)?.allowed);
+    /// let third = limiter.check_now("api", "customer-42", 1)?;
+    /// assert!(!third.allowed);
+    /// assert!(third.retry_after.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[inline]
+    pub fn check_now(
+        &self,
+        policy: &str,
+        key: impl AsRef<[u8]>,
+        cost: u32,
+    ) -> Result<Decision, Error> {
+        decide_now(self, &Target::Name(policy), key.as_ref(), cost)
+    }
+
+    /// [`check_policy`](Limiter::check_policy), decided on the spot (see
+    /// [`check_now`](Self::check_now)).
+    #[inline]
+    pub fn check_policy_now(
+        &self,
+        policy: &Policy,
+        key: impl AsRef<[u8]>,
+        cost: u32,
+    ) -> Result<Decision, Error> {
+        decide_now(self, &Target::Policy(policy), key.as_ref(), cost)
     }
 }
 
