@@ -1,13 +1,14 @@
 //! The shards' reader-writer locks, built so that a reader pays one atomic instruction.
 //!
-//! A known key is decided under its shard's shared lock, and the locked instructions of a
-//! check are what its time goes to: with 100,000 keys on one thread, `perf annotate` of
-//! `benches/check.rs` put about 40% of it on three of them, to take a read lock, to decide the
-//! key's word by compare-and-swap, and to release the read lock. A reader-writer lock counts
-//! its readers, so releasing one is a read-modify-write too. Here a reader does not count:
-//! each thread has a slot per shard (its *row*), which it takes from idle to reading with one
-//! compare-and-swap and gives back with a plain store, as only its holder can release it. A
-//! writer takes the shard's gate, a `std` lock, and then every row's slot of the shard.
+//! A known key is decided under its shard's shared lock. A reader-writer lock counts its
+//! readers, so taking and releasing it are two locked read-modify-writes, on top of the one
+//! that decides the key's word; `perf annotate` of `benches/check.rs` put about 40% of a
+//! check's samples on those three. Here a reader does not count, which made a check of one hot
+//! key about a fifth faster and one over 100,000 keys about a tenth (`benches/check.rs`,
+//! against the `crossbeam` `ShardedLock` it replaces): each thread has a slot per shard (its
+//! *row*), which it takes from idle to reading with one compare-and-swap and gives back with a
+//! plain store, as only its holder can release it. A writer takes the shard's gate, a `std`
+//! lock, and then every row's slot of the shard.
 //!
 //! Threads get rows in turn, so threads that outnumber the rows share some. A reader whose slot
 //! is taken (by a thread that shares its row, or by a writer) reads under the gate instead, as
