@@ -7,9 +7,10 @@
 # under target/, for the Envoy test's Python gRPC client; nginx, Caddy and Traefik for the
 # forward-auth recipes; faketime for the calendar tests; cargo-deb for the Debian package test; chromium for the replay report's
 # and the dashboard's browser tests; podman and runc for the container image's tests;
-# kubernetes-validate, in a virtual environment under target/, for the Kubernetes manifests),
-# then runs every test, example and benchmark build of the workspace, and the doc tests. No test
-# installs anything itself.
+# kubernetes-validate, in a virtual environment under target/, for the Kubernetes manifests;
+# the nightly toolchain's Miri, with rustup, for the memory store's lock), then runs every test,
+# example and benchmark build of the workspace, the doc tests, and the lock's tests under Miri.
+# No test installs anything itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -98,6 +99,13 @@ if [ "$("$k8s_venv/bin/kubernetes-validate" --version 2>/dev/null)" != "1.37.0" 
   "$k8s_venv/bin/pip" install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
 fi
 
+# Miri for the tests of the memory store's shard lock, the workspace's one module of unsafe
+# code (run at the end).
+if ! cargo +nightly miri --version >/dev/null 2>&1; then
+  echo "installing: the nightly toolchain with miri (rustup)"
+  rustup toolchain install nightly --profile minimal --component miri,rust-src
+fi
+
 # The container image holds the release build, the one users get: only it fits the image's
 # 30 MB bound with room (20 MB; the dev build makes 42 MB, 29.9 MB stripped bare). Built here,
 # before the tests, so that crates/cli/tests/image.rs (whose scripts/image.sh then finds it up
@@ -110,3 +118,6 @@ cargo test --workspace --doc
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # rediss:// against a TLS redis-server with a private CA (openssl): the `tls` feature.
 cargo test -p tollgate-redis --features tls --test tls
+# The shard lock's tests under Miri, which checks every access they make for data races and
+# undefined behaviour, over several thread schedules (a weakened ordering fails here).
+MIRIFLAGS="-Zmiri-many-seeds=0..4" cargo +nightly miri test -p tollgate --lib shard_lock
