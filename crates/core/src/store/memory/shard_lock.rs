@@ -314,7 +314,11 @@ mod tests {
 
     #[test]
     fn readers_never_see_a_write_in_progress_and_writers_lose_nothing() {
-        let threads = if cfg!(miri) { MAX_ROWS + 2 } else { 3 * MAX_ROWS / 2 };
+        let threads = if cfg!(miri) {
+            MAX_ROWS + 2
+        } else {
+            3 * MAX_ROWS / 2
+        };
         let locks = ShardLocks::new((0..3).map(|_| Pair::default()));
         let torn = AtomicU64::new(0);
         std::thread::scope(|s| {
