@@ -6,10 +6,11 @@
 #      decision admitted with the state kept (admit), admitted with each key's quota back by
 #      its next visit (renew: buckets only), or denied (deny); String API keys and u64 keys.
 #      Prints the ratios (governor's time / Tollgate's in each round, where they ran side by
-#      side: their median, and their middle half; above 1.00 Tollgate is faster), for the token bucket (and the token bucket
-#      through Limiter::check_policy, its policy resolved once) and the lowest of every
-#      algorithm against governor's token bucket, by wall time and by the CPU time the threads
-#      used (which background load on a shared machine inflates far less);
+#      side: their median, and their middle half; above 1.00 Tollgate is faster), for the
+#      token bucket (also through Limiter::check_policy, its policy resolved once, and through
+#      the synchronous Limiter::check_now) and the lowest of every algorithm against governor's
+#      token bucket, by wall time and by the CPU time the threads used (which background load
+#      on a shared machine inflates far less);
 #   2. bytes per tracked key at 1,000,000 keys, Tollgate and governor (benches/memory_per_key.rs).
 # Usage: scripts/bench-core.sh            (TOLLGATE_BENCH_ROUNDS, TOLLGATE_BENCH_OPS as in check.rs)
 set -euo pipefail
@@ -44,7 +45,8 @@ def cell(table, keys, shape, threads, mode, alg):
     return "%.2f (%.2f-%.2f)" % r
 for table, what in ((wall, "wall time"), (cpu, "CPU time of the threads")):
     for alg, label in (("token_bucket", "Limiter::check"),
-                       ("token_bucket_resolved", "Limiter::check_policy, policy resolved once")):
+                       ("token_bucket_resolved", "Limiter::check_policy, policy resolved once"),
+                       ("token_bucket_now", "Limiter::check_now, synchronous")):
         print("\nToken bucket through %s: governor's time / Tollgate's by %s, median over the "
               "rounds (middle half); above 1.00 Tollgate is faster" % (label, what))
         for shape in ("String", "u64"):

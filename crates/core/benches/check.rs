@@ -32,7 +32,8 @@
 //! and thread, default 100,000) set the length; `TOLLGATE_BENCH_ONLY=token_bucket` runs one
 //! algorithm (and governor); `TOLLGATE_BENCH_KEYS=seq,rnd`, `TOLLGATE_BENCH_MODES=renew` and
 //! `TOLLGATE_BENCH_SHAPES=u64` pick scenarios. `token_bucket_resolved` is the token bucket through
-//! `Limiter::check_policy`, with the policy resolved once instead of looked up by name.
+//! `Limiter::check_policy`, with the policy resolved once instead of looked up by name, and
+//! `token_bucket_now` through `Limiter::check_now`, synchronous as governor's `check_key` is.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -247,6 +248,31 @@ type Op = Box<dyn Fn(usize, u64) + Sync>;
 /// lookup of `check` costs.
 const RESOLVED: &str = "token_bucket_resolved";
 
+/// The token bucket through `Limiter::check_now`: the same check with no future to poll.
+const SYNC: &str = "token_bucket_now";
+
+fn sync_op(
+    limiter: Tollgate,
+    name: &'static str,
+    strings: bool,
+    names: &Arc<Vec<String>>,
+    pick: impl Fn(usize, u64) -> usize + Copy + Send + Sync + 'static,
+) -> Op {
+    if strings {
+        let names = Arc::clone(names);
+        Box::new(move |t, i| {
+            let d = limiter.check_now(name, &names[pick(t, i)], 1);
+            black_box(d.map(|d| d.allowed).unwrap_or(false));
+        })
+    } else {
+        Box::new(move |t, i| {
+            let key = (pick(t, i) as u64).to_le_bytes();
+            let d = limiter.check_now(name, key, 1);
+            black_box(d.map(|d| d.allowed).unwrap_or(false));
+        })
+    }
+}
+
 fn resolved_op(
     limiter: &Tollgate,
     name: &str,
@@ -285,7 +311,8 @@ fn contenders(
     for (name, quota) in quotas(mode) {
         let plain = only.is_none_or(|o| o == name);
         let resolved = name == "token_bucket" && only.is_none_or(|o| o == RESOLVED);
-        if !plain && !resolved {
+        let sync = name == "token_bucket" && only.is_none_or(|o| o == SYNC);
+        if !plain && !resolved && !sync {
             continue;
         }
         // Each contender its own store (one shared by two would find its data in cache after
@@ -307,6 +334,9 @@ fn contenders(
                 RESOLVED,
                 resolved_op(&seeded(), name, strings, &names, pick),
             ));
+        }
+        if sync {
+            out.push((SYNC, sync_op(seeded(), name, strings, &names, pick)));
         }
         if !plain {
             continue;
