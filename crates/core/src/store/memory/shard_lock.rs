@@ -110,12 +110,18 @@ impl<T> ShardLocks<T> {
         (0..self.len()).map(|index| self.lock(index))
     }
 
+    /// Row `row`'s slot of shard `index`.
+    #[inline(always)]
+    fn slot(&self, row: usize, index: usize) -> &AtomicU8 {
+        &self.slots[row * self.stride + index]
+    }
+
     /// Locks shard `index` for reading: one compare-and-swap on this thread's slot, or the gate
     /// if the slot is taken.
     #[inline(always)]
     pub(super) fn read(&self, index: usize) -> ReadGuard<'_, T> {
         let shard = &self.shards[index].0;
-        let slot = &self.slots[(thread_row() & (self.rows - 1)) * self.stride + index];
+        let slot = self.slot(thread_row() & (self.rows - 1), index);
         // Acquire: what the last writer did is seen here (it released the slot after). The flag
         // is a courtesy to writers, not what keeps them out: a reader that missed it holds its
         // slot, and the writer waits for it.
@@ -149,8 +155,8 @@ impl<T> ShardLocks<T> {
         let shard = &self.shards[index].0;
         let gate = shard.gate.write().unwrap_or_else(PoisonError::into_inner);
         shard.writing.store(true, Ordering::Relaxed);
-        let slots = (0..self.rows).map(|row| &self.slots[row * self.stride + index]);
-        for slot in slots.clone() {
+        for row in 0..self.rows {
+            let slot = self.slot(row, index);
             let mut spins = 0_u32;
             // Acquire: what the slot's last reader read happened before what is written here.
             while slot
@@ -167,7 +173,7 @@ impl<T> ShardLocks<T> {
             }
         }
         WriteGuard {
-            value: &shard.value,
+            shard,
             locks: self,
             index,
             _gate: gate,
@@ -239,7 +245,7 @@ impl<T> Drop for ReadGuard<'_, T> {
 
 /// A shard locked for writing.
 pub(super) struct WriteGuard<'a, T> {
-    value: &'a UnsafeCell<T>,
+    shard: &'a Guarded<T>,
     locks: &'a ShardLocks<T>,
     index: usize,
     // Dropped after `drop` below has given back the slots.
@@ -251,28 +257,26 @@ impl<T> Deref for WriteGuard<'_, T> {
 
     fn deref(&self) -> &T {
         // SAFETY: the writer holds the shard alone.
-        unsafe { &*self.value.get() }
+        unsafe { &*self.shard.value.get() }
     }
 }
 
 impl<T> DerefMut for WriteGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: the writer holds the shard alone, and this guard is borrowed mutably.
-        unsafe { &mut *self.value.get() }
+        unsafe { &mut *self.shard.value.get() }
     }
 }
 
 impl<T> Drop for WriteGuard<'_, T> {
     fn drop(&mut self) {
-        let locks = self.locks;
-        for row in 0..locks.rows {
+        for row in 0..self.locks.rows {
             // Release: what was written here is seen by the next reader of each slot.
-            locks.slots[row * locks.stride + self.index].store(IDLE, Ordering::Release);
+            self.locks
+                .slot(row, self.index)
+                .store(IDLE, Ordering::Release);
         }
-        locks.shards[self.index]
-            .0
-            .writing
-            .store(false, Ordering::Relaxed);
+        self.shard.writing.store(false, Ordering::Relaxed);
     }
 }
 
