@@ -11,7 +11,11 @@
 #      the synchronous Limiter::check_now) and the lowest of every algorithm against governor's
 #      token bucket, by wall time and by the CPU time the threads used (which background load
 #      on a shared machine inflates far less);
-#   2. bytes per tracked key at 1,000,000 keys, Tollgate and governor (benches/memory_per_key.rs).
+#   2. what the way of calling costs (benches/calling.rs): the token bucket through
+#      Limiter::check_now, Limiter::check polled once, check(..).await under a tokio runtime and
+#      futures' block_on around each check, against governor, on one hot key and on 100,000
+#      String keys in order;
+#   3. bytes per tracked key at 1,000,000 keys, Tollgate and governor (benches/memory_per_key.rs).
 # Usage: scripts/bench-core.sh            (TOLLGATE_BENCH_ROUNDS, TOLLGATE_BENCH_OPS as in check.rs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,5 +71,7 @@ for table, what in ((wall, "wall time"), (cpu, "CPU time of the threads")):
             cells.append(" / ".join(lows))
         print("%-26s %22s %22s" % (alg, *cells))
 PY
+echo
+cargo bench -q -p tollgate --bench calling
 echo
 cargo bench -q -p tollgate --bench memory_per_key 2>/dev/null | tail -8

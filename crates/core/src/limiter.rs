@@ -263,7 +263,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         if self.inner.store.is_immediate() {
             CheckFuture::immediate(self, Target::Name(policy), key, cost)
         } else {
-            CheckFuture::deferred(self.check_deferred(policy, key, cost))
+            CheckFuture::deferred(self, self.check_deferred(policy, key, cost))
         }
     }
 
@@ -280,7 +280,7 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         if self.inner.store.is_immediate() {
             CheckFuture::immediate(self, Target::Policy(policy), key, cost)
         } else {
-            CheckFuture::deferred(self.check_policy_deferred(policy, key, cost))
+            CheckFuture::deferred(self, self.check_policy_deferred(policy, key, cost))
         }
     }
 

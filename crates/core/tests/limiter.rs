@@ -1,6 +1,8 @@
 //! The `Limiter` API: check, check_all, acquire (waiting for a leaky-bucket slot, refusing past
 //! the bound, giving the slot back when abandoned) and its errors.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tollgate::{
@@ -231,6 +233,79 @@ impl tollgate::Store for Yielding {
         tokio::task::yield_now().await;
         Ok(self.0.release_now(now, checks))
     }
+}
+
+/// A store that says it is immediate only after a check began (no store should): the check
+/// ends in a store error rather than waiting for ever.
+struct Fickle {
+    store: Yielding,
+    immediate: Arc<AtomicBool>,
+}
+
+impl tollgate::Store for Fickle {
+    fn is_immediate(&self) -> bool {
+        self.immediate.load(Ordering::Relaxed)
+    }
+
+    async fn apply(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> Result<tollgate::Decisions, tollgate::StoreError> {
+        self.store.apply(now, checks).await
+    }
+
+    async fn charge(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> Result<tollgate::Decisions, tollgate::StoreError> {
+        self.store.charge(now, checks).await
+    }
+
+    async fn refund(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> Result<(), tollgate::StoreError> {
+        self.store.refund(now, checks).await
+    }
+
+    async fn release(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> Result<u32, tollgate::StoreError> {
+        self.store.release(now, checks).await
+    }
+}
+
+#[tokio::test]
+async fn a_store_that_turns_immediate_during_a_check_fails_it()
+-> Result<(), Box<dyn std::error::Error>> {
+    let immediate = Arc::new(AtomicBool::new(false));
+    let limiter = Limiter::builder()
+        .store(Fickle {
+            store: Yielding(MemoryStore::new()),
+            immediate: Arc::clone(&immediate),
+        })
+        .policy(Policy::new("api", Quota::token_bucket(2, "1/s".parse()?)?)?)
+        .build()?;
+    assert!(limiter.check("api", "k", 1).await?.allowed);
+    let check = limiter.check("api", "k", 1);
+    immediate.store(true, Ordering::Relaxed);
+    match check.await {
+        Err(error) => {
+            assert!(matches!(error.kind(), ErrorKind::Store(_)), "{error}");
+            assert!(error.to_string().contains("immediate"), "{error}");
+        }
+        Ok(decision) => panic!("decided {decision:?}"),
+    }
+    // The failed check took nothing: the bucket of two has one left.
+    immediate.store(false, Ordering::Relaxed);
+    assert!(limiter.check("api", "k", 1).await?.allowed);
+    assert!(!limiter.check("api", "k", 1).await?.allowed);
+    Ok(())
 }
 
 /// `check_policy` with a policy resolved once decides exactly as `check` by name, on an

@@ -11,12 +11,13 @@
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
 use super::Limiter;
 use crate::store::Store;
-use crate::{Check, Clock, Decision, Error, MemoryStore, Policy, StoreError, Timestamp};
+use crate::{BanStatus, Check, Clock, Decision, Error, MemoryStore, Policy, StoreError, Timestamp};
 
 /// The policy a check is against: by name, or resolved beforehand
 /// ([`Limiter::check_policy`](super::Limiter::check_policy)). One decision function takes
@@ -41,6 +42,7 @@ pin_project! {
         },
         /// Any other store.
         Deferred {
+            limiter: &'a Limiter<S, C>,
             #[pin]
             future: F,
         },
@@ -66,8 +68,8 @@ impl<'a, S, C, K, F> CheckFuture<'a, S, C, K, F> {
     }
 
     /// Awaits `future`.
-    pub(super) fn deferred(future: F) -> Self {
-        CheckFuture::Deferred { future }
+    pub(super) fn deferred(limiter: &'a Limiter<S, C>, future: F) -> Self {
+        CheckFuture::Deferred { limiter, future }
     }
 }
 
@@ -95,9 +97,19 @@ where
                     return Poll::Pending;
                 }
                 *done = true;
-                Poll::Ready(decide_now(limiter, policy, key.as_ref(), *cost))
+                Poll::Ready(
+                    decide_now(limiter, policy, key.as_ref(), *cost).map(Reordered::into_decision),
+                )
             }
-            CheckProjection::Deferred { future } => poll_deferred(future, cx),
+            CheckProjection::Deferred { limiter, future } => {
+                // Never true of a store that keeps its word: `check` chose this variant because
+                // the store was not immediate. Asking lets the compiler drop the arm for the
+                // memory store, which keeps this poll small enough for callers to inline.
+                if limiter.store().is_immediate() {
+                    return Poll::Ready(Err(changed_its_mind()));
+                }
+                poll_deferred(future, cx)
+            }
         }
     }
 }
@@ -131,7 +143,7 @@ impl<C: Clock> Limiter<MemoryStore, C> {
         key: impl AsRef<[u8]>,
         cost: u32,
     ) -> Result<Decision, Error> {
-        decide_now(self, &Target::Name(policy), key.as_ref(), cost)
+        decide_now(self, &Target::Name(policy), key.as_ref(), cost).map(Reordered::into_decision)
     }
 
     /// [`check_policy`](Limiter::check_policy), decided on the spot (see
@@ -143,7 +155,7 @@ impl<C: Clock> Limiter<MemoryStore, C> {
         key: impl AsRef<[u8]>,
         cost: u32,
     ) -> Result<Decision, Error> {
-        decide_now(self, &Target::Policy(policy), key.as_ref(), cost)
+        decide_now(self, &Target::Policy(policy), key.as_ref(), cost).map(Reordered::into_decision)
     }
 }
 
@@ -159,7 +171,8 @@ fn poll_deferred<F: Future>(future: Pin<&mut F>, cx: &mut Context<'_>) -> Poll<F
 /// breaks the promise gets a store error, as `is_immediate` says).
 ///
 /// Out of line, and not generic over the key: the future stays a few words that the caller's
-/// poll folds away, and the decision is built once, where the caller receives it.
+/// poll folds away. The decision comes back [reordered](Reordered), and the caller's inlined
+/// poll builds the `Decision` from it.
 ///
 /// The target comes by reference: by value it would be a seventh argument, passed on the stack
 /// (about 25 instructions more per check, callgrind).
@@ -169,16 +182,68 @@ fn decide_now<S: Store, C: Clock>(
     policy: &Target<'_>,
     key: &[u8],
     cost: u32,
-) -> Result<Decision, Error> {
+) -> Result<Reordered, Error> {
     let policy = match *policy {
         Target::Name(name) => limiter.require(name)?,
         Target::Policy(policy) => policy,
     };
     let (check, now) = limiter.prepare(policy, key, cost)?;
     if let Some(decision) = limiter.store().apply_one_immediately(now, &check) {
-        return Ok(decision);
+        return Ok(Reordered::of(decision));
     }
-    poll_once(limiter.store(), now, &check)
+    poll_once(limiter.store(), now, &check).map(Reordered::of)
+}
+
+/// A [`Decision`] with its fields in another order: how [`decide_now`] hands a decision back.
+///
+/// Why: callers copy what a future gives them (an executor returning a future's output, an
+/// `.await` keeping it). A value laid out as the `Decision` it becomes is copied whole, in
+/// 16-byte pieces, right after `decide_now` wrote it in 8-byte words, and the processor cannot
+/// forward such a read from its store buffer: it waits until the writes reach the cache. Built
+/// from another layout, the `Decision` is copied field by field, each read the size of its
+/// write. One hot key, `benches/calling.rs`: `check(..).await` under tokio went from 25 to 19
+/// ns, `futures::executor::block_on(check(..))` from 27 to 25 ns; a decision polled once and
+/// `check_now` are unchanged.
+#[repr(C)]
+struct Reordered {
+    policy: &'static str,
+    remaining: u64,
+    limit: u64,
+    delay: Option<Duration>,
+    retry_after: Option<Duration>,
+    reset: Duration,
+    ban: BanStatus,
+    allowed: bool,
+}
+
+impl Reordered {
+    #[inline(always)]
+    fn of(d: Decision) -> Reordered {
+        Reordered {
+            policy: d.policy,
+            remaining: d.remaining,
+            limit: d.limit,
+            delay: d.delay,
+            retry_after: d.retry_after,
+            reset: d.reset,
+            ban: d.ban,
+            allowed: d.allowed,
+        }
+    }
+
+    #[inline(always)]
+    fn into_decision(self) -> Decision {
+        Decision {
+            policy: self.policy,
+            allowed: self.allowed,
+            limit: self.limit,
+            remaining: self.remaining,
+            reset: self.reset,
+            retry_after: self.retry_after,
+            delay: self.delay,
+            ban: self.ban,
+        }
+    }
 }
 
 /// The check through the store's future, polled once: a check the store did not decide
@@ -195,9 +260,50 @@ fn poll_once<S: Store>(store: &S, now: Timestamp, check: &Check<'_>) -> Result<D
     }
 }
 
+/// A deferred check polled while its store says it is immediate.
+#[cold]
+fn changed_its_mind() -> Error {
+    Error::from(StoreError::Protocol {
+        reason: "a store that was not immediate when a check began says it is now".to_owned(),
+    })
+}
+
 #[cold]
 fn broken_promise() -> Error {
     Error::from(StoreError::Protocol {
         reason: "a store that says it is immediate returned a pending decision".to_owned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every field survives the trip through [`Reordered`], whatever is absent or at its end.
+    #[test]
+    fn a_decision_comes_back_whole() {
+        let admitted = Decision {
+            policy: "api",
+            allowed: true,
+            limit: 10,
+            remaining: 9,
+            reset: Duration::new(5, 999_999_999),
+            retry_after: None,
+            delay: Some(Duration::from_micros(250)),
+            ban: BanStatus::None,
+        };
+        let banned = Decision {
+            policy: "login",
+            allowed: false,
+            limit: u64::MAX,
+            remaining: 0,
+            reset: Duration::ZERO,
+            retry_after: Some(Duration::MAX),
+            delay: None,
+            ban: BanStatus::Started,
+        };
+        for decision in [admitted, banned] {
+            assert_eq!(Reordered::of(decision).into_decision(), decision);
+        }
+    }
 }
