@@ -15,14 +15,16 @@
 //! own; the figure is the median over the rounds of governor's time over the contender's, and
 //! their middle half (above 1.00 the contender is faster).
 //!
-//! Why it matters: a decision is an 88-byte value. A caller that moves it right after the
-//! decision was written (an executor's loop returning its output, an `.await` storing it) reads
-//! back in 16-byte pieces what was just written in 8-byte words, which the processor cannot
-//! forward from its store buffer, and waits. `check_now` hands the decision straight to the
-//! caller. Over the memory store, async code can call it too: it never blocks.
+//! Why it matters: an executor's own work is a few nanoseconds a poll, and a decision is an
+//! 88-byte value that an executor may move through several frames; a copy read back right
+//! after it was written, in pieces of another size, waits for the writes to reach the cache
+//! (`limiter/check.rs` says how the limiter's own handback avoids that). `check_now` hands the
+//! decision straight to its caller. Over the memory store, async code can call it too: it never
+//! blocks.
 //!
 //! `cargo bench -p tollgate --bench calling` (`scripts/bench-core.sh` runs it too);
 //! `TOLLGATE_BENCH_ROUNDS` (default 11) and `TOLLGATE_BENCH_OPS` (per burst, default 200,000).
+//! `TOLLGATE_BENCH_PROFILE="hot,admit,await (tokio)"` runs one contender alone, for a profiler.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
