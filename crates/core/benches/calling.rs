@@ -28,33 +28,24 @@
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use governor::{Quota as GovQuota, RateLimiter};
 use tollgate::{Limiter, MemoryStore, Policy, Quota};
 
+mod common;
+use common::{env, now_or_never, summary};
+
 const KEYS: usize = 100_000;
 const POLICY: &str = "api";
 
-/// Polls a future that is ready at once (the memory store's), without a runtime.
-fn now_or_never<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("the memory store never waits"),
-    }
-}
-
-/// One contender: runs `ops` decisions over `keys` and returns how long they took, in seconds.
-type Burst<'a> = Box<dyn Fn(&[String], u64) -> f64 + 'a>;
+/// One contender: runs `ops` decisions and returns how long they took, in seconds.
+type Burst<'a> = Box<dyn Fn(u64) -> f64 + 'a>;
 
 /// The key of operation `i`: the hot key, or the next of the 100,000.
-fn key(keys: &[String], i: u64) -> &str {
+fn key(keys: &[String], i: u64) -> &String {
     &keys[i as usize % keys.len()]
 }
 
@@ -102,7 +93,7 @@ fn contenders<'a>(keys: &'a [String], deny: bool) -> Vec<(&'static str, Burst<'a
     vec![
         (
             "check_now",
-            Box::new(move |keys, ops| {
+            Box::new(move |ops| {
                 timed(&|| {
                     for i in 0..ops {
                         let d = now.check_now(POLICY, key(keys, i), 1);
@@ -113,7 +104,7 @@ fn contenders<'a>(keys: &'a [String], deny: bool) -> Vec<(&'static str, Burst<'a
         ),
         (
             "poll once",
-            Box::new(move |keys, ops| {
+            Box::new(move |ops| {
                 timed(&|| {
                     for i in 0..ops {
                         let d = now_or_never(polled.check(POLICY, key(keys, i), 1));
@@ -124,7 +115,7 @@ fn contenders<'a>(keys: &'a [String], deny: bool) -> Vec<(&'static str, Burst<'a
         ),
         (
             "await (tokio)",
-            Box::new(move |keys, ops| {
+            Box::new(move |ops| {
                 timed(&|| {
                     runtime.block_on(async {
                         for i in 0..ops {
@@ -137,7 +128,7 @@ fn contenders<'a>(keys: &'a [String], deny: bool) -> Vec<(&'static str, Burst<'a
         ),
         (
             "block_on (futures)",
-            Box::new(move |keys, ops| {
+            Box::new(move |ops| {
                 timed(&|| {
                     for i in 0..ops {
                         let d = futures_executor::block_on(blocked.check(POLICY, key(keys, i), 1));
@@ -148,22 +139,15 @@ fn contenders<'a>(keys: &'a [String], deny: bool) -> Vec<(&'static str, Burst<'a
         ),
         (
             "governor",
-            Box::new(move |keys, ops| {
+            Box::new(move |ops| {
                 timed(&|| {
                     for i in 0..ops {
-                        black_box(gov.check_key(&keys[i as usize % keys.len()]).is_ok());
+                        black_box(gov.check_key(key(keys, i)).is_ok());
                     }
                 })
             }),
         ),
     ]
-}
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// Runs one contender alone, for a profiler: `TOLLGATE_BENCH_PROFILE="KEYS,MODE,CONTENDER"`
@@ -178,7 +162,7 @@ fn profile(spec: &str, all: &[String]) {
     let ops = env("TOLLGATE_BENCH_OPS", 10_000_000);
     for (contender, burst) in contenders(keys, mode == "deny") {
         if contender == name {
-            let ns = burst(keys, ops) * 1e9 / ops as f64;
+            let ns = burst(ops) * 1e9 / ops as f64;
             println!("{ops} decisions of {spec}: {ns:.1} ns each");
         }
     }
@@ -216,23 +200,16 @@ fn main() {
             for round in 0..rounds {
                 // Each round starts with the next contender.
                 for c in (0..contenders.len()).map(|c| (c + round) % contenders.len()) {
-                    times[c].push(contenders[c].1(keys, ops) / ops as f64);
+                    times[c].push(contenders[c].1(ops) / ops as f64);
                 }
             }
             let governor = &times[contenders.len() - 1];
             let mode = if deny { "deny" } else { "admit" };
             for ((name, _), own) in contenders.iter().zip(&times) {
-                let mut ratios: Vec<f64> = governor.iter().zip(own).map(|(g, t)| g / t).collect();
-                ratios.sort_by(f64::total_cmp);
-                let mut ns: Vec<f64> = own.iter().map(|t| t * 1e9).collect();
-                ns.sort_by(f64::total_cmp);
-                let n = ratios.len();
+                let (seconds, ratio, lo, hi) = summary(own, governor);
                 println!(
-                    "{label:<20} {mode:<6} {name:<20} {:>6.1} ns {:>6.2} ({:.2}-{:.2})",
-                    ns[n / 2],
-                    ratios[n / 2],
-                    ratios[n / 4],
-                    ratios[3 * n / 4]
+                    "{label:<20} {mode:<6} {name:<20} {:>6.1} ns {ratio:>6.2} ({lo:.2}-{hi:.2})",
+                    seconds * 1e9
                 );
             }
         }

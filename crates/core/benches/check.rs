@@ -37,17 +37,17 @@
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use governor::{Quota as GovQuota, RateLimiter};
 use tollgate::{Limiter, MemoryStore, Policy, Quota, SystemClock};
+
+mod common;
+use common::{env, now_or_never, summary};
 
 const KEYS: usize = 100_000;
 
@@ -109,16 +109,6 @@ impl Mode {
             .into_iter()
             .find(|m| m.label() == label)
             .unwrap_or_else(|| panic!("modes are admit, renew or deny, not {label}"))
-    }
-}
-
-/// Polls a future that is ready at once (the memory store's), without a runtime.
-fn now_or_never<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    match f.as_mut().poll(&mut cx) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("the memory store never waits"),
     }
 }
 
@@ -387,13 +377,6 @@ fn contenders(
     out
 }
 
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Each contender's median ns per decision over interleaved rounds, with its ratio to
 /// governor (governor's time / this time: above 1 is faster than governor) and the middle half
 /// of the per-round ratios.
@@ -481,27 +464,6 @@ fn interleaved(rounds: usize, per_round: u64, keys: &[Keys]) {
             }
         }
     }
-}
-
-/// A contender's median time, and its ratio to governor (governor's time / its own) in each
-/// round, where the two ran side by side: the median of those ratios and their middle half
-/// (25th to 75th percentile).
-fn summary(samples: &[f64], governor: &[f64]) -> (f64, f64, f64, f64) {
-    let mut per_round: Vec<f64> = governor.iter().zip(samples).map(|(g, s)| g / s).collect();
-    per_round.sort_by(f64::total_cmp);
-    let n = per_round.len();
-    (
-        median(samples),
-        per_round[n / 2],
-        per_round[n / 4],
-        per_round[(3 * n) / 4],
-    )
-}
-
-fn median(samples: &[f64]) -> f64 {
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
 }
 
 /// Criterion on the hot key, one thread, String keys: the token bucket and governor.

@@ -106,7 +106,9 @@ where
                 // the store was not immediate. Asking lets the compiler drop the arm for the
                 // memory store, which keeps this poll small enough for callers to inline.
                 if limiter.store().is_immediate() {
-                    return Poll::Ready(Err(changed_its_mind()));
+                    return Poll::Ready(Err(not_as_promised(
+                        "a store that was not immediate when a check began says it is now",
+                    )));
                 }
                 poll_deferred(future, cx)
             }
@@ -221,13 +223,13 @@ impl Reordered {
     #[inline(always)]
     fn of(d: Decision) -> Reordered {
         Reordered {
-            policy: d.policy,
-            remaining: d.remaining,
             limit: d.limit,
-            delay: d.delay,
-            retry_after: d.retry_after,
             reset: d.reset,
+            remaining: d.remaining,
+            retry_after: d.retry_after,
+            policy: d.policy,
             ban: d.ban,
+            delay: d.delay,
             allowed: d.allowed,
         }
     }
@@ -257,22 +259,17 @@ fn poll_once<S: Store>(store: &S, now: Timestamp, check: &Check<'_>) -> Result<D
     match future.poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(Ok(decision)) => Ok(decision),
         Poll::Ready(Err(error)) => Err(error.into()),
-        Poll::Pending => Err(broken_promise()),
+        Poll::Pending => Err(not_as_promised(
+            "a store that says it is immediate returned a pending decision",
+        )),
     }
 }
 
-/// A deferred check polled while its store says it is immediate.
+/// A store that broke its word about being [immediate](Store::is_immediate).
 #[cold]
-fn changed_its_mind() -> Error {
+fn not_as_promised(reason: &'static str) -> Error {
     Error::from(StoreError::Protocol {
-        reason: "a store that was not immediate when a check began says it is now".to_owned(),
-    })
-}
-
-#[cold]
-fn broken_promise() -> Error {
-    Error::from(StoreError::Protocol {
-        reason: "a store that says it is immediate returned a pending decision".to_owned(),
+        reason: reason.to_owned(),
     })
 }
 
