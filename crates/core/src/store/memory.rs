@@ -69,7 +69,7 @@ mod table;
 pub use snapshot::{RestoreCounts, STORE_FORMAT};
 
 use immediate::{ApplyOne, Immediate};
-use key_hash::KeyHasher;
+use key_hash::{Hashed, KeyHasher};
 use shard::{Limits, Mode, Shard, Shared};
 use shard_lock::{Lock, ShardLocks};
 
@@ -257,11 +257,12 @@ impl MemoryStore {
             cost,
             permit,
         } = *check;
-        let hash = self.hash(key);
+        let hashed = self.hashed(key);
+        let hash = hashed.value;
         let lock = self.shard(hash);
         let limits = &self.inner.limits;
         let shard = lock.read();
-        match shard.try_shared(policy, hash, now, cost, permit, limits) {
+        match shard.try_shared(policy, hashed, now, cost, permit, limits) {
             Shared::Decided(decision) => decision,
             Shared::DecidedOverBudget(decision) => {
                 drop(shard);
@@ -324,6 +325,16 @@ impl MemoryStore {
     #[inline(always)]
     fn hash(&self, key: &[u8]) -> u64 {
         table::identity(self.inner.hasher.hash(key))
+    }
+
+    /// [`hash`](Self::hash), and whether this thread hashed the same key last.
+    #[inline(always)]
+    fn hashed(&self, key: &[u8]) -> Hashed {
+        let hashed = self.inner.hasher.hashed(key);
+        Hashed {
+            value: table::identity(hashed.value),
+            ..hashed
+        }
     }
 
     /// The low bits pick the shard; the tables place keys by their high bits.

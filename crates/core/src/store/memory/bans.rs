@@ -217,7 +217,8 @@ impl MemoryStore {
         let name = check.policy.shared_name();
         let limit = u64::from(check.policy.quota().limit());
         let now_us = now.as_micros();
-        let hash = self.hash(check.key);
+        let hashed = self.hashed(check.key);
+        let hash = hashed.value;
         let lock = self.shard(hash);
         let limits = self.inner.limits;
         let decided = {
@@ -225,7 +226,7 @@ impl MemoryStore {
             if let Some(until) = shard.bans.refuse(name, hash, now_us) {
                 return Ban::banned_decision(name, limit, now_us, until);
             }
-            match shard.try_shared(check.policy, hash, now, check.cost, check.permit, &limits) {
+            match shard.try_shared(check.policy, hashed, now, check.cost, check.permit, &limits) {
                 Shared::Decided(d) => Some(d),
                 Shared::DecidedOverBudget(d) => {
                     drop(shard);

@@ -43,6 +43,16 @@ impl Hasher for PassThrough {
     }
 }
 
+/// A key's hash, and whether the thread hashed the same key last (a run of checks of one key):
+/// the table looks such a key up where the processor predicts it ([`Table::find`]).
+///
+/// [`Table::find`]: super::table::Table::find
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Hashed {
+    pub(super) value: u64,
+    pub(super) again: bool,
+}
+
 /// SipHash-1-3 with its key folded into the initial state once.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct KeyHasher {
@@ -124,22 +134,36 @@ impl KeyHasher {
     }
 
     /// The 64-bit SipHash-1-3 of `bytes`, remembered for the thread's last key (see [`Last`]).
-    /// Always inlined: the check path is large enough that the compiler otherwise calls it.
     #[inline(always)]
     pub(super) fn hash(&self, bytes: &[u8]) -> u64 {
+        self.hashed(bytes).value
+    }
+
+    /// [`hash`](Self::hash), and whether it is the thread's last key again. Always inlined: the
+    /// check path is large enough that the compiler otherwise calls it.
+    #[inline(always)]
+    pub(super) fn hashed(&self, bytes: &[u8]) -> Hashed {
         let n = bytes.len();
         let (head, tail) = match (bytes.first_chunk::<8>(), bytes.last_chunk::<8>()) {
             (Some(first), Some(last)) if n <= 16 => {
                 (u64::from_le_bytes(*first), u64::from_le_bytes(*last))
             }
-            (Some(_), _) => return self.sip(bytes),
+            (Some(_), _) => {
+                return Hashed {
+                    value: self.sip(bytes),
+                    again: false,
+                };
+            }
             _ => (tail(bytes), 0),
         };
         // The id has room for the length below it: ids count hashers, far below 2^56.
         let tag = self.id << 8 | n as u64;
         let seen = LAST.get();
         if seen.tag == tag && seen.head == head && seen.tail == tail {
-            return seen.hash;
+            return Hashed {
+                value: seen.hash,
+                again: true,
+            };
         }
         let hash = self.sip(bytes);
         LAST.set(Last {
@@ -148,7 +172,10 @@ impl KeyHasher {
             tail,
             hash,
         });
-        hash
+        Hashed {
+            value: hash,
+            again: false,
+        }
     }
 
     /// The 64-bit SipHash-1-3 of `bytes`.

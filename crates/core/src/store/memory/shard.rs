@@ -9,6 +9,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::key_hash::Hashed;
 use super::log::{self, CompactLog};
 use super::packing::{Packed, Slot};
 use crate::algorithm::{Algorithm, SlidingWindowLog};
@@ -166,12 +167,13 @@ impl Shard {
     pub(super) fn try_shared(
         &self,
         policy: &Policy,
-        hash: u64,
+        key: Hashed,
         now: Timestamp,
         cost: u32,
         permit: u64,
         limits: &Limits,
     ) -> Shared {
+        let hash = key.value;
         let Some(table) = self.table(policy.fingerprint()) else {
             return Shared::Exclusive;
         };
@@ -183,7 +185,7 @@ impl Shard {
             returns: &self.returns,
         };
         by_algorithm!(policy.quota(), alg => {
-            match table.try_packed(alg, hash, now, cost, room) {
+            match table.try_packed(alg, key, now, cost, room) {
                 Some(verdict) => Shared::Decided(verdict.into_decision(policy.shared_name())),
                 None => Shared::Exclusive,
             }

@@ -1,6 +1,8 @@
 //! The memory store's table: open addressing with linear probing over entries that start with a
 //! key's 64-bit keyed hash: 16-byte entries with a state packed in one atomic word, or a
-//! sliding log's 64-byte record (`log`).
+//! sliding log's 64-byte record (`log`). A key's home is a [`Line`] of four slots, one cache
+//! line of packed entries, and nearly every key sits in its home line: a lookup reads one line
+//! and compares its four hashes together.
 //!
 //! Why not `std`'s map: its tables double, so at some sizes (a million keys is one) they are
 //! less than half full and a 16-byte entry costs 35 bytes. This one grows by half and is at most
@@ -20,6 +22,24 @@ const EMPTY: u64 = 0;
 
 /// The smallest table that is allocated.
 const MIN_CAPACITY: usize = 16;
+
+/// Slots in a [`Line`]: a key's home is the first slot of a line.
+const SLOTS: usize = 4;
+
+/// Four slots aligned as one cache line of 16-byte entries, where a probe starts.
+///
+/// Why lines: a lookup among many keys compares the four hashes of its home line together and
+/// branches once, on whether one matched. Nearly every key is in its home line, so that branch
+/// is predicted right and the processor keeps the work it began past it (the next check's
+/// hash). A slot-by-slot probe branched on each hash as it came from memory and mispredicted
+/// whenever a key sat a slot or two past its home, which at 53-80% full is about half the keys:
+/// 100,000 `u64` keys scattered, denied, went from 33.5 to 30.7 ns a check (`benches/check.rs`,
+/// profiling mode, best of five). The same key checked again on a thread is still looked up
+/// slot by slot ([`Table::find`]): the predictor knows its slot, and reading the state need not
+/// wait for the comparison.
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+struct Line<E>([E; SLOTS]);
 
 /// A hash as the table stores it: never [`EMPTY`].
 #[inline]
@@ -61,7 +81,8 @@ impl Keyed for Entry {
 /// Keys (as hashes) to states: packed states by default.
 #[derive(Debug)]
 pub(super) struct Table<E = Entry> {
-    entries: Box<[E]>,
+    /// The slots, [`SLOTS`] a line: slot `i` is `lines[i / SLOTS].0[i % SLOTS]`.
+    lines: Box<[Line<E>]>,
     /// Entries held. Atomic because [`Table::claim`] adds one under the shared lock.
     len: AtomicUsize,
     /// The most entries before the table grows: four-fifths of its slots.
@@ -71,7 +92,7 @@ pub(super) struct Table<E = Entry> {
 impl<E> Default for Table<E> {
     fn default() -> Self {
         Table {
-            entries: Box::default(),
+            lines: Box::default(),
             len: AtomicUsize::new(0),
             max_len: 0,
         }
@@ -91,37 +112,60 @@ impl<E: Keyed> Table<E> {
         self.len.load(Ordering::Relaxed)
     }
 
-    /// The slot where `hash` would sit in an uncrowded table: the hash scaled to the capacity
-    /// (multiply-high), so any capacity works and the high bits decide.
+    /// Slots.
+    #[inline]
+    fn capacity(&self) -> usize {
+        self.lines.len() * SLOTS
+    }
+
+    #[inline]
+    fn slot(&self, i: usize) -> &E {
+        &self.lines[i / SLOTS].0[i % SLOTS]
+    }
+
+    #[inline]
+    fn slot_mut(&mut self, i: usize) -> &mut E {
+        &mut self.lines[i / SLOTS].0[i % SLOTS]
+    }
+
+    /// The first slot of the line where `hash` would sit in an uncrowded table: the hash scaled
+    /// to the lines (multiply-high), so any number of lines works and the high bits decide.
     #[inline]
     fn home(&self, hash: u64) -> usize {
-        ((u128::from(hash) * self.entries.len() as u128) >> 64) as usize
+        self.home_line(hash) * SLOTS
+    }
+
+    /// The line of [`home`](Self::home).
+    #[inline]
+    fn home_line(&self, hash: u64) -> usize {
+        ((u128::from(hash) * self.lines.len() as u128) >> 64) as usize
     }
 
     #[inline]
     fn next(&self, i: usize) -> usize {
-        if i + 1 == self.entries.len() {
-            0
-        } else {
-            i + 1
-        }
+        if i + 1 == self.capacity() { 0 } else { i + 1 }
     }
 
     /// Where `hash` is, or the empty slot where its probe ends; `None` for a table with no slots.
     #[inline]
     fn probe(&self, hash: u64) -> Option<Probe> {
-        if self.entries.is_empty() {
+        if self.lines.is_empty() {
             return None;
         }
-        let mut i = self.home(hash);
+        Some(self.probe_from(hash, self.home(hash)))
+    }
+
+    /// [`probe`](Self::probe) from slot `i` on.
+    #[inline]
+    fn probe_from(&self, hash: u64, mut i: usize) -> Probe {
         // Terminates: the table is never full (at most four-fifths).
         loop {
-            let found = self.entries[i].hash();
+            let found = self.slot(i).hash();
             if found == hash {
-                return Some(Probe::Found(i));
+                return Probe::Found(i);
             }
             if found == EMPTY {
-                return Some(Probe::Vacant(i));
+                return Probe::Vacant(i);
             }
             i = self.next(i);
         }
@@ -138,30 +182,31 @@ impl<E: Keyed> Table<E> {
     /// The entry of `hash`.
     #[inline]
     pub(super) fn entry(&self, hash: u64) -> Option<&E> {
-        self.position(hash).map(|i| &self.entries[i])
+        self.position(hash).map(|i| self.slot(i))
     }
 
     /// The entry of `hash`, for a caller that holds the table exclusively.
     pub(super) fn entry_mut(&mut self, hash: u64) -> Option<&mut E> {
         let i = self.position(hash)?;
-        Some(&mut self.entries[i])
+        Some(self.slot_mut(i))
     }
 
     /// Adds `entry` (its hash not present), growing by half when four-fifths full.
     pub(super) fn insert_entry(&mut self, entry: E) {
         if self.len() + 1 > self.max_len {
-            self.resize((self.entries.len() * 3 / 2).max(MIN_CAPACITY));
+            self.resize((self.capacity() * 3 / 2).max(MIN_CAPACITY));
         }
         self.place(entry);
         *self.len.get_mut() += 1;
     }
 
-    /// Makes `capacity` empty slots the table's storage.
-    fn set_entries(&mut self, capacity: usize) -> Box<[E]> {
-        self.max_len = capacity * 4 / 5;
+    /// Makes `capacity` empty slots (rounded up to whole lines) the table's storage.
+    fn set_entries(&mut self, capacity: usize) -> Box<[Line<E>]> {
+        let lines = capacity.div_ceil(SLOTS);
+        self.max_len = lines * SLOTS * 4 / 5;
         std::mem::replace(
-            &mut self.entries,
-            (0..capacity).map(|_| E::default()).collect(),
+            &mut self.lines,
+            (0..lines).map(|_| Line::default()).collect(),
         )
     }
 
@@ -177,15 +222,15 @@ impl<E: Keyed> Table<E> {
 
     fn place(&mut self, entry: E) {
         let mut i = self.home(entry.hash());
-        while self.entries[i].hash() != EMPTY {
+        while self.slot(i).hash() != EMPTY {
             i = self.next(i);
         }
-        self.entries[i] = entry;
+        *self.slot_mut(i) = entry;
     }
 
     fn resize(&mut self, capacity: usize) {
         let old = self.set_entries(capacity);
-        for entry in old.into_vec() {
+        for entry in old.into_vec().into_iter().flat_map(|line| line.0) {
             if entry.hash() != EMPTY {
                 self.place(entry);
             }
@@ -196,10 +241,10 @@ impl<E: Keyed> Table<E> {
     /// the probe run move up into the hole, so lookups never need tombstones.
     pub(super) fn take(&mut self, hash: u64) -> Option<E> {
         let mut hole = self.position(hash)?;
-        let removed = std::mem::take(&mut self.entries[hole]);
+        let removed = std::mem::take(self.slot_mut(hole));
         let mut i = self.next(hole);
-        while self.entries[i].hash() != EMPTY {
-            let home = self.home(self.entries[i].hash());
+        while self.slot(i).hash() != EMPTY {
+            let home = self.home(self.slot(i).hash());
             // The entry at `i` may fill the hole unless its home lies cyclically in (hole, i].
             let stays = if hole < i {
                 hole < home && home <= i
@@ -207,31 +252,38 @@ impl<E: Keyed> Table<E> {
                 hole < home || home <= i
             };
             if !stays {
-                self.entries.swap(hole, i);
+                let moved = std::mem::take(self.slot_mut(i));
+                *self.slot_mut(hole) = moved;
                 hole = i;
             }
             i = self.next(i);
         }
-        self.entries[hole] = E::default();
+        *self.slot_mut(hole) = E::default();
         *self.len.get_mut() -= 1;
         Some(removed)
     }
 
     /// Every entry, for a caller that holds the table shared.
     pub(super) fn entries(&self) -> impl Iterator<Item = &E> + '_ {
-        self.entries.iter().filter(|e| e.hash() != EMPTY)
+        self.lines
+            .iter()
+            .flat_map(|line| &line.0)
+            .filter(|e| e.hash() != EMPTY)
     }
 
     /// Every entry, for a caller that holds the table exclusively.
     pub(super) fn entries_mut(&mut self) -> impl Iterator<Item = &mut E> + '_ {
-        self.entries.iter_mut().filter(|e| e.hash() != EMPTY)
+        self.lines
+            .iter_mut()
+            .flat_map(|line| &mut line.0)
+            .filter(|e| e.hash() != EMPTY)
     }
 
     /// Keeps the entries for which `keep` holds, and gives memory back when fewer than a fifth
     /// of the slots remain used.
     pub(super) fn retain_entries(&mut self, mut keep: impl FnMut(&mut E) -> bool) {
         let mut dropped = 0;
-        for entry in self.entries.iter_mut() {
+        for entry in self.lines.iter_mut().flat_map(|line| &mut line.0) {
             if entry.hash() != EMPTY && !keep(entry) {
                 *entry = E::default();
                 dropped += 1;
@@ -241,10 +293,11 @@ impl<E: Keyed> Table<E> {
             return;
         }
         // The holes broke probe runs: place the survivors again.
-        let old_capacity = self.entries.len();
-        let survivors: Vec<E> = std::mem::take(&mut self.entries)
+        let old_capacity = self.capacity();
+        let survivors: Vec<E> = std::mem::take(&mut self.lines)
             .into_vec()
             .into_iter()
+            .flat_map(|line| line.0)
             .filter(|e| e.hash() != EMPTY)
             .collect();
         let capacity = if survivors.is_empty() {
@@ -276,16 +329,49 @@ impl Table<Entry> {
     /// The state of `hash`, to update in place by compare-and-swap.
     #[inline]
     pub(super) fn get(&self, hash: u64) -> Option<&AtomicU64> {
-        self.entry(hash).map(|e| &e.state)
+        self.find(hash, false).ok()
     }
 
-    /// The state of `hash`, or the empty slot where its probe ended (for [`Table::claim`]).
-    #[inline]
-    pub(super) fn find(&self, hash: u64) -> Result<&AtomicU64, Option<usize>> {
-        match self.probe(hash) {
-            Some(Probe::Found(i)) => Ok(&self.entries[i].state),
-            Some(Probe::Vacant(i)) => Err(Some(i)),
-            None => Err(None),
+    /// The state of `hash`, or the empty slot where its probe ended (for [`Table::claim`]);
+    /// `Err(None)` for a table with no slots.
+    ///
+    /// The home line's four hashes are compared together (see [`Line`]), or one by one when
+    /// `again` (the thread's last key again, whose slot the branch predictor knows). A slot of
+    /// the line that holds `hash` is its slot wherever it is in the line: hashes are unique in a
+    /// table, and the slots between a key's home and its slot are never empty (slots empty only
+    /// under the exclusive lock, which shifts later entries back into the hole).
+    #[inline(always)]
+    pub(super) fn find(&self, hash: u64, again: bool) -> Result<&AtomicU64, Option<usize>> {
+        if self.lines.is_empty() {
+            return Err(None);
+        }
+        let home = self.home_line(hash);
+        let line = &self.lines[home].0;
+        if again {
+            for entry in line {
+                if entry.hash() == hash {
+                    return Ok(&entry.state);
+                }
+            }
+        } else {
+            let mut hits = 0_u32;
+            for (k, entry) in line.iter().enumerate() {
+                hits |= u32::from(entry.hash() == hash) << k;
+            }
+            if let Some(entry) = line.get(hits.trailing_zeros() as usize) {
+                return Ok(&entry.state);
+            }
+        }
+        self.find_beyond(hash, home)
+    }
+
+    /// [`find`](Self::find) when `hash` is not in its home line: the line's first empty slot,
+    /// or on through the next lines.
+    #[inline(never)]
+    fn find_beyond(&self, hash: u64, home: usize) -> Result<&AtomicU64, Option<usize>> {
+        match self.probe_from(hash, home * SLOTS) {
+            Probe::Found(i) => Ok(&self.slot(i).state),
+            Probe::Vacant(i) => Err(Some(i)),
         }
     }
 
@@ -304,7 +390,7 @@ impl Table<Entry> {
         // Terminates: with the reservation, at most `max_len` slots are taken, fewer than all.
         let mut i = vacant;
         loop {
-            let entry = &self.entries[i];
+            let entry = self.slot(i);
             let seen =
                 match entry
                     .hash
@@ -341,8 +427,7 @@ impl Table<Entry> {
 
     /// Every `(hash, state)`.
     pub(super) fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.entries
-            .iter()
+        self.entries()
             .map(|e| (e.hash(), e.state.load(Ordering::Relaxed)))
             .filter(|&(hash, _)| hash != EMPTY)
     }
@@ -355,7 +440,7 @@ impl Table<Entry> {
     /// Bytes allocated.
     #[cfg(test)]
     pub(super) fn bytes(&self) -> usize {
-        std::mem::size_of_val(&*self.entries)
+        std::mem::size_of_val(&*self.lines)
     }
 }
 
@@ -394,6 +479,12 @@ mod tests {
                 _ => {
                     let got = table.get(hash).map(|s| s.load(Ordering::Relaxed));
                     assert_eq!(got, model.get(&hash).copied());
+                    // Both ways of looking in the home line end at the same slot.
+                    let fresh = table.find(hash, false).map(|s| s.load(Ordering::Relaxed));
+                    assert_eq!(
+                        table.find(hash, true).map(|s| s.load(Ordering::Relaxed)),
+                        fresh
+                    );
                 }
             }
             assert_eq!(table.len(), model.len());
@@ -407,6 +498,14 @@ mod tests {
         let mut expected: Vec<_> = model.into_iter().collect();
         expected.sort_unstable();
         assert_eq!(all, expected);
+    }
+
+    #[test]
+    fn a_home_line_is_one_cache_line() {
+        let mut table = Table::default();
+        table.insert(identity(7), 1);
+        assert_eq!(std::mem::size_of::<Line<Entry>>(), 64);
+        assert_eq!(table.lines.as_ptr() as usize % 64, 0);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use super::super::key_hash::KeyMap;
+use super::super::key_hash::{Hashed, KeyMap};
 use super::super::log::LogTable;
 use super::super::packing::{Packed, SPILLED, Slot, VACANT};
 use super::super::table::{Claim, Table};
@@ -136,12 +136,13 @@ impl PolicyTable {
     pub(super) fn try_packed<'s, A: Packed>(
         &self,
         alg: &A,
-        hash: u64,
+        key: Hashed,
         now: Timestamp,
         cost: u32,
         room: impl FnOnce() -> Room<'s>,
     ) -> Option<Verdict> {
-        match self.packed.find(hash) {
+        let hash = key.value;
+        match self.packed.find(hash, key.again) {
             Ok(word) => self.decide_word(alg, hash, word, word.load(Ordering::Relaxed), now, cost),
             Err(vacant) => self.try_new(alg, hash, vacant?, now, cost, room()),
         }
