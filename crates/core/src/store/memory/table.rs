@@ -155,19 +155,28 @@ impl<E: Keyed> Table<E> {
         Some(self.probe_from(hash, self.home(hash)))
     }
 
-    /// [`probe`](Self::probe) from slot `i` on.
+    /// [`probe`](Self::probe) from slot `start` on, a line at a time.
     #[inline]
-    fn probe_from(&self, hash: u64, mut i: usize) -> Probe {
+    fn probe_from(&self, hash: u64, start: usize) -> Probe {
+        let (mut line, mut first) = (start / SLOTS, start % SLOTS);
         // Terminates: the table is never full (at most four-fifths).
         loop {
-            let found = self.slot(i).hash();
-            if found == hash {
-                return Probe::Found(i);
+            let slots = &self.lines[line].0;
+            for (k, entry) in slots.iter().enumerate().skip(first) {
+                let found = entry.hash();
+                if found == hash {
+                    return Probe::Found(line * SLOTS + k);
+                }
+                if found == EMPTY {
+                    return Probe::Vacant(line * SLOTS + k);
+                }
             }
-            if found == EMPTY {
-                return Probe::Vacant(i);
-            }
-            i = self.next(i);
+            first = 0;
+            line = if line + 1 == self.lines.len() {
+                0
+            } else {
+                line + 1
+            };
         }
     }
 
