@@ -2,6 +2,10 @@
 //! directory the test keeps (so a restart finds the same files), optionally under libfaketime
 //! at a chosen date, stopped with SIGTERM (a clean stop) or SIGKILL (a crash); and
 //! `POST /v1/check` answers with their headers.
+//!
+//! libfaketime is preloaded into the server itself rather than through the `faketime` command,
+//! which runs the server as its own child: killing that command left the server running, an
+//! orphan that outlived the test.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -33,20 +37,25 @@ impl Drop for Server {
     }
 }
 
-/// Where `faketime` is, or a panic that says how to install it.
-fn faketime() -> &'static str {
-    let found = Command::new("faketime")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    assert!(
-        found,
-        "faketime not found: the calendar tests run the server under libfaketime; install it \
-         with `apt-get install -y faketime` (scripts/test.sh does)"
-    );
-    "faketime"
+/// Where libfaketime is (`/usr/lib/<arch>/faketime/libfaketime.so.1` on Debian), or a panic
+/// that says how to install it.
+fn libfaketime() -> PathBuf {
+    let lib = |dir: &Path| dir.join("faketime").join("libfaketime.so.1");
+    let candidates = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|arch| lib(&arch.path()))
+        .chain([lib(Path::new("/usr/lib")), lib(Path::new("/usr/local/lib"))]);
+    for candidate in candidates {
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "libfaketime not found: the calendar tests run the server under libfaketime; install \
+         it with `apt-get install -y faketime` (scripts/test.sh does)"
+    )
 }
 
 impl Server {
@@ -60,17 +69,15 @@ impl Server {
         );
         std::fs::write(&file, text).unwrap();
         let wants_proxy = config.contains("[proxy]");
-        let mut cmd = match start_at {
-            Some(at) => {
-                let mut c = Command::new(faketime());
-                c.arg("-f").arg(format!("@{at}")).arg(BIN);
-                // The date is UTC; the decisions' own clock (the CPU's counter) runs from the
-                // faked start at the real pace, as does tokio's timer.
-                c.env("TZ", "UTC").env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-                c
-            }
-            None => Command::new(BIN),
-        };
+        let mut cmd = Command::new(BIN);
+        if let Some(at) = start_at {
+            // The date is UTC; the decisions' own clock (the CPU's counter) runs from the
+            // faked start at the real pace, as does tokio's timer.
+            cmd.env("LD_PRELOAD", libfaketime())
+                .env("FAKETIME", format!("@{at}"))
+                .env("TZ", "UTC")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
         let mut child = cmd
             .args(["serve", "--config"])
             .arg(&file)
