@@ -359,6 +359,9 @@ pub(super) struct Record {
 }
 
 impl Keyed for Record {
+    /// A record is a cache line of its own: its home is one slot.
+    const HOME: usize = 1;
+
     #[inline]
     fn hash(&self) -> u64 {
         self.hash

@@ -23,10 +23,12 @@ const EMPTY: u64 = 0;
 /// The smallest table that is allocated.
 const MIN_CAPACITY: usize = 16;
 
-/// Slots in a [`Line`]: a key's home is the first slot of a line.
+/// Slots in a [`Line`].
 const SLOTS: usize = 4;
 
-/// Four slots aligned as one cache line of 16-byte entries, where a probe starts.
+/// Four slots, aligned to a cache line: four packed entries are one line, the home of every key
+/// that hashes to it; a log's 64-byte records are a line each, and each its own home
+/// ([`Keyed::HOME`]).
 ///
 /// Why lines: a lookup among many keys compares the four hashes of its home line together and
 /// branches once, on whether one matched. Nearly every key is in its home line, so that branch
@@ -49,6 +51,10 @@ pub(super) fn identity(hash: u64) -> u64 {
 
 /// What a table holds: a key's hash and its state. `Default` is an empty slot.
 pub(super) trait Keyed: Default {
+    /// How many slots share a home: a cache line's worth. A key's probe starts at its home's
+    /// first slot.
+    const HOME: usize;
+
     /// The key's hash, or [`EMPTY`].
     fn hash(&self) -> u64;
 }
@@ -72,6 +78,9 @@ impl Default for Entry {
 }
 
 impl Keyed for Entry {
+    /// A [`Line`].
+    const HOME: usize = SLOTS;
+
     #[inline]
     fn hash(&self) -> u64 {
         self.hash.load(Ordering::Relaxed)
@@ -128,17 +137,12 @@ impl<E: Keyed> Table<E> {
         &mut self.lines[i / SLOTS].0[i % SLOTS]
     }
 
-    /// The first slot of the line where `hash` would sit in an uncrowded table: the hash scaled
-    /// to the lines (multiply-high), so any number of lines works and the high bits decide.
+    /// The first slot of the home where `hash` would sit in an uncrowded table: the hash scaled
+    /// to the homes (multiply-high), so any number of them works and the high bits decide.
     #[inline]
     fn home(&self, hash: u64) -> usize {
-        self.home_line(hash) * SLOTS
-    }
-
-    /// The line of [`home`](Self::home).
-    #[inline]
-    fn home_line(&self, hash: u64) -> usize {
-        ((u128::from(hash) * self.lines.len() as u128) >> 64) as usize
+        let homes = self.capacity() / E::HOME;
+        ((u128::from(hash) * homes as u128) >> 64) as usize * E::HOME
     }
 
     #[inline]
@@ -354,7 +358,8 @@ impl Table<Entry> {
         if self.lines.is_empty() {
             return Err(None);
         }
-        let home = self.home_line(hash);
+        // A home is a line ([`Entry::HOME`]).
+        let home = ((u128::from(hash) * self.lines.len() as u128) >> 64) as usize;
         let line = &self.lines[home].0;
         if again {
             for entry in line {
@@ -438,7 +443,6 @@ impl Table<Entry> {
     pub(super) fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.entries()
             .map(|e| (e.hash(), e.state.load(Ordering::Relaxed)))
-            .filter(|&(hash, _)| hash != EMPTY)
     }
 
     /// Keeps the entries for which `keep(hash, state)` holds (see [`Table::retain_entries`]).

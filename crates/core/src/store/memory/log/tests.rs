@@ -367,3 +367,32 @@ fn the_heap_ring_behaves_as_a_deque() {
         assert_eq!(ring.get(i), deque.get(i).copied(), "step {step} entry {i}");
     }
 }
+
+/// The logs' table (a home of one record) against a set, through inserts and removes of hashes
+/// crowded into few homes, so that probe runs wrap and removals shift records back.
+#[test]
+fn the_log_table_agrees_with_a_set() {
+    let mut table = LogTable::default();
+    let mut model = std::collections::HashSet::new();
+    let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15);
+    for _ in 0..50_000 {
+        // The top bits, which pick the home, from a small set.
+        let hash = super::super::table::identity((rng.below(5) << 61) | rng.below(400));
+        match rng.below(3) {
+            0 => {
+                if model.insert(hash) {
+                    table.insert(hash, CompactLog::default());
+                }
+            }
+            1 => assert_eq!(table.remove(hash).is_some(), model.remove(&hash)),
+            _ => assert_eq!(table.get(hash).is_some(), model.contains(&hash)),
+        }
+        assert_eq!(table.len(), model.len());
+    }
+    let mut seen = Vec::new();
+    table.for_each(|hash, _| seen.push(hash));
+    seen.sort_unstable();
+    let mut expected: Vec<u64> = model.into_iter().collect();
+    expected.sort_unstable();
+    assert_eq!(seen, expected);
+}
