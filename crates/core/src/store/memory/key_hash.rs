@@ -296,6 +296,23 @@ mod tests {
         assert_eq!(copy.hash(b"abc"), reference(1, 2, b"abc"));
     }
 
+    /// `again` says the thread hashed the same bytes under the same hasher just before, and
+    /// nothing else; the value is the hash either way.
+    #[test]
+    fn again_means_the_same_key_under_the_same_hasher() {
+        let (a, b) = (KeyHasher::new(1, 2), KeyHasher::new(3, 4));
+        let first = a.hashed(b"customer-42");
+        let second = a.hashed(b"customer-42");
+        assert!(!first.again && second.again);
+        assert_eq!(first.value, second.value);
+        assert!(!b.hashed(b"customer-42").again, "another hasher");
+        assert!(!a.hashed(b"customer-43").again, "another key");
+        assert!(
+            !a.hashed(&[7; 17]).again && !a.hashed(&[7; 17]).again,
+            "not remembered"
+        );
+    }
+
     /// The SipHash test key (bytes 0 to 15) and message (bytes 0, 1, 2, ...): pinned values, so
     /// a change in the reference is noticed too. The empty message's is the first SipHash-1-3
     /// vector of Rust's own test suite (`dc c4 0f 05 58 01 ac ab`, little-endian).
