@@ -460,6 +460,23 @@ mod tests {
         );
     }
 
+    /// Bytes JSON does not allow in a string (a raw control character, invalid UTF-8, a lone
+    /// surrogate) are never taken as a key: the quick reading refuses them, as the general one
+    /// does, so the request is answered 400.
+    #[test]
+    fn a_string_json_forbids_is_no_key() {
+        let bodies: [&[u8]; 3] = [
+            b"{\"policy\":\"api\",\"key\":\"a\x01b\"}",
+            b"{\"policy\":\"api\",\"key\":\"a\xffb\"}",
+            br#"{"policy":"api","key":"\ud800"}"#,
+        ];
+        for body in bodies {
+            let quick = Asked::read(body);
+            assert!(quick.is_none_or(|a| a.key.text().is_none()), "{body:?}");
+            assert!(serde_json::from_slice::<Value>(body).is_err(), "{body:?}");
+        }
+    }
+
     proptest! {
         /// The quick reading and the general one (a JSON tree) agree on every string.
         #[test]
