@@ -66,50 +66,55 @@ struct Inner<S, C> {
 #[derive(Debug)]
 struct Policies {
     list: Vec<Policy>,
+    lookup: Lookup,
+}
+
+/// How [`Policies`] finds a name.
+#[derive(Debug)]
+enum Lookup {
+    /// One policy, the common case: its probe, compared in place (no slice to load and bound).
+    One(NameProbe),
     /// The names of `list` as the scan compares them, side by side in one allocation.
-    probes: Vec<NameProbe>,
-    index: Option<HashMap<&'static str, usize>>,
+    Scan(Vec<NameProbe>),
+    Map(HashMap<&'static str, usize>),
 }
 
 impl Policies {
     const SCAN_UP_TO: usize = 8;
 
     fn new(list: Vec<Policy>) -> Self {
-        let index = (list.len() > Self::SCAN_UP_TO).then(|| {
-            list.iter()
-                .enumerate()
-                .map(|(i, p)| (p.name(), i))
-                .collect()
-        });
-        let probes = list.iter().map(|p| NameProbe::of(p.name())).collect();
-        Policies {
-            list,
-            probes,
-            index,
-        }
+        let lookup = match &list[..] {
+            [only] => Lookup::One(NameProbe::of(only.name())),
+            _ if list.len() > Self::SCAN_UP_TO => Lookup::Map(
+                list.iter()
+                    .enumerate()
+                    .map(|(i, p)| (p.name(), i))
+                    .collect(),
+            ),
+            _ => Lookup::Scan(list.iter().map(|p| NameProbe::of(p.name())).collect()),
+        };
+        Policies { list, lookup }
     }
 
     #[inline(always)]
     fn get(&self, name: &str) -> Option<&Policy> {
-        match &self.index {
-            Some(index) => index.get(name).map(|&i| &self.list[i]),
-            None => {
-                let probe = NameProbe::of(name);
-                // One policy, the common case: compared without the scan's setup and bounds
-                // checks (callgrind: 10 instructions a check).
-                let policy = match (&self.probes[..], &self.list[..]) {
-                    ([only], [policy]) if *only == probe => policy,
-                    ([_], [_]) => return None,
-                    _ => {
-                        let i = self.probes.iter().position(|p| *p == probe)?;
-                        &self.list[i]
-                    }
-                };
-                // A probe covers names of up to 16 bytes; longer ones compare their middles too.
-                (name.len() <= NameProbe::EXACT_UP_TO || middles_equal(policy.name(), name))
-                    .then_some(policy)
+        let i = match &self.lookup {
+            Lookup::One(only) => {
+                if *only != NameProbe::of(name) {
+                    return None;
+                }
+                0
             }
-        }
+            Lookup::Scan(probes) => {
+                let probe = NameProbe::of(name);
+                probes.iter().position(|p| *p == probe)?
+            }
+            Lookup::Map(index) => return index.get(name).map(|&i| &self.list[i]),
+        };
+        let policy = self.list.get(i)?;
+        // A probe covers names of up to 16 bytes; longer ones compare their middles too.
+        (name.len() <= NameProbe::EXACT_UP_TO || middles_equal(policy.name(), name))
+            .then_some(policy)
     }
 }
 

@@ -290,6 +290,7 @@ impl FromStr for AlgorithmKind {
 
 /// A validated quota: one algorithm with its parameters.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum Quota {
     /// Count per window aligned to the epoch; up to 2× the limit across a boundary.
     FixedWindow(FixedWindow),

@@ -103,7 +103,7 @@ pub trait Store: Send + Sync + 'static {
     /// 16-byte load what was just stored as 8-byte words, which the processor cannot forward
     /// from its store buffer. Here it is built where the caller receives it: 27 ns a check of
     /// one hot key rather than 32 (`benches/check.rs`).
-    fn apply_one_immediately(&self, now: Timestamp, check: &Check<'_>) -> Option<Decision> {
+    fn apply_one_immediately(&self, now: Timestamp, check: Check<'_>) -> Option<Decision> {
         let _ = (now, check);
         None
     }

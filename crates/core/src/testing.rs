@@ -437,7 +437,7 @@ async fn against_the_pure_algorithms<S: Store>(store: &S, name: &str, immediatel
             let stored_key = format!("{prefix}-{key}");
             let check = Check::new(&policy, stored_key.as_bytes(), cost);
             let answered = match immediately && rng.below(4) != 0 {
-                true => store.apply_one_immediately(now, &check),
+                true => store.apply_one_immediately(now, check),
                 false => None,
             };
             let got = match answered {

@@ -197,13 +197,35 @@ fn run<A: Algorithm>(
         if !verdict.allowed {
             check_retry_after_is_exact(alg, &state, t, &verdict, cost);
         }
+        let expected = evaluated_then_committed(alg, &state, t, cost);
         let applied = alg.check(&mut state, t, cost);
         assert_eq!(applied, verdict, "evaluate then commit equals check");
+        assert_eq!(
+            format!("{state:?}"),
+            expected,
+            "check leaves what commit would"
+        );
         if applied.allowed && cost > 0 {
             admitted.push((now, cost, applied));
         }
     }
     admitted
+}
+
+/// The state `check` must leave, by the trait's definition: evaluate, and commit if admitted.
+/// (An algorithm may fuse the two in its own `check`.) As its `Debug` text: states need not
+/// be comparable.
+fn evaluated_then_committed<A: Algorithm>(
+    alg: &A,
+    state: &A::State,
+    now: Timestamp,
+    cost: u32,
+) -> String {
+    let mut state = state.clone();
+    if alg.evaluate(&mut state, now, cost).allowed {
+        alg.commit(&mut state, now, cost);
+    }
+    format!("{state:?}")
 }
 
 fn check_remaining_is_exact<A: Algorithm>(
@@ -389,11 +411,13 @@ fn run_unordered<A: Algorithm>(alg: &A, start: u64, steps: &[(u64, u32)]) {
         let now = Timestamp::from_micros(start + offset);
         let peek = alg.evaluate(&mut state.clone(), now, 0);
         assert!(peek.remaining <= peek.limit, "peek at +{offset}: {peek:?}");
+        let expected = evaluated_then_committed(alg, &state, now, cost);
         let verdict = alg.check(&mut state, now, cost);
         assert!(
             verdict.remaining <= verdict.limit,
             "at +{offset}: {verdict:?}"
         );
+        assert_eq!(format!("{state:?}"), expected, "check at +{offset}");
         let _ = alg.expires_at(&state);
     }
 }

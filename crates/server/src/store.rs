@@ -137,7 +137,7 @@ impl Store for AnyStore {
     }
 
     #[inline(always)]
-    fn apply_one_immediately(&self, now: Timestamp, check: &Check<'_>) -> Option<Decision> {
+    fn apply_one_immediately(&self, now: Timestamp, check: Check<'_>) -> Option<Decision> {
         match self {
             AnyStore::Memory(m) => m.apply_one_immediately(now, check),
             AnyStore::Redis(_) => None,

@@ -103,12 +103,27 @@ impl Algorithm for TokenBucket {
             Verdict {
                 allowed: false,
                 limit: u64::from(self.capacity),
-                remaining: tokens(),
+                // Refused, fewer tokens than the cost are left: none for a cost of one, the
+                // common case, which then needs no division.
+                remaining: if cost <= 1 { 0 } else { tokens() },
                 reset_micros: tat - now,
                 retry_after_micros: Some(new_tat - horizon - now),
                 delay_micros: 0,
             }
         }
+    }
+
+    /// [`evaluate`](Algorithm::evaluate) and, when admitted, [`commit`](Algorithm::commit) in
+    /// one: an admission's new time is the one `evaluate` just computed (`now` plus the reset),
+    /// so it is not computed again with commit's saturating arithmetic, which an admission
+    /// never needs (its new time is within a bucket's span of `now`).
+    #[inline(always)]
+    fn check(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) -> Verdict {
+        let verdict = self.evaluate(state, now, cost);
+        if verdict.allowed {
+            state.tat = (now.as_micros() + verdict.reset_micros).min(super::MAX_TIME);
+        }
+        verdict
     }
 
     #[inline(always)]

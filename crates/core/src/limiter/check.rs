@@ -190,10 +190,10 @@ fn decide_now<S: Store, C: Clock>(
         Target::Policy(policy) => policy,
     };
     let (check, now) = limiter.prepare(policy, key, cost)?;
-    if let Some(decision) = limiter.store().apply_one_immediately(now, &check) {
+    if let Some(decision) = limiter.store().apply_one_immediately(now, check) {
         return Ok(Reordered::of(decision));
     }
-    poll_once(limiter.store(), now, &check).map(Reordered::of)
+    poll_once(limiter.store(), now, check.policy, check.key, check.cost).map(Reordered::of)
 }
 
 /// A [`Decision`] with its fields in another order: how [`decide_now`] hands a decision back.
@@ -254,8 +254,14 @@ impl Reordered {
 /// stays small and returns its decision in place; the check by reference, or the common path
 /// copies it into this call's arguments too (its 4-byte cost read back as 8 bytes, a stall).
 #[inline(never)]
-fn poll_once<S: Store>(store: &S, now: Timestamp, check: &Check<'_>) -> Result<Decision, Error> {
-    let future = pin!(store.apply_one(now, *check));
+fn poll_once<S: Store>(
+    store: &S,
+    now: Timestamp,
+    policy: &Policy,
+    key: &[u8],
+    cost: u32,
+) -> Result<Decision, Error> {
+    let future = pin!(store.apply_one(now, Check::new(policy, key, cost)));
     match future.poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(Ok(decision)) => Ok(decision),
         Poll::Ready(Err(error)) => Err(error.into()),

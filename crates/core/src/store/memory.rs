@@ -52,7 +52,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 use super::{Check, Store};
-use crate::{Decision, Decisions, StoreError, Timestamp, Verdict};
+use crate::{Decision, Decisions, Policy, StoreError, Timestamp, Verdict};
 
 mod bans;
 mod batch;
@@ -243,12 +243,12 @@ impl MemoryStore {
         if let Some(rule) = check.policy.ban() {
             return self.apply_one_banning(now, check, rule);
         }
-        self.apply_one_unbanned(now, check)
+        self.apply_one_unbanned(now, *check)
     }
 
     /// [`apply_one_now`](Self::apply_one_now) for a policy without a ban.
     #[inline(always)]
-    fn apply_one_unbanned(&self, now: Timestamp, check: &Check<'_>) -> Decision {
+    fn apply_one_unbanned(&self, now: Timestamp, check: Check<'_>) -> Decision {
         // By value: the fields stay in registers (a `&Check` kept a copy in memory for the cold
         // path below, callgrind: 4 instructions a check).
         let Check {
@@ -256,7 +256,7 @@ impl MemoryStore {
             key,
             cost,
             permit,
-        } = *check;
+        } = check;
         let hashed = self.hashed(key);
         let hash = hashed.value;
         let lock = self.shard(hash);
@@ -271,7 +271,7 @@ impl MemoryStore {
             }
             Shared::Exclusive => {
                 drop(shard);
-                decide_exclusive(lock, now, check, hash, *limits)
+                decide_exclusive(lock, now, policy, cost, permit, hash, *limits)
                     .into_decision(policy.shared_name())
             }
         }
@@ -373,7 +373,7 @@ impl Store for MemoryStore {
     /// Every check of a policy without a ban; those with one take `apply_one`, whose lockout
     /// path is out of line.
     #[inline(always)]
-    fn apply_one_immediately(&self, now: Timestamp, check: &Check<'_>) -> Option<Decision> {
+    fn apply_one_immediately(&self, now: Timestamp, check: Check<'_>) -> Option<Decision> {
         match check.policy.ban() {
             None => Some(self.apply_one_unbanned(now, check)),
             Some(_) => None,
@@ -440,23 +440,18 @@ fn random_key() -> (u64, u64) {
 /// What the shared lock could not decide: a new key, a spilled or spilling state.
 #[cold]
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 fn decide_exclusive(
     lock: Lock<'_, Shard>,
     now: Timestamp,
-    check: &Check<'_>,
+    policy: &Policy,
+    cost: u32,
+    permit: u64,
     hash: u64,
     limits: Limits,
 ) -> Verdict {
     lock.write()
-        .step(
-            check.policy,
-            hash,
-            now,
-            check.cost,
-            check.permit,
-            Mode::Commit,
-            limits,
-        )
+        .step(policy, hash, now, cost, permit, Mode::Commit, limits)
         .0
 }
 
@@ -501,16 +496,16 @@ mod tests {
             Duration::from_secs(600),
         )?)?;
         let now = Timestamp::from_secs(100);
-        let first = store.apply_one_immediately(now, &Check::new(&plain, b"k", 1));
+        let first = store.apply_one_immediately(now, Check::new(&plain, b"k", 1));
         assert!(
             first.is_some_and(|d| d.allowed && d.remaining == 0),
             "{first:?}"
         );
-        let second = store.apply_one_immediately(now, &Check::new(&plain, b"k", 1));
+        let second = store.apply_one_immediately(now, Check::new(&plain, b"k", 1));
         assert!(second.is_some_and(|d| !d.allowed), "{second:?}");
         // A policy with a ban goes through apply_one, where its lockout is counted.
         let check = Check::new(&banning, b"k", 1);
-        assert_eq!(store.apply_one_immediately(now, &check), None);
+        assert_eq!(store.apply_one_immediately(now, check), None);
         assert!(store.apply_one_now(now, &check).allowed);
         let denied = store.apply_one_now(now, &check);
         assert_eq!(denied.ban, crate::BanStatus::Started, "{denied:?}");

@@ -355,12 +355,12 @@ impl Table<Entry> {
     /// under the exclusive lock, which shifts later entries back into the hole).
     #[inline(always)]
     pub(super) fn find(&self, hash: u64, again: bool) -> Result<&AtomicU64, Option<usize>> {
-        if self.lines.is_empty() {
-            return Err(None);
-        }
-        // A home is a line ([`Entry::HOME`]).
+        // A home is a line ([`Entry::HOME`]). Below the line count, so only a table with no
+        // lines has no line there.
         let home = ((u128::from(hash) * self.lines.len() as u128) >> 64) as usize;
-        let line = &self.lines[home].0;
+        let Some(Line(line)) = self.lines.get(home) else {
+            return Err(None);
+        };
         if again {
             for entry in line {
                 if entry.hash() == hash {

@@ -175,11 +175,10 @@ impl PolicyTable {
         room: Room<'_>,
     ) -> Option<Verdict> {
         let mut state = A::State::default();
-        let verdict = alg.evaluate(&mut state, now, cost);
+        let verdict = alg.check(&mut state, now, cost);
         if !verdict.allowed || cost == 0 {
             return Some(verdict);
         }
-        alg.commit(&mut state, now, cost);
         let next = alg.encode(self.base, &state)?;
         if !room.reserve() {
             return None;
@@ -228,12 +227,11 @@ impl PolicyTable {
             } else {
                 alg.decode(self.base, current)
             };
-            let verdict = alg.evaluate(&mut state, now, cost);
+            let verdict = alg.check(&mut state, now, cost);
             // Denials and peeks write nothing: a client that is being refused costs no store.
             if !verdict.allowed || cost == 0 {
                 return Some(verdict);
             }
-            alg.commit(&mut state, now, cost);
             let next = alg.encode(self.base, &state)?;
             match word.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return Some(verdict),
@@ -254,9 +252,8 @@ impl PolicyTable {
     ) -> Option<Verdict> {
         let mut slot = lock(self.spill.get(&hash)?);
         let mut state = alg.narrow(*slot);
-        let verdict = alg.evaluate(&mut state, now, cost);
+        let verdict = alg.check(&mut state, now, cost);
         if verdict.allowed && cost > 0 {
-            alg.commit(&mut state, now, cost);
             *slot = alg.widen(&state);
         }
         Some(verdict)
