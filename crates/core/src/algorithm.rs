@@ -90,11 +90,9 @@ impl Divisor {
     /// Dividing by `d`, which must be positive (quotas never have a zero window or interval).
     pub(crate) fn new(d: u64) -> Self {
         let d = d.max(1);
-        let m = if d == 1 {
-            0
-        } else {
-            ((1u128 << 64) / u128::from(d)) as u64
-        };
+        // For d = 1, 2⁶⁴ − 1: the estimate is then n − 1 (or 0), still the quotient or one
+        // less, and the same correction holds, with no branch for it in `div`.
+        let m = u64::try_from((1u128 << 64) / u128::from(d)).unwrap_or(u64::MAX);
         Divisor { d, m }
     }
 
@@ -107,9 +105,6 @@ impl Divisor {
     /// `⌊n / d⌋`.
     #[inline]
     pub(crate) fn div(self, n: u64) -> u64 {
-        if self.d == 1 {
-            return n;
-        }
         let q = ((u128::from(n) * u128::from(self.m)) >> 64) as u64;
         if n - q * self.d >= self.d { q + 1 } else { q }
     }

@@ -98,20 +98,19 @@ impl Policies {
 
     #[inline(always)]
     fn get(&self, name: &str) -> Option<&Policy> {
-        let i = match &self.lookup {
+        let policy = match &self.lookup {
             Lookup::One(only) => {
                 if *only != NameProbe::of(name) {
                     return None;
                 }
-                0
+                self.list.first()?
             }
             Lookup::Scan(probes) => {
                 let probe = NameProbe::of(name);
-                probes.iter().position(|p| *p == probe)?
+                &self.list[probes.iter().position(|p| *p == probe)?]
             }
             Lookup::Map(index) => return index.get(name).map(|&i| &self.list[i]),
         };
-        let policy = self.list.get(i)?;
         // A probe covers names of up to 16 bytes; longer ones compare their middles too.
         (name.len() <= NameProbe::EXACT_UP_TO || middles_equal(policy.name(), name))
             .then_some(policy)

@@ -17,6 +17,8 @@ pub struct TokenBucket {
     refill: Rate,
     interval: u64,
     per_interval: Divisor,
+    /// `capacity × interval`: how far ahead of now a full bucket's `tat` can be, computed once.
+    horizon: u64,
 }
 
 /// A token bucket's theoretical arrival time.
@@ -52,6 +54,7 @@ impl TokenBucket {
             refill,
             interval,
             per_interval: Divisor::new(interval),
+            horizon: u64::from(capacity) * interval,
         })
     }
 
@@ -80,7 +83,7 @@ impl Algorithm for TokenBucket {
     fn evaluate(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) -> Verdict {
         let now = now.as_micros();
         let tat = state.tat.max(now);
-        let horizon = u64::from(self.capacity) * self.interval;
+        let horizon = self.horizon;
         // Whole tokens in the bucket before this request (a division: computed only when the
         // answer reports them, not on the admitted path). None when the state is further ahead
         // than a full bucket: it was written at a later instant than `now` (a clock stepped

@@ -143,6 +143,11 @@ impl KeyHasher {
     /// check path is large enough that the compiler otherwise calls it.
     #[inline(always)]
     pub(super) fn hashed(&self, bytes: &[u8]) -> Hashed {
+        // Eight bytes (a `u64` key's), first: one length test leads to one word's SipHash.
+        if let Ok(word) = <[u8; 8]>::try_from(bytes) {
+            let word = u64::from_le_bytes(word);
+            return self.remembered(8, word, word, || self.sip_word(word));
+        }
         let n = bytes.len();
         let (head, tail) = match (bytes.first_chunk::<8>(), bytes.last_chunk::<8>()) {
             (Some(first), Some(last)) if n <= 16 => {
@@ -156,16 +161,25 @@ impl KeyHasher {
             }
             _ => (tail(bytes), 0),
         };
+        self.remembered(n, head, tail, || self.sip(bytes))
+    }
+
+    /// The hash of a key of `n` ≤ 16 bytes whose first and last eight bytes are `head` and
+    /// `tail`: the thread's [`Last`] if it is that key, or `sip`'s, remembered.
+    #[inline(always)]
+    fn remembered(&self, n: usize, head: u64, tail: u64, sip: impl FnOnce() -> u64) -> Hashed {
         // The id has room for the length below it: ids count hashers, far below 2^56.
         let tag = self.id << 8 | n as u64;
         let seen = LAST.get();
-        if seen.tag == tag && seen.head == head && seen.tail == tail {
+        // An eight-byte key is all in `head` (its `tail` is the same word), and its tag, which
+        // carries the length, matches no other length's.
+        if seen.tag == tag && seen.head == head && (n == 8 || seen.tail == tail) {
             return Hashed {
                 value: seen.hash,
                 again: true,
             };
         }
-        let hash = self.sip(bytes);
+        let hash = sip();
         LAST.set(Last {
             tag,
             head,
@@ -178,14 +192,20 @@ impl KeyHasher {
         }
     }
 
+    /// The 64-bit SipHash-1-3 of eight bytes, `word` little-endian: the word and the length,
+    /// without the loop's bookkeeping.
+    #[inline(always)]
+    fn sip_word(&self, word: u64) -> u64 {
+        let mut state = self.initial;
+        state.absorb(word);
+        finish(state, 8 << 56)
+    }
+
     /// The 64-bit SipHash-1-3 of `bytes`.
     #[inline(always)]
     fn sip(&self, bytes: &[u8]) -> u64 {
-        // Eight bytes (a `u64` key's): one word and the length, without the loop's bookkeeping.
         if let Ok(word) = <[u8; 8]>::try_from(bytes) {
-            let mut state = self.initial;
-            state.absorb(u64::from_le_bytes(word));
-            return finish(state, 8 << 56);
+            return self.sip_word(u64::from_le_bytes(word));
         }
         let mut state = self.initial;
         let mut words = bytes.chunks_exact(8);
