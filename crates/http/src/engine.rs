@@ -395,8 +395,9 @@ impl<S: Store, C: Clock> Engine<S, C> {
     }
 
     /// [`decide_now`](Self::decide_now) without taking the request: `None` when the store
-    /// does not answer at once.
-    fn decide_now_ref(&self, prepared: &Prepared) -> Option<Evaluation<S, C>> {
+    /// does not answer at once (then [`decide_prepared`](Self::decide_prepared)). The caller
+    /// keeps the request, to read its [`keys`](Prepared::keys) next to the decisions.
+    pub fn decide_now_ref(&self, prepared: &Prepared) -> Option<Evaluation<S, C>> {
         if !self.inner.limiter.store().is_immediate() || self.may_wait(prepared) {
             return None;
         }
