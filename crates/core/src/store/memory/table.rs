@@ -108,14 +108,6 @@ impl<E> Default for Table<E> {
     }
 }
 
-/// Where a probe for a hash ended.
-pub(super) enum Probe {
-    /// The hash's slot.
-    Found(usize),
-    /// The empty slot that ends its probe run: where it would go.
-    Vacant(usize),
-}
-
 impl<E: Keyed> Table<E> {
     pub(super) fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
@@ -150,45 +142,22 @@ impl<E: Keyed> Table<E> {
         if i + 1 == self.capacity() { 0 } else { i + 1 }
     }
 
-    /// Where `hash` is, or the empty slot where its probe ends; `None` for a table with no slots.
+    /// The slot of `hash`: a slot at a time from its home, to the empty slot that ends its
+    /// probe run. For the exclusive lock's work and the logs; a packed state's lookup is
+    /// [`Table::find`].
     #[inline]
-    fn probe(&self, hash: u64) -> Option<Probe> {
+    fn position(&self, hash: u64) -> Option<usize> {
         if self.lines.is_empty() {
             return None;
         }
-        Some(self.probe_from(hash, self.home(hash)))
-    }
-
-    /// [`probe`](Self::probe) from slot `start` on, a line at a time.
-    #[inline]
-    fn probe_from(&self, hash: u64, start: usize) -> Probe {
-        let (mut line, mut first) = (start / SLOTS, start % SLOTS);
+        let mut i = self.home(hash);
         // Terminates: the table is never full (at most four-fifths).
         loop {
-            let slots = &self.lines[line].0;
-            for (k, entry) in slots.iter().enumerate().skip(first) {
-                let found = entry.hash();
-                if found == hash {
-                    return Probe::Found(line * SLOTS + k);
-                }
-                if found == EMPTY {
-                    return Probe::Vacant(line * SLOTS + k);
-                }
+            match self.slot(i).hash() {
+                found if found == hash => return Some(i),
+                EMPTY => return None,
+                _ => i = self.next(i),
             }
-            first = 0;
-            line = if line + 1 == self.lines.len() {
-                0
-            } else {
-                line + 1
-            };
-        }
-    }
-
-    #[inline]
-    fn position(&self, hash: u64) -> Option<usize> {
-        match self.probe(hash)? {
-            Probe::Found(i) => Some(i),
-            Probe::Vacant(_) => None,
         }
     }
 
