@@ -2,7 +2,7 @@
 //! hyper's byte for byte (but the date), pipelined checks are answered in order, anything it
 //! does not take (chunked bodies, other routes, smuggling attempts, oversized heads) is handed
 //! to hyper with every byte not yet answered, and its bounds are hyper's (header read timeout,
-//! idle keep-alive, shutdown).
+//! idle keep-alive, answers a client does not read, shutdown).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -292,4 +292,38 @@ async fn slow_heads_idle_connections_and_shutdown_are_cut_off() {
         .unwrap_or(0);
     assert_eq!(n, 0);
     let _ = tokio::time::timeout(Duration::from_secs(10), &mut s.task).await;
+}
+
+#[tokio::test]
+async fn answers_a_client_does_not_read_are_cut_off() {
+    let s = server().await;
+    let (mut rd, mut wr) = TcpStream::connect(s.api).await.unwrap().into_split();
+    // Pipelined checks, never read, until the server stops taking them (its answers fill the
+    // socket's buffers, so it stops reading) or closes the connection.
+    let batch = request(r#"{"policy":"api","key":"reader"}"#, false).repeat(100);
+    let writer = tokio::spawn(async move {
+        let mut sent = 0_usize;
+        while let Ok(Ok(())) =
+            tokio::time::timeout(Duration::from_secs(3), wr.write_all(batch.as_bytes())).await
+        {
+            sent += 100;
+        }
+        sent
+    });
+    let sent = writer.await.unwrap();
+    // By now the server's write has waited more than its timeout (1 s): the connection ends
+    // after what was buffered, short of an answer to every check sent.
+    let mut read = Vec::new();
+    let mut chunk = vec![0u8; 1 << 16];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), rd.read(&mut chunk)).await {
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(n)) => read.extend_from_slice(&chunk[..n]),
+            Err(_) => panic!("the server kept a connection whose answers were not read"),
+        }
+    }
+    let answers = read.windows(9).filter(|w| w == b"HTTP/1.1 ").count();
+    assert!(answers > 0, "answered nothing");
+    assert!(answers < sent, "{answers} answers for {sent} checks");
+    s.stop().await;
 }
