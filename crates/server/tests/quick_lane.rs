@@ -322,8 +322,13 @@ async fn answers_a_client_does_not_read_are_cut_off() {
             Err(_) => panic!("the server kept a connection whose answers were not read"),
         }
     }
+    // (What was buffered may be lost: the server's close resets a connection it did not read
+    // to the end.)
     let answers = read.windows(9).filter(|w| w == b"HTTP/1.1 ").count();
-    assert!(answers > 0, "answered nothing");
+    assert!(
+        sent > 0,
+        "no batch was taken before the server stopped reading"
+    );
     assert!(answers < sent, "{answers} answers for {sent} checks");
     s.stop().await;
 }
