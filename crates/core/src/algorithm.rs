@@ -132,13 +132,7 @@ mod tests {
 
     #[test]
     fn divisor_divides_exactly() {
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::test_rng::xorshift(0x2545_f491_4f6c_dd1d_u64);
         let edges = [0, 1, 2, 3, 59_999_999, 60_000_000, u64::MAX - 1, u64::MAX];
         let mut divisors = vec![
             1,

@@ -53,6 +53,8 @@ mod on_error;
 mod policy;
 mod quota;
 pub mod store;
+#[cfg(test)]
+mod test_rng;
 #[cfg(feature = "test-util")]
 pub mod testing;
 

@@ -9,13 +9,7 @@ use std::collections::HashMap;
 fn agrees_with_a_map() {
     let mut table = Table::default();
     let mut model: HashMap<u64, u64> = HashMap::new();
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut next = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = crate::test_rng::xorshift(0x9e37_79b9_7f4a_7c15_u64);
     for step in 0..200_000u64 {
         // Few distinct keys, the top bits (which pick the home) drawn from a small set.
         let r = next();
