@@ -9,7 +9,8 @@
 //! - `PING`, `ECHO`, `HELLO` (2 or 3), `QUIT`, `AUTH`, `SELECT 0`, `CLIENT`, `COMMAND`,
 //!   `CONFIG GET`: what clients send on connect, answered as Redis answers them.
 //! - [`serve`]: the listener, bounded by [`Limits`] (connections, request size, pipelining
-//!   depth, idle and write timeouts), with a graceful drain.
+//!   depth, idle and write timeouts), with a graceful drain; [`serve_over`] the same through a
+//!   [`Transport`] such as TLS.
 //! - [`codec`]: the RESP request parser and reply writer.
 //!
 //! ```no_run
@@ -40,5 +41,5 @@ mod throttle;
 pub use codec::Protocol;
 pub use decide::{CheckError, CheckReply, Decide, LimiterDecide};
 pub use handler::{CHECK_FIELDS, Handler};
-pub use server::{Limits, serve};
+pub use server::{Limits, Plain, Transport, serve, serve_over};
 pub use throttle::{DEFAULT_MAX_QUOTAS, POLICY_NAME, Throttle, ThrottleError};

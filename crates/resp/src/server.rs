@@ -1,13 +1,16 @@
 //! The listener: [`serve`] accepts connections (at most [`Limits::max_connections`]) and runs
 //! each in its own task until the shutdown future completes, then drains them.
+//! [`serve_over`] does the same over a [`Transport`] (TLS, in the server), whose handshake
+//! runs in each connection's task.
 
 mod connection;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tollgate::{Clock, Store};
@@ -70,6 +73,44 @@ impl Limits {
 /// How many refused connections may be saying goodbye at once; past it they are just closed.
 const MAX_REFUSING: usize = 64;
 
+/// How an accepted TCP connection is spoken to: as it is ([`Plain`]), or through a layer such
+/// as TLS, whose handshake [`open`](Transport::open) runs in the connection's own task, so a
+/// slow client delays nobody else.
+pub trait Transport: Send + Sync + 'static {
+    /// What requests are read from and replies written to.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// The connection from `peer` ready for requests, or `None` to close it (a failed or late
+    /// handshake: the transport has dealt with the client).
+    fn open(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> impl Future<Output = Option<Self::Io>> + Send;
+
+    /// Whether bytes written to a fresh TCP connection reach the client as they are. A
+    /// connection past [`Limits::max_connections`] is then told why before it closes; through
+    /// TLS it is closed without a handshake, which would cost the most when there is least
+    /// to spare.
+    fn is_plain(&self) -> bool;
+}
+
+/// The bytes of the TCP connection, as they are.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Plain;
+
+impl Transport for Plain {
+    type Io = TcpStream;
+
+    async fn open(&self, stream: TcpStream, _peer: SocketAddr) -> Option<TcpStream> {
+        Some(stream)
+    }
+
+    fn is_plain(&self) -> bool {
+        true
+    }
+}
+
 /// Serves the Redis protocol on `listener` with `handler` until `shutdown` completes; then
 /// stops accepting, lets each connection answer what it has read, and waits up to
 /// [`Limits::drain`] for them to close.
@@ -87,6 +128,25 @@ where
     S: Store,
     C: Clock,
 {
+    serve_over(listener, Plain, handler, limits, shutdown).await
+}
+
+/// [`serve`] over `transport`: each accepted connection is [opened](Transport::open) in its
+/// own task, and counts against [`Limits::max_connections`] from its acceptance.
+pub async fn serve_over<T, D, S, C>(
+    listener: TcpListener,
+    transport: T,
+    handler: Handler<D, S, C>,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    T: Transport,
+    D: Decide,
+    S: Store,
+    C: Clock,
+{
+    let transport = Arc::new(transport);
     let handler = Arc::new(handler);
     let max = limits.max_connections.max(1);
     let permits = Arc::new(Semaphore::new(max));
@@ -94,9 +154,9 @@ where
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::warn!(error = %e, "resp: accept failed");
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -107,13 +167,18 @@ where
         };
         let _ = stream.set_nodelay(true);
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            refuse(stream, &refusing);
+            if transport.is_plain() {
+                refuse(stream, &refusing);
+            }
             continue;
         };
         let handler = Arc::clone(&handler);
+        let transport = Arc::clone(&transport);
         let stop = stop_rx.clone();
         tokio::spawn(async move {
-            connection::run(stream, &handler, limits, stop).await;
+            if let Some(io) = transport.open(stream, peer).await {
+                connection::run(io, &handler, limits, stop).await;
+            }
             drop(permit);
         });
     }

@@ -393,6 +393,7 @@ pub async fn run_with(
             listener,
             stop_rx.clone(),
             limits,
+            tls.resp.clone(),
         ));
     }
     tokio::spawn(purge_idle_keys(Arc::clone(&shared), stop_rx.clone()));

@@ -3,17 +3,22 @@
 //! failure rule and metrics as `/v1/check`), and redis-cell's `CL.THROTTLE` over the server's
 //! store.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio_rustls::server::TlsStream;
 use tollgate::{Decision, SystemClock};
-use tollgate_resp::{CheckError, CheckReply, Decide, Handler, Throttle};
+use tollgate_resp::{CheckError, CheckReply, Decide, Handler, Plain, Throttle, Transport};
 
 use crate::Shared;
 use crate::generation::Disposition;
 use crate::serve::Limits;
 use crate::store::AnyStore;
 use crate::telemetry::{Door, Trace};
+use crate::tls::Tls;
 
 /// `TOLLGATE.CHECK` through the generation running when each request arrives.
 struct ServerDecide {
@@ -67,12 +72,33 @@ impl Decide for ServerDecide {
     }
 }
 
-/// Serves the door until `stop`, bounded like every listener (connections, drain).
+/// The door over TLS (`[server]`'s files): each handshake within the header read timeout, in
+/// the connection's own task.
+struct OverTls {
+    tls: Arc<Tls>,
+    handshake: Duration,
+}
+
+impl Transport for OverTls {
+    type Io = TlsStream<TcpStream>;
+
+    async fn open(&self, stream: TcpStream, peer: SocketAddr) -> Option<Self::Io> {
+        self.tls.accept(stream, peer, self.handshake).await
+    }
+
+    fn is_plain(&self) -> bool {
+        false
+    }
+}
+
+/// Serves the door until `stop`, bounded like every listener (connections, drain); over TLS
+/// when `[server]` has it.
 pub(crate) async fn serve(
     shared: Arc<Shared>,
     listener: tokio::net::TcpListener,
     mut stop: watch::Receiver<bool>,
     limits: Limits,
+    tls: Option<Arc<Tls>>,
 ) {
     let throttle = match tollgate::Limiter::builder()
         .store(shared.store.clone())
@@ -92,7 +118,17 @@ pub(crate) async fn serve(
         ..tollgate_resp::Limits::default()
     };
     let shutdown = async move { crate::serve::stopped(&mut stop).await };
-    if let Err(e) = tollgate_resp::serve(listener, handler, resp_limits, shutdown).await {
+    let served = match tls {
+        None => tollgate_resp::serve_over(listener, Plain, handler, resp_limits, shutdown).await,
+        Some(tls) => {
+            let transport = OverTls {
+                tls,
+                handshake: limits.header_read_timeout,
+            };
+            tollgate_resp::serve_over(listener, transport, handler, resp_limits, shutdown).await
+        }
+    };
+    if let Err(e) = served {
         tracing::error!(error = %e, "the Redis-protocol door stopped");
     }
 }

@@ -1,6 +1,7 @@
 //! TLS on the listeners (`tls_cert`, `tls_key`, `client_ca` of `[server]`, `[admin]`,
-//! `[proxy]`): the handshake of each accepted connection, in its own task and within the header
-//! read timeout, and the files read again whenever they change, without a restart.
+//! `[proxy]`; `[server]`'s also on its gRPC and Redis-protocol doors): the handshake of each
+//! accepted connection, in its own task and within the header read timeout, and the files read
+//! again whenever they change, without a restart.
 //!
 //! Each TLS listener holds its current rustls configuration behind an atomic pointer; every
 //! accepted connection takes the one current then. A rotation (new certificate and key, or a
@@ -35,14 +36,42 @@ const PLAIN_HTTP: &[u8] = b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain
     content-length: 57\r\nconnection: close\r\n\r\n\
     This listener speaks HTTPS: connect with https:// (TLS).\n";
 
+/// What a plaintext Redis client on the TLS Redis-protocol door is answered: an error reply it
+/// shows (`redis-cli` prints it), rather than a connection closed without a word.
+const PLAIN_RESP: &[u8] = b"-ERR this port speaks TLS: connect with TLS (redis-cli --tls)\r\n";
+
+/// What a listener's clients speak, for a readable refusal of one that skips TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plaintext {
+    /// HTTP/1.1: a plaintext request is answered 400, saying to use https.
+    Http,
+    /// The Redis protocol: a plaintext command is answered with an error reply saying so.
+    Resp,
+    /// Anything else (gRPC): the connection is closed.
+    Close,
+}
+
+impl Plaintext {
+    /// The answer to a plaintext client whose first byte is `first`, if it is one this
+    /// protocol's clients send first (an HTTP method's capital; a RESP array, or an inline
+    /// command's letter).
+    fn refusal(self, first: u8) -> Option<&'static [u8]> {
+        match self {
+            Plaintext::Http if first.is_ascii_uppercase() => Some(PLAIN_HTTP),
+            Plaintext::Resp if first == b'*' || first.is_ascii_alphabetic() => Some(PLAIN_RESP),
+            _ => None,
+        }
+    }
+}
+
 /// One listener's TLS.
 pub(crate) struct Tls {
     /// The listener, for the logs.
     listener: &'static str,
     /// The application protocols offered in the handshake (ALPN), most preferred first.
     alpn: Vec<Vec<u8>>,
-    /// Answer a plaintext HTTP request with a 400 that says to use https.
-    http: bool,
+    /// How a plaintext client is refused.
+    plaintext: Plaintext,
     current: ArcSwap<rustls::ServerConfig>,
 }
 
@@ -55,20 +84,20 @@ impl std::fmt::Debug for Tls {
 }
 
 impl Tls {
-    /// TLS for `listener` from `files`, offering `alpn` (e.g. `http/1.1`, or `h2` for gRPC);
-    /// `http`: the listener speaks HTTP/1.1, so a plaintext request gets a readable refusal.
+    /// TLS for `listener` from `files`, offering `alpn` (e.g. `http/1.1`, or `h2` for gRPC;
+    /// none for the Redis protocol); a plaintext client is refused as `plaintext` says.
     pub(crate) fn new(
         listener: &'static str,
         files: &TlsConfig,
         alpn: &[&[u8]],
-        http: bool,
+        plaintext: Plaintext,
     ) -> Result<Arc<Tls>, TlsError> {
         let alpn: Vec<Vec<u8>> = alpn.iter().map(|p| p.to_vec()).collect();
         let config = build(files, &alpn)?;
         Ok(Arc::new(Tls {
             listener,
             alpn,
-            http,
+            plaintext,
             current: ArcSwap::from_pointee(config),
         }))
     }
@@ -94,8 +123,8 @@ impl Tls {
         }
         if first[0] != HANDSHAKE {
             tracing::debug!(listener = self.listener, %peer, "TLS: a plaintext client, refused");
-            if self.http && first[0].is_ascii_uppercase() {
-                refuse_plain_http(stream, deadline).await;
+            if let Some(answer) = self.plaintext.refusal(first[0]) {
+                refuse_plaintext(stream, answer, deadline).await;
             }
             return None;
         }
@@ -130,9 +159,9 @@ fn build(files: &TlsConfig, alpn: &[Vec<u8>]) -> Result<rustls::ServerConfig, Tl
 
 /// Writes the plaintext refusal, then closes once the client has had a moment to read it
 /// (closing with its request unread would reset the connection, and the answer with it).
-async fn refuse_plain_http(mut stream: TcpStream, deadline: Instant) {
+async fn refuse_plaintext(mut stream: TcpStream, answer: &[u8], deadline: Instant) {
     if !matches!(
-        timeout_at(deadline, stream.write_all(PLAIN_HTTP)).await,
+        timeout_at(deadline, stream.write_all(answer)).await,
         Ok(Ok(()))
     ) {
         return;
@@ -232,6 +261,8 @@ pub(crate) struct ListenerTls {
     pub(crate) proxy: Option<Arc<Tls>>,
     /// Envoy's rate limit service: `[server]`'s files, offering HTTP/2 only.
     pub(crate) grpc: Option<Arc<Tls>>,
+    /// The Redis-protocol door: `[server]`'s files, no ALPN (Redis clients offer none).
+    pub(crate) resp: Option<Arc<Tls>>,
 }
 
 fn server_files(c: &Config) -> Option<TlsConfig> {
@@ -256,19 +287,23 @@ impl ListenerTls {
         let make = |listener: &'static str,
                     files: Option<TlsConfig>,
                     alpn: &[&[u8]],
-                    http: bool|
+                    plaintext: Plaintext|
          -> Result<Option<Arc<Tls>>, crate::ServerError> {
             files
-                .map(|f| Tls::new(listener, &f, alpn, http))
+                .map(|f| Tls::new(listener, &f, alpn, plaintext))
                 .transpose()
                 .map_err(|source| crate::ServerError::Tls { listener, source })
         };
         Ok(ListenerTls {
-            api: make("api", server_files(config), HTTP2_AND_1, true)?,
-            admin: make("admin", admin_files(config), HTTP2_AND_1, true)?,
-            proxy: make("proxy", proxy_files(config), HTTP1, true)?,
+            api: make("api", server_files(config), HTTP2_AND_1, Plaintext::Http)?,
+            admin: make("admin", admin_files(config), HTTP2_AND_1, Plaintext::Http)?,
+            proxy: make("proxy", proxy_files(config), HTTP1, Plaintext::Http)?,
             grpc: match config.grpc_listen {
-                Some(_) => make("grpc", server_files(config), &[b"h2"], false)?,
+                Some(_) => make("grpc", server_files(config), &[b"h2"], Plaintext::Close)?,
+                None => None,
+            },
+            resp: match config.resp_listen {
+                Some(_) => make("resp", server_files(config), &[], Plaintext::Resp)?,
                 None => None,
             },
         })
@@ -284,6 +319,7 @@ impl ListenerTls {
             with(&self.admin, admin_files),
             with(&self.proxy, proxy_files),
             with(&self.grpc, server_files),
+            with(&self.resp, server_files),
         ]
         .into_iter()
         .flatten()

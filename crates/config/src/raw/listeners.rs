@@ -78,25 +78,6 @@ pub(super) fn validate(
         errs,
     );
     let mut ok = true;
-    if let (Some(v), Some(Some(resp)), true) = (
-        &server.resp_listen,
-        resp_listen,
-        server.tls_cert.is_some() || server.tls_key.is_some(),
-    ) && !resp.ip().is_loopback()
-    {
-        // Its connections are plaintext: a TLS-only [server] must not open a plaintext door
-        // beyond this host without saying so.
-        errs.at(
-            v.span().start,
-            format!(
-                "[server] field \"resp_listen\": the Redis-protocol door has no TLS, and [server] \
-                 is served over TLS (tls_cert); bind it to a loopback address for clients on this \
-                 host, e.g. resp_listen = \"127.0.0.1:{}\", or remove it",
-                resp.port()
-            ),
-        );
-        ok = false;
-    }
     let admin_token = match admin.token {
         Some(t) if t.get_ref().is_empty() => {
             errs.at(

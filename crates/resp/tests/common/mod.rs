@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 use tollgate::{Clock, Limiter, MemoryStore, Policy, Quota, Store, SystemClock};
-use tollgate_resp::{Decide, Handler, Limits};
+use tollgate_resp::{Decide, Handler, Limits, Plain, Transport};
 
 /// A door running until dropped.
 pub struct Door {
@@ -72,6 +72,15 @@ pub fn start_with<D: Decide, S: Store, C: Clock>(
     handler: Handler<D, S, C>,
     limits: Limits,
 ) -> Door {
+    start_over(Plain, handler, limits)
+}
+
+/// A door with `handler` and `limits`, over `transport`.
+pub fn start_over<T: Transport, D: Decide, S: Store, C: Clock>(
+    transport: T,
+    handler: Handler<D, S, C>,
+    limits: Limits,
+) -> Door {
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let thread = std::thread::spawn(move || {
@@ -83,7 +92,7 @@ pub fn start_with<D: Decide, S: Store, C: Clock>(
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             addr_tx.send(listener.local_addr().unwrap()).unwrap();
-            tollgate_resp::serve(listener, handler, limits, async {
+            tollgate_resp::serve_over(listener, transport, handler, limits, async {
                 let _ = stop_rx.await;
             })
             .await
