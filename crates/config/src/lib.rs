@@ -398,6 +398,9 @@ pub struct Config {
     pub grpc_listen: Option<SocketAddr>,
     /// `[server] resp_listen`: the Redis-protocol door (`CL.THROTTLE`, `TOLLGATE.CHECK`).
     pub resp_listen: Option<SocketAddr>,
+    /// `[server] resp_password_env`: the password the door asks its clients for (`AUTH`, as
+    /// Redis's `requirepass`), read from that environment variable.
+    pub resp_password: Option<Secret>,
     /// `[server] ipv6_prefix`: leading bits of an IPv6 address that form one client (64).
     pub ipv6_prefix: u8,
     /// What every listener bounds: `[server] header_read_timeout`, `max_header_bytes`,
@@ -495,6 +498,7 @@ impl Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_listen: None,
             resp_listen: None,
+            resp_password: None,
             ipv6_prefix: 64,
             limits: Limits::default(),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9090)),

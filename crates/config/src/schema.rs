@@ -22,6 +22,7 @@ const SERVER: &[(&str, Ty)] = &[
     ("listen", Ty::Str),
     ("grpc_listen", Ty::Str),
     ("resp_listen", Ty::Str),
+    ("resp_password_env", Ty::Str),
     ("ipv6_prefix", Ty::Int),
     ("header_read_timeout", Ty::Str),
     ("max_header_bytes", Ty::Int),

@@ -202,6 +202,43 @@ fn key_secret_comes_from_the_environment_and_is_never_printed() {
 }
 
 #[test]
+fn the_redis_doors_password_comes_from_the_environment_and_needs_the_door() {
+    let c = Config::parse(
+        "t.toml",
+        "[server]\nresp_listen = \"127.0.0.1:6380\"\nresp_password_env = \"PATH\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let path = std::env::var("PATH").unwrap_or_default();
+    let password = c
+        .resp_password
+        .clone()
+        .unwrap_or_else(|| panic!("no password"));
+    assert_eq!(password.expose(), path.as_bytes());
+    assert!(
+        !format!("{c:?}").contains(&path),
+        "the password leaked into Debug"
+    );
+    assert_eq!(Config::builtin().resp_password, None);
+
+    let e = errors(
+        "[server]\nresp_listen = \"127.0.0.1:6380\"\nresp_password_env = \"TOLLGATE_TEST_SURELY_UNSET_VARIABLE\"\n",
+    );
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].starts_with("t.toml:3:21:"), "{e:?}");
+    assert!(
+        e[0].contains("\"TOLLGATE_TEST_SURELY_UNSET_VARIABLE\" is not set"),
+        "{e:?}"
+    );
+    let e = errors("[server]\nresp_password_env = \"PATH\"\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("t.toml:2:21: [server] field \"resp_password_env\"")
+            && e[0].contains("add resp_listen"),
+        "{e:?}"
+    );
+}
+
+#[test]
 fn without_a_key_secret_memory_draws_one_per_process_and_redis_shares_the_builtin() {
     let memory = Config::builtin().store;
     let first = crate::key_hash_secret(&memory);

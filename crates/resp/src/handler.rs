@@ -4,6 +4,7 @@
 
 mod connection;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use smallvec::SmallVec;
@@ -14,13 +15,40 @@ use crate::decide::{Decide, LimiterDecide};
 use crate::throttle::{QuotaSlots, Throttle};
 
 /// Everything the door needs to answer: [`Decide`] for `TOLLGATE.CHECK`, [`Throttle`] for
-/// `CL.THROTTLE`.
+/// `CL.THROTTLE`, and the password clients must give first, if any.
 #[derive(Debug)]
 pub struct Handler<D, S = MemoryStore, C = SystemClock> {
     decide: D,
     throttle: Throttle<S, C>,
     /// The id the next connection gets (`HELLO`'s `id`, `CLIENT ID`).
     next_id: AtomicU64,
+    password: Password,
+}
+
+/// Where the door's password comes from: none, or a source read at each new connection and at
+/// each `AUTH`, so that a new password (a reloaded configuration) applies to new connections
+/// while those already in stay in, as with Redis's `CONFIG SET requirepass`.
+#[derive(Clone, Default)]
+pub(crate) struct Password(Option<Arc<PasswordSource>>);
+
+/// What [`Handler::with_password_from`] reads the password from.
+type PasswordSource = dyn Fn() -> Option<Arc<[u8]>> + Send + Sync;
+
+impl Password {
+    /// The password now; `None` when none is asked for.
+    pub(crate) fn current(&self) -> Option<Arc<[u8]>> {
+        self.0.as_ref().and_then(|source| source())
+    }
+}
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Password(<redacted>)"
+        } else {
+            "Password(None)"
+        })
+    }
 }
 
 impl<D: Decide, S: Store, C: Clock> Handler<D, S, C> {
@@ -30,6 +58,29 @@ impl<D: Decide, S: Store, C: Clock> Handler<D, S, C> {
             decide,
             throttle,
             next_id: AtomicU64::new(1),
+            password: Password::default(),
+        }
+    }
+
+    /// Asks every client for `password` before any other command, as Redis's `requirepass`
+    /// does for its `default` user: `AUTH password` (or `AUTH default password`, or `HELLO 3
+    /// AUTH default password`). Until then, commands are answered `-NOAUTH Authentication
+    /// required.`; a wrong password `-WRONGPASS ...`.
+    pub fn with_password(self, password: impl Into<Arc<[u8]>>) -> Self {
+        let password: Arc<[u8]> = password.into();
+        self.with_password_from(move || Some(Arc::clone(&password)))
+    }
+
+    /// [`with_password`](Self::with_password), the password read from `source` at each new
+    /// connection and at each `AUTH`: a new password applies to new connections (and to
+    /// `AUTH`), while connections already in stay in; `None` asks for none.
+    pub fn with_password_from(
+        self,
+        source: impl Fn() -> Option<Arc<[u8]>> + Send + Sync + 'static,
+    ) -> Self {
+        Handler {
+            password: Password(Some(Arc::new(source))),
+            ..self
         }
     }
 
@@ -49,6 +100,7 @@ impl<D: Decide, S: Store, C: Clock> Handler<D, S, C> {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             name: None,
             slots: QuotaSlots::default(),
+            authenticated: self.password.current().is_none(),
             close: false,
             abort: false,
         }
@@ -65,13 +117,18 @@ impl<D: Decide, S: Store, C: Clock> Handler<D, S, C> {
         let Some(&name) = args.first() else {
             return;
         };
+        if !session.authenticated
+            && !connection::may_run_unauthenticated(session, &args, &self.password, out)
+        {
+            return;
+        }
         // The two rate-limiting commands first: they are nearly all of the traffic.
         if name.eq_ignore_ascii_case(b"CL.THROTTLE") {
             self.cl_throttle(session, &args, out).await;
         } else if name.eq_ignore_ascii_case(b"TOLLGATE.CHECK") {
             self.tollgate_check(&args, out).await;
         } else {
-            connection::execute(session, &args, out);
+            connection::execute(session, &args, &self.password, out);
         }
     }
 
@@ -147,6 +204,9 @@ pub(crate) struct Session {
     name: Option<Vec<u8>>,
     /// The `CL.THROTTLE` quotas this connection used last.
     slots: QuotaSlots,
+    /// Whether it may run commands: no password was asked for when it connected, or it gave
+    /// the password.
+    authenticated: bool,
     /// Set by `QUIT`: close once the replies are written.
     pub(crate) close: bool,
     /// Set by an HTTP request line: close at once, dropping the batch's replies.

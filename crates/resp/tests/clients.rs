@@ -233,3 +233,89 @@ fn python_redis_client() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
 }
+
+const PYTHON_PASSWORD: &str = r#"
+import sys, redis
+port = int(sys.argv[1])
+for proto in (2, 3):
+    r = redis.Redis(port=port, protocol=proto, password="s3cret")
+    assert r.ping() is True
+    assert r.execute_command("CL.THROTTLE", f"pw{proto}", 2, 1, 60) == [0, 3, 2, -1, 60]
+for bad in (None, "wrong"):
+    try:
+        redis.Redis(port=port, password=bad).execute_command("CL.THROTTLE", "pw", 2, 1, 60)
+        raise SystemExit(f"{bad}: admitted")
+    except redis.exceptions.AuthenticationError:
+        pass
+print("ok")
+"#;
+
+#[test]
+fn clients_give_the_password() {
+    let door = common::start_with(
+        tollgate_resp::Handler::for_limiter(common::limiter()).with_password(&b"s3cret"[..]),
+        Limits::default(),
+    );
+    let port = door.addr.port();
+    // redis-cli: -a (or REDISCLI_AUTH), then the commands; without it, -NOAUTH.
+    // [allowed, limit, remaining, reset (the hour's window: any second), retry_after].
+    let admitted = cli(
+        port,
+        &[
+            "--no-auth-warning",
+            "-a",
+            "s3cret",
+            "TOLLGATE.CHECK",
+            "tiny",
+            "cli",
+        ],
+    );
+    assert!(
+        admitted.starts_with("1\n2\n1\n") && admitted.ends_with("\n-1\n"),
+        "{admitted}"
+    );
+    assert_eq!(
+        cli(port, &["TOLLGATE.CHECK", "tiny", "cli"]),
+        "NOAUTH Authentication required.\n\n" // redis-cli follows an error with an empty line
+    );
+    // A wrong one: redis-cli says "AUTH failed: WRONGPASS ..." on stderr, then asks anyway.
+    assert_eq!(
+        cli(port, &["--no-auth-warning", "-a", "nope", "PING"]),
+        "NOAUTH Authentication required.\n\n"
+    );
+    // redis-benchmark -a, pipelined: no error.
+    let out = run(
+        Command::new("redis-benchmark").args([
+            "-p",
+            &port.to_string(),
+            "-a",
+            "s3cret",
+            "-n",
+            "4000",
+            "-c",
+            "4",
+            "-P",
+            "16",
+            "-q",
+            "CL.THROTTLE",
+            "bench:__rand_int__",
+            "100",
+            "1000000",
+            "1",
+            "1",
+        ]),
+        None,
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("requests per second") && !text.contains("rror"),
+        "{text}"
+    );
+    // redis-py, RESP2 and RESP3 (HELLO 3 AUTH ...), and refused without it or with another.
+    let out = run(
+        Command::new(python()).args(["-c", PYTHON_PASSWORD, &port.to_string()]),
+        None,
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+}

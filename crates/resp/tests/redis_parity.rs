@@ -31,13 +31,15 @@ impl Drop for RedisServer {
     }
 }
 
-fn redis_server() -> RedisServer {
+/// A redis-server with `extra` options (`--requirepass x`).
+fn redis_server(extra: &[&str]) -> RedisServer {
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .unwrap()
         .port();
     let child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(extra)
         .stdout(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| {
@@ -95,7 +97,7 @@ fn transcript(addr: SocketAddr, request: &[u8], sentinel: bool) -> Vec<u8> {
 
 #[test]
 fn the_door_answers_as_redis_server() {
-    let redis = redis_server();
+    let redis = redis_server(&[]);
     let door = start(Limits::default());
     let big = |n: usize, b: u8| vec![b; n];
     let mut cases: Vec<(Vec<u8>, bool, bool)> = Vec::new();
@@ -178,10 +180,16 @@ fn the_door_answers_as_redis_server() {
         cases.push((r.to_vec(), true, true));
     }
 
+    assert_same_transcripts(redis.addr, door.addr, &cases);
+}
+
+/// Each case (request, append the sentinel, skip the first reply) sent to both on a new
+/// connection; asserts the replies are the same bytes.
+fn assert_same_transcripts(redis: SocketAddr, door: SocketAddr, cases: &[(Vec<u8>, bool, bool)]) {
     let mut failures = Vec::new();
-    for (request, sentinel, skip_first) in &cases {
-        let mut want = transcript(redis.addr, request, *sentinel);
-        let mut got = transcript(door.addr, request, *sentinel);
+    for (request, sentinel, skip_first) in cases {
+        let mut want = transcript(redis, request, *sentinel);
+        let mut got = transcript(door, request, *sentinel);
         if *skip_first {
             for t in [&mut want, &mut got] {
                 let n = reply_len(t).unwrap_or(0);
@@ -204,4 +212,52 @@ fn the_door_answers_as_redis_server() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+#[test]
+fn with_a_password_the_door_answers_as_redis_server_with_requirepass() {
+    let redis = redis_server(&["--requirepass", "s3cret"]);
+    let door = common::start_with(
+        tollgate_resp::Handler::for_limiter(common::limiter()).with_password(&b"s3cret"[..]),
+        Limits::default(),
+    );
+    // Each request, then the password, so that the sentinel gets its answer.
+    let mut cases: Vec<(Vec<u8>, bool, bool)> = Vec::new();
+    for r in [
+        // Before the password: what Redis checks first (unknown commands and subcommands,
+        // arities), then -NOAUTH.
+        &b"PING\r\nPING a b\r\nECHO\r\nECHO x\r\nFOO\r\nfoo a b\r\n"[..],
+        b"CLIENT\r\nCLIENT FOO\r\nCLIENT SETNAME\r\nCLIENT ID x\r\nCLIENT GETNAME\r\n",
+        b"SELECT 1\r\nSELECT\r\nCOMMAND\r\nCOMMAND COUNT\r\nCOMMAND FOO\r\nCOMMAND INFO\r\n",
+        b"CONFIG GET save\r\nCONFIG GET\r\nCONFIG FOO\r\nCONFIG\r\n",
+        // AUTH: the wrong password, another user, the arities.
+        b"AUTH\r\nAUTH wrong\r\nAUTH default wrong\r\nAUTH bob s3cret\r\nAUTH a b c\r\n",
+        b"AUTH default\r\nAUTH S3CRET\r\nAUTH s3cret2\r\nAUTH s3cre\r\nPING\r\n",
+        // HELLO: only with the password, which it may carry.
+        b"HELLO\r\nHELLO 3\r\nHELLO 5\r\nHELLO x\r\nHELLO 3 FOO\r\nHELLO 3 AUTH default\r\n",
+        b"HELLO 3 AUTH default wrong\r\nHELLO 3 AUTH bob s3cret\r\nHELLO 2 SETNAME n\r\n",
+        b"HELLO 3 AUTH default s3cret SETNAME \"a b\"\r\nPING\r\nCLIENT GETNAME\r\n",
+        // In, then a wrong password does not let the connection out.
+        b"AUTH s3cret\r\nPING\r\nAUTH wrong\r\nPING\r\nCLIENT ID x\r\n",
+        b"AUTH default s3cret\r\nCLIENT SETNAME n\r\nCLIENT GETNAME\r\nSELECT 0\r\n",
+        b"PING\r\nAUTH s3cret\r\nECHO in\r\n",
+    ] {
+        cases.push(([r, b"AUTH s3cret\r\n"].concat(), true, false));
+    }
+    // QUIT and an HTTP request need no password: closed either way.
+    for r in [
+        &b"QUIT\r\n"[..],
+        b"PING\r\nQUIT\r\n",
+        b"POST / HTTP/1.1\r\nPING\r\n",
+    ] {
+        cases.push((r.to_vec(), false, false));
+    }
+    // HELLO with the password: the same shape of reply, then in.
+    for r in [
+        &b"HELLO 3 AUTH default s3cret\r\nPING\r\nCLIENT GETNAME\r\n"[..],
+        b"HELLO 2 AUTH default s3cret SETNAME n\r\nCLIENT GETNAME\r\n",
+    ] {
+        cases.push((r.to_vec(), true, true));
+    }
+    assert_same_transcripts(redis.addr, door.addr, &cases);
 }

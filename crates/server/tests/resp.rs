@@ -95,3 +95,46 @@ async fn tollgate_check_shares_the_policy_and_key_with_the_decision_api() {
     );
     s.stop().await;
 }
+
+#[tokio::test]
+async fn the_door_asks_for_the_password_of_the_running_configuration() {
+    // PATH is always set: its value is the password.
+    let password = std::env::var("PATH").unwrap();
+    let dir = std::env::temp_dir().join(format!("tollgate-resp-password-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tollgate.toml");
+    let with = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nresp_listen = \"127.0.0.1:0\"\nresp_password_env = \"PATH\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{POLICY}"
+    );
+    std::fs::write(&file, &with).unwrap();
+    let s = start(tollgate_server::Config::load(&file).unwrap()).await;
+    let resp = s.resp.unwrap();
+    let noauth = "-NOAUTH Authentication required.\r\n";
+    assert_eq!(
+        pipeline(resp, &[command(&["TOLLGATE.CHECK", "api", "k"])], "\r\n").await,
+        noauth
+    );
+    let reply = pipeline(
+        resp,
+        &[
+            command(&["AUTH", &password]),
+            command(&["TOLLGATE.CHECK", "api", "k"]),
+        ],
+        "\r\n:-1\r\n",
+    )
+    .await;
+    assert!(
+        reply.starts_with("+OK\r\n*5\r\n:1\r\n:3\r\n:2\r\n"),
+        "{reply}"
+    );
+    let reply = pipeline(resp, &[command(&["AUTH", "wrong"])], "\r\n").await;
+    assert_eq!(
+        reply,
+        "-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+    );
+
+    // The password taken out of the configuration: new connections need none.
+    std::fs::write(&file, with.replace("resp_password_env = \"PATH\"\n", "")).unwrap();
+    wait_for(|| async { pipeline(resp, &[command(&["PING"])], "\r\n").await == "+PONG\r\n" }).await;
+    s.stop().await;
+}

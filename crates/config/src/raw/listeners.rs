@@ -16,6 +16,8 @@ pub(super) struct Listeners {
     pub(super) grpc_listen: Option<Option<SocketAddr>>,
     /// `Some(None)` when no `resp_listen` is set.
     pub(super) resp_listen: Option<Option<SocketAddr>>,
+    /// `resp_password_env`'s password (`None` as well when it was refused, with `ok` false).
+    pub(super) resp_password: Option<crate::Secret>,
     pub(super) ipv6_prefix: Option<u8>,
     pub(super) limits: Option<crate::Limits>,
     pub(super) admin_listen: Option<SocketAddr>,
@@ -78,6 +80,14 @@ pub(super) fn validate(
         errs,
     );
     let mut ok = true;
+    let resp_password = match &server.resp_password_env {
+        Some(v) => {
+            let password = resp_password(v, server.resp_listen.is_some(), errs);
+            ok &= password.is_some();
+            password
+        }
+        None => None,
+    };
     let admin_token = match admin.token {
         Some(t) if t.get_ref().is_empty() => {
             errs.at(
@@ -94,6 +104,7 @@ pub(super) fn validate(
         listen,
         grpc_listen,
         resp_listen,
+        resp_password,
         ipv6_prefix,
         limits,
         admin_listen,
@@ -101,6 +112,31 @@ pub(super) fn validate(
         tls,
         admin_tls,
         ok,
+    }
+}
+
+/// `resp_password_env`: the environment variable holding the Redis-protocol door's password,
+/// set and not empty, next to a `resp_listen`.
+fn resp_password(v: &S<String>, door: bool, errs: &mut Errors<'_>) -> Option<crate::Secret> {
+    let name = v.get_ref();
+    if !door {
+        errs.at(
+            v.span().start,
+            "[server] field \"resp_password_env\" is the Redis-protocol door's password, and there is no door: add resp_listen, e.g. resp_listen = \"127.0.0.1:6380\", or remove it".to_owned(),
+        );
+        return None;
+    }
+    match std::env::var(name) {
+        Ok(password) if !password.is_empty() => Some(crate::Secret::new(password.into_bytes())),
+        _ => {
+            errs.at(
+                v.span().start,
+                format!(
+                    "[server] field \"resp_password_env\": the environment variable {name:?} is not set (or empty); export it before starting tollgate, e.g. export {name}=$(openssl rand -hex 16)"
+                ),
+            );
+            None
+        }
     }
 }
 
