@@ -119,6 +119,16 @@ fn redis_cli_pipe_mode() {
     assert!(stdout.contains("errors: 0, replies: 5001"), "{stdout}");
 }
 
+/// What `redis-benchmark` sends: `CL.THROTTLE` on random keys, with a quota none reaches.
+const BENCH_THROTTLE: [&str; 6] = [
+    "CL.THROTTLE",
+    "bench:__rand_int__",
+    "100",
+    "1000000",
+    "1",
+    "1",
+];
+
 #[test]
 fn redis_benchmark_pipelined() {
     let door = start(Limits::default());
@@ -129,14 +139,7 @@ fn redis_benchmark_pipelined() {
             "-p", &port, "-n", "20000", "-c", "8", "-P", "16", "-r", "1000", "-q",
         ]);
         cmd.args(protocol);
-        cmd.args([
-            "CL.THROTTLE",
-            "bench:__rand_int__",
-            "100",
-            "1000000",
-            "1",
-            "1",
-        ]);
+        cmd.args(BENCH_THROTTLE);
         let out = run(&mut cmd, None);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -285,25 +288,21 @@ fn clients_give_the_password() {
     );
     // redis-benchmark -a, pipelined: no error.
     let out = run(
-        Command::new("redis-benchmark").args([
-            "-p",
-            &port.to_string(),
-            "-a",
-            "s3cret",
-            "-n",
-            "4000",
-            "-c",
-            "4",
-            "-P",
-            "16",
-            "-q",
-            "CL.THROTTLE",
-            "bench:__rand_int__",
-            "100",
-            "1000000",
-            "1",
-            "1",
-        ]),
+        Command::new("redis-benchmark")
+            .args([
+                "-p",
+                &port.to_string(),
+                "-a",
+                "s3cret",
+                "-n",
+                "4000",
+                "-c",
+                "4",
+                "-P",
+                "16",
+                "-q",
+            ])
+            .args(BENCH_THROTTLE),
         None,
     );
     let text =
