@@ -203,8 +203,11 @@ fn overrides_and_queued_requests_survive_a_restart() {
 fn lockouts_and_live_list_entries_survive_a_restart() {
     let d = dir();
     let state = d.path().join("state");
-    let extra = "\n[[policy]]\nname = \"login\"\nalgorithm = \"fixed_window\"\nlimit = 1\n\
-         window = \"1s\"\nkey = [\"ip\"]\nmatch = { path = \"/login\" }\n\
+    // A bucket of one refilled each second, not a one-second fixed window: three requests in
+    // a row are one admission and two denials wherever they fall (a window could turn between
+    // them and admit the second).
+    let extra = "\n[[policy]]\nname = \"login\"\nalgorithm = \"token_bucket\"\ncapacity = 1\n\
+         refill = \"1/s\"\nkey = [\"ip\"]\nmatch = { path = \"/login\" }\n\
          ban = { after = 2, within = \"10m\", for = \"1h\" }\n\n\
          [[list]]\nname = \"blocked\"\naction = \"deny\"\nips = [\"198.51.100.0/24\"]\n";
     let text = config(&state, "1h", extra);
@@ -228,7 +231,7 @@ fn lockouts_and_live_list_entries_survive_a_restart() {
     assert!(server.terminate().success());
 
     let server = Server::start(d.path(), &text, None);
-    // Long past the login window (1 s), the ban (1 h) holds.
+    // Long after the bucket refilled (1 s), the ban (1 h) holds.
     std::thread::sleep(Duration::from_millis(1100));
     let banned = http(server.api, "POST", "/v1/check", login);
     assert_eq!(banned.status, 429, "{banned:?}\n{}", server.log());
@@ -237,7 +240,7 @@ fn lockouts_and_live_list_entries_survive_a_restart() {
         .get("retry-after")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    assert!(retry > 3000, "the ban's end, not the window's: {banned:?}");
+    assert!(retry > 3000, "the ban's end, not the bucket's: {banned:?}");
     let bans = http(server.admin, "GET", "/v1/bans", "");
     assert_eq!(bans.status, 200, "{bans:?}");
     assert!(bans.body.contains("192.0.2.9"), "{bans:?}");
