@@ -213,7 +213,7 @@ fn hello(session: &mut Session, args: &[&[u8]], password: &Password, out: &mut R
         }
     }
     if let Some((user, given)) = user {
-        if !logs_in(user, given, password) {
+        if !logs_in(user, given, password.current().as_deref()) {
             return out.error(WRONGPASS);
         }
         session.authenticated = true;
@@ -263,13 +263,14 @@ fn auth(session: &mut Session, args: &[&[u8]], password: &Password, out: &mut Re
         [_, user, given] => (Some(*user), *given),
         _ => return out.error(b"ERR syntax error"),
     };
-    if user.is_none() && password.current().is_none() {
+    let expected = password.current();
+    if user.is_none() && expected.is_none() {
         return out.error(
             b"ERR AUTH <password> called without any password configured for the default user. \
               Are you sure your configuration is correct?",
         );
     }
-    if logs_in(user.unwrap_or(b"default"), given, password) {
+    if logs_in(user.unwrap_or(b"default"), given, expected.as_deref()) {
         session.authenticated = true;
         out.raw(b"+OK\r\n");
     } else {
@@ -277,13 +278,13 @@ fn auth(session: &mut Session, args: &[&[u8]], password: &Password, out: &mut Re
     }
 }
 
-/// Whether `user` with `given` logs in: the `default` user, with the password if there is one
-/// (compared in time that does not depend on where they differ), with any without.
-fn logs_in(user: &[u8], given: &[u8], password: &Password) -> bool {
+/// Whether `user` with `given` logs in: the `default` user, with the `expected` password if
+/// there is one (compared in time that does not depend on where they differ), with any without.
+fn logs_in(user: &[u8], given: &[u8], expected: Option<&[u8]>) -> bool {
     if user != b"default" {
         return false;
     }
-    match password.current() {
+    match expected {
         None => true,
         Some(expected) => {
             given.len() == expected.len()
