@@ -178,6 +178,7 @@ async fn resp_command(
     tls.write_all(command.as_bytes())
         .await
         .map_err(|e| format!("write: {e}"))?;
+    tls.flush().await.map_err(|e| format!("flush: {e}"))?;
     let mut reply = Vec::new();
     let mut buf = [0u8; 512];
     loop {
@@ -664,6 +665,8 @@ async fn a_large_pipelined_batch_is_answered_whole_over_tls() {
         for _ in 0..count {
             write.write_all(command.as_bytes()).await.unwrap();
         }
+        // TLS may still hold the last records: without a flush they might never leave.
+        write.flush().await.unwrap();
         write
     });
     let mut got = vec![0u8; reply.len() * count];
@@ -685,6 +688,7 @@ async fn a_quiet_tls_connection_gives_its_buffers_back_and_goes_on() {
     let mut pong = [0u8; 7];
     for round in 0..2 {
         tls.write_all(b"*1\r\n$4\r\nPING\r\n").await.unwrap();
+        tls.flush().await.unwrap();
         tokio::time::timeout(NO_HANG, tls.read_exact(&mut pong))
             .await
             .expect("a reply")
