@@ -48,6 +48,9 @@ pub(crate) struct Generation {
     stats: Vec<PolicyStats>,
     /// Each list's counter of the requests it decided, by name.
     lists: Vec<(String, Arc<crate::metrics::Sharded<1>>)>,
+    /// The Redis-protocol door's password (`resp_password_env`), shared rather than copied
+    /// for each connection and each command a client sends before giving it.
+    resp_password: Option<Arc<[u8]>>,
 }
 
 /// What one policy's decisions are counted in.
@@ -88,6 +91,7 @@ impl Generation {
         Ok(Generation {
             stats,
             lists,
+            resp_password: config.resp_password.as_ref().map(|p| Arc::from(p.expose())),
             http: tollgate_config::http_engine(&config, store, SystemClock::new())?,
             config,
             metrics,
@@ -115,6 +119,11 @@ impl Generation {
     /// installed into it).
     pub(crate) fn http(&self) -> &HttpEngine {
         &self.http
+    }
+
+    /// The Redis-protocol door's password, if the configuration asks for one.
+    pub(crate) fn resp_password(&self) -> Option<Arc<[u8]>> {
+        self.resp_password.clone()
     }
 
     /// The configuration this engine runs.

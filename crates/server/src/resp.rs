@@ -114,14 +114,8 @@ pub(crate) async fn serve(
     // The password of the configuration running when a client connects or says AUTH: a
     // reload that changes it applies to new connections, as CONFIG SET requirepass does.
     let source = Arc::clone(&shared);
-    let handler = Handler::new(ServerDecide { shared }, throttle).with_password_from(move || {
-        let generation = source.engine();
-        generation
-            .config()
-            .resp_password
-            .as_ref()
-            .map(|p| Arc::from(p.expose()))
-    });
+    let handler = Handler::new(ServerDecide { shared }, throttle)
+        .with_password_from(move || source.engine().resp_password());
     let resp_limits = tollgate_resp::Limits {
         max_connections: limits.max_connections,
         drain: limits.drain,

@@ -1,7 +1,7 @@
 //! TLS on every listener a client connects to: the decision API, the admin listener, the
 //! proxy, Envoy's gRPC rate limit service and the Redis-protocol door, over real sockets with
-//! certificates made here (the proxy's bodies and slots over TLS: `tls_proxy.rs`), and with
-//! real Redis clients (`redis-cli --tls`, redis-py).
+//! certificates made here (the proxy's bodies and slots over TLS: `tls_proxy.rs`; the Redis
+//! door's real clients and batches over TLS: `tls_resp.rs`).
 //! Each answers over TLS and refuses plaintext (and a client that never says a word); with
 //! `client_ca`, only certificates of that CA get in. Certificates and the client CA are
 //! rotated by replacing the files, without a restart; a bad new set is refused and the
@@ -26,8 +26,6 @@ use tollgate_envoy::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 const HTTP1: &[&[u8]] = &[b"http/1.1"];
 const H2: &[&[u8]] = &[b"h2"];
 const BOTH: &[&[u8]] = &[b"h2", b"http/1.1"];
-/// Redis clients offer no application protocol.
-const NO_ALPN: &[&[u8]] = &[];
 
 /// The listeners a client connects to.
 #[derive(Clone, Copy, Debug)]
@@ -126,14 +124,7 @@ async fn config_text(dir: &Path, mtls: bool) -> String {
         "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit:\n      unit: hour\n      requests_per_unit: 1000\n",
     )
     .unwrap();
-    let mut tls = format!(
-        "tls_cert = {:?}\ntls_key = {:?}\n",
-        dir.join("server.pem"),
-        dir.join("server.key")
-    );
-    if mtls {
-        tls.push_str(&format!("client_ca = {:?}\n", dir.join("ca.pem")));
-    }
+    let tls = tls_fields(dir, mtls);
     format!(
         "[server]\nlisten = \"127.0.0.1:0\"\ngrpc_listen = \"127.0.0.1:0\"\nresp_listen = \"127.0.0.1:0\"\n\
          header_read_timeout = \"1s\"\n{tls}\n\
@@ -158,55 +149,6 @@ async fn plaintext(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
     let read = tokio::time::timeout(NO_HANG, tcp.read_to_end(&mut answer)).await;
     assert!(read.is_ok(), "the connection is closed, not left hanging");
     answer
-}
-
-/// One command over a new TLS connection, and its whole reply (an array of integers, an
-/// error, a status). `Err` when the connection fails or closes first (a refused certificate
-/// shows there under TLS 1.3: after the client's side of the handshake).
-async fn resp_command(
-    addr: SocketAddr,
-    config: Arc<rustls::ClientConfig>,
-    args: &[&str],
-) -> Result<String, String> {
-    let mut tls = connect(addr, config)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    let mut command = format!("*{}\r\n", args.len());
-    for a in args {
-        command.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-    }
-    tls.write_all(command.as_bytes())
-        .await
-        .map_err(|e| format!("write: {e}"))?;
-    tls.flush().await.map_err(|e| format!("flush: {e}"))?;
-    let mut reply = Vec::new();
-    let mut buf = [0u8; 512];
-    loop {
-        let text = String::from_utf8_lossy(&reply).into_owned();
-        // An array of n integers is done after 1 + n lines; anything else after one.
-        let lines = text.matches("\r\n").count();
-        let want = match text.strip_prefix('*') {
-            Some(rest) => {
-                1 + rest
-                    .split("\r\n")
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0)
-            }
-            None => 1,
-        };
-        if lines >= want && !text.is_empty() {
-            return Ok(text);
-        }
-        let read = tokio::time::timeout(NO_HANG, tls.read(&mut buf))
-            .await
-            .map_err(|_| "no reply in time".to_owned())?;
-        match read {
-            Ok(0) => return Err(format!("closed after {text:?}")),
-            Ok(n) => reply.extend_from_slice(&buf[..n]),
-            Err(e) => return Err(format!("read: {e}")),
-        }
-    }
 }
 
 #[tokio::test]
@@ -503,200 +445,6 @@ async fn bad_certificates_fail_the_start_and_a_reload_keeps_the_running_configur
     wait_for(|| async { metrics().await != failed }).await;
     for _ in 0..3 {
         Door::Api.call(&s, Arc::clone(&http)).await.unwrap();
-    }
-    s.stop().await;
-}
-
-/// A Python that imports `redis`: `$TOLLGATE_RESP_PYTHON` (set by `scripts/test.sh`), else the
-/// venv that script makes.
-fn redis_py() -> std::path::PathBuf {
-    let made = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .map(|t| t.join("resp-pyvenv/bin/python"));
-    std::env::var_os("TOLLGATE_RESP_PYTHON")
-        .map(std::path::PathBuf::from)
-        .into_iter()
-        .chain(made)
-        .find(|p| {
-            std::process::Command::new(p)
-                .args(["-c", "import redis"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .expect("a Python with the redis package: run scripts/test.sh, which installs it")
-}
-
-/// `command`'s output, run off the test's runtime, which serves the door meanwhile.
-async fn run_blocking(mut command: std::process::Command) -> std::process::Output {
-    tokio::task::spawn_blocking(move || command.output())
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("{e} (redis-cli: Debian's redis-tools)"))
-}
-
-/// What redis-cli prints for `args` sent to `port` over TLS with `tls_args`, and whether it
-/// succeeded.
-async fn redis_cli(port: u16, tls_args: &[String], args: &[&str]) -> (bool, String) {
-    let mut command = std::process::Command::new("redis-cli");
-    command
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "--tls"])
-        .args(tls_args)
-        .args(args);
-    let out = run_blocking(command).await;
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success() && !text.contains("rror"), text)
-}
-
-#[tokio::test]
-async fn real_redis_clients_check_over_tls_with_a_client_certificate() {
-    let dir = temp_dir("resp-clients");
-    let ca = Ca::new("server CA");
-    install(&dir, &ca.server("tollgate"));
-    let clients = Ca::new("client CA");
-    std::fs::write(dir.join("ca.pem"), clients.pem()).unwrap();
-    std::fs::write(dir.join("server-ca.pem"), ca.pem()).unwrap();
-    let good = clients.client("good client");
-    std::fs::write(dir.join("client.pem"), &good.cert).unwrap();
-    std::fs::write(dir.join("client.key"), &good.key).unwrap();
-    let s = start_tls(&dir, true).await;
-    let port = s.resp.unwrap().port();
-    let path = |f: &str| dir.join(f).to_string_lossy().into_owned();
-    let trust = vec!["--cacert".to_owned(), path("server-ca.pem")];
-    let with_cert = [
-        trust.clone(),
-        vec![
-            "--cert".to_owned(),
-            path("client.pem"),
-            "--key".to_owned(),
-            path("client.key"),
-        ],
-    ]
-    .concat();
-
-    // redis-cli, with the client certificate: a decision, then redis-cell's answer.
-    let (ok, out) = redis_cli(port, &with_cert, &["TOLLGATE.CHECK", "api", "cli"]).await;
-    assert!(ok, "{out}");
-    assert_eq!(
-        out.lines().take(3).collect::<Vec<_>>(),
-        ["1", "1000", "999"]
-    );
-    let (ok, out) = redis_cli(port, &with_cert, &["CL.THROTTLE", "cell", "15", "30", "60"]).await;
-    assert!(ok, "{out}");
-    assert_eq!(out.lines().take(3).collect::<Vec<_>>(), ["0", "16", "15"]);
-    // Without one, the handshake is refused and nothing is decided.
-    let (ok, out) = redis_cli(port, &trust, &["TOLLGATE.CHECK", "api", "cli"]).await;
-    assert!(!ok, "{out}");
-
-    // redis-py over TLS, RESP2 and RESP3, with and without the client certificate.
-    let script = r#"
-import sys, redis
-port, ca, cert, key = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-for proto in (2, 3):
-    r = redis.Redis(host="127.0.0.1", port=port, protocol=proto, ssl=True,
-                    ssl_ca_certs=ca, ssl_certfile=cert, ssl_keyfile=key)
-    assert r.ping() is True
-    got = r.execute_command("TOLLGATE.CHECK", "api", "py")
-    print(proto, got)
-try:
-    redis.Redis(host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=ca).ping()
-    print("no certificate: admitted")
-except redis.exceptions.ConnectionError:
-    print("no certificate: refused")
-"#;
-    let mut command = std::process::Command::new(redis_py());
-    command.args(["-c", script, &port.to_string()]).args([
-        path("server-ca.pem"),
-        path("client.pem"),
-        path("client.key"),
-    ]);
-    let out = run_blocking(command).await;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<&str> = text.lines().collect();
-    // [allowed, limit, remaining, reset (the hour's window: any second), retry_after].
-    assert!(
-        lines[0].starts_with("2 [1, 1000, 999, ") && lines[0].ends_with(", -1]"),
-        "{text}"
-    );
-    assert!(
-        lines[1].starts_with("3 {") && lines[1].contains("'remaining': 998"),
-        "{text}"
-    );
-    assert_eq!(lines[2], "no certificate: refused", "{text}");
-    s.stop().await;
-}
-
-/// A server with every listener over TLS (no client CA), its certificate from the CA returned.
-async fn serving(name: &str) -> (Running, Ca) {
-    let dir = temp_dir(name);
-    let ca = Ca::new("server CA");
-    install(&dir, &ca.server("tollgate"));
-    (start_tls(&dir, false).await, ca)
-}
-
-#[tokio::test]
-async fn a_large_pipelined_batch_is_answered_whole_over_tls() {
-    let (s, ca) = serving("resp-batch").await;
-    // A small receive buffer (which also stops the kernel growing it), so the server's socket
-    // fills up.
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(64 * 1024).unwrap();
-    let tcp = socket.connect(s.resp.unwrap()).await.unwrap();
-    let tls = tokio_rustls::TlsConnector::from(client_config(&ca, None, NO_ALPN))
-        .connect(
-            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
-            tcp,
-        )
-        .await
-        .unwrap();
-    let (mut read, mut write) = tokio::io::split(tls);
-    // 400 replies of 32 KiB through a small receive buffer: the server's writes block and
-    // resume many times over, and every reply arrives whole and in order.
-    let payload = "x".repeat(32 * 1024);
-    let command = format!("*2\r\n$4\r\nECHO\r\n${}\r\n{payload}\r\n", payload.len());
-    let reply = format!("${}\r\n{payload}\r\n", payload.len());
-    let count = 400;
-    let writer = tokio::spawn(async move {
-        for _ in 0..count {
-            write.write_all(command.as_bytes()).await.unwrap();
-        }
-        // TLS may still hold the last records: without a flush they might never leave.
-        write.flush().await.unwrap();
-        write
-    });
-    let mut got = vec![0u8; reply.len() * count];
-    tokio::time::timeout(NO_HANG, read.read_exact(&mut got))
-        .await
-        .expect("every reply, not a hang")
-        .unwrap();
-    assert!(got.chunks(reply.len()).all(|c| c == reply.as_bytes()));
-    drop(writer.await.unwrap());
-    s.stop().await;
-}
-
-#[tokio::test]
-async fn a_quiet_tls_connection_gives_its_buffers_back_and_goes_on() {
-    let (s, ca) = serving("resp-quiet").await;
-    let mut tls = connect(s.resp.unwrap(), client_config(&ca, None, NO_ALPN))
-        .await
-        .unwrap();
-    let mut pong = [0u8; 7];
-    for round in 0..2 {
-        tls.write_all(b"*1\r\n$4\r\nPING\r\n").await.unwrap();
-        tls.flush().await.unwrap();
-        tokio::time::timeout(NO_HANG, tls.read_exact(&mut pong))
-            .await
-            .expect("a reply")
-            .unwrap();
-        assert_eq!(&pong, b"+PONG\r\n", "round {round}");
-        // Past the second after which a quiet connection drops its buffers and waits with
-        // none: its next command wakes it.
-        tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
     }
     s.stop().await;
 }

@@ -7,6 +7,11 @@
 //! and the error for anything else. Like Redis, it closes a connection whose command is `POST`
 //! or `Host:`: an HTTP request.
 
+mod auth;
+
+pub(super) use auth::may_run_unauthenticated;
+use auth::{NOAUTH_HELLO, WRONGPASS, logs_in};
+
 use super::{Password, Session, wrong_arity};
 use crate::codec::{Protocol, ReplyBuf, strict_i64};
 
@@ -49,84 +54,9 @@ const COMMANDS: [Info; 11] = [
     ("tollgate.check", -3, &["write"], 2, 2, 1),
 ];
 
-/// The subcommands the door knows and their arity (negative: at least), which Redis checks,
-/// with the command's own, before it asks for authentication.
-const SUBCOMMANDS: [(&str, &str, i64); 9] = [
-    ("client", "setname", 3),
-    ("client", "getname", 2),
-    ("client", "id", 2),
-    ("client", "setinfo", 4),
-    ("command", "count", 2),
-    ("command", "list", -2),
-    ("command", "info", -2),
-    ("command", "docs", -2),
-    ("config", "get", -3),
-];
-
 /// The settings `CONFIG GET` knows: what `redis-benchmark` asks for (the door persists
 /// nothing).
 const CONFIG: [(&str, &str); 2] = [("save", ""), ("appendonly", "no")];
-
-const NOAUTH: &[u8] = b"NOAUTH Authentication required.";
-
-/// Whether a connection that has not given the password may run `args`, checked as Redis
-/// checks it: an unknown command or subcommand, or a wrong number of arguments, is answered as
-/// such (written here); then only `AUTH`, `HELLO` and `QUIT` run, and anything else is
-/// answered `-NOAUTH`. An HTTP request runs (to be closed), and so does everything once no
-/// password is asked for any more (a reload took it away).
-pub(super) fn may_run_unauthenticated(
-    session: &mut Session,
-    args: &[&[u8]],
-    password: &Password,
-    out: &mut ReplyBuf,
-) -> bool {
-    let name = args[0];
-    if password.current().is_none() {
-        session.authenticated = true;
-        return true;
-    }
-    if name.eq_ignore_ascii_case(b"POST") || name.eq_ignore_ascii_case(b"HOST:") {
-        return true;
-    }
-    let Some(&(command, arity, flags, ..)) = COMMANDS
-        .iter()
-        .find(|info| name.eq_ignore_ascii_case(info.0.as_bytes()))
-    else {
-        out.error(&unknown_command(args));
-        return false;
-    };
-    if !arity_fits(arity, args.len()) {
-        wrong_arity(out, command);
-        return false;
-    }
-    if let Some(&sub) = args.get(1)
-        && SUBCOMMANDS.iter().any(|(parent, ..)| *parent == command)
-    {
-        let Some((_, sub_name, sub_arity)) = SUBCOMMANDS
-            .iter()
-            .find(|(parent, s, _)| *parent == command && sub.eq_ignore_ascii_case(s.as_bytes()))
-        else {
-            unknown_subcommand(out, sub, &command.to_ascii_uppercase());
-            return false;
-        };
-        if !arity_fits(*sub_arity, args.len()) {
-            wrong_arity(out, &format!("{command}|{sub_name}"));
-            return false;
-        }
-    }
-    if flags.contains(&"no_auth") {
-        return true;
-    }
-    out.error(NOAUTH);
-    false
-}
-
-/// Whether `n` arguments (the command's name included) fit `arity`: exactly that many, or,
-/// negative, at least its opposite.
-fn arity_fits(arity: i64, n: usize) -> bool {
-    let n = i64::try_from(n).unwrap_or(i64::MAX);
-    if arity >= 0 { n == arity } else { n >= -arity }
-}
 
 /// Runs a connection command (or answers that the command is unknown).
 pub(super) fn execute(
@@ -154,7 +84,7 @@ pub(super) fn execute(
     } else if is("HELLO") {
         hello(session, args, password, out);
     } else if is("AUTH") {
-        auth(session, args, password, out);
+        auth::auth(session, args, password, out);
     } else if is("SELECT") {
         match args {
             [_, index] => match strict_i64(index).map(i32::try_from) {
@@ -244,57 +174,6 @@ fn hello(session: &mut Session, args: &[&[u8]], password: &Password, out: &mut R
     out.bulk(b"master");
     out.bulk(b"modules");
     out.array(0);
-}
-
-const WRONGPASS: &[u8] = b"WRONGPASS invalid username-password pair or user is disabled.";
-
-const NOAUTH_HELLO: &[u8] = b"NOAUTH HELLO must be called with the client already authenticated, \
-    otherwise the HELLO AUTH <user> <pass> option can be used to authenticate the client and \
-    select the RESP protocol version at the same time";
-
-/// `AUTH [username] password`. With a password, the `default` user's, as Redis's
-/// `requirepass`: the right one lets the connection in (a wrong one later does not let it
-/// out). Without one, like a Redis whose `default` user has none: `default` gets in with any
-/// password and any other user does not.
-fn auth(session: &mut Session, args: &[&[u8]], password: &Password, out: &mut ReplyBuf) {
-    let (user, given) = match args {
-        [_] => return wrong_arity(out, "auth"),
-        [_, given] => (None, *given),
-        [_, user, given] => (Some(*user), *given),
-        _ => return out.error(b"ERR syntax error"),
-    };
-    let expected = password.current();
-    if user.is_none() && expected.is_none() {
-        return out.error(
-            b"ERR AUTH <password> called without any password configured for the default user. \
-              Are you sure your configuration is correct?",
-        );
-    }
-    if logs_in(user.unwrap_or(b"default"), given, expected.as_deref()) {
-        session.authenticated = true;
-        out.raw(b"+OK\r\n");
-    } else {
-        out.error(WRONGPASS);
-    }
-}
-
-/// Whether `user` with `given` logs in: the `default` user, with the `expected` password if
-/// there is one (compared in time that does not depend on where they differ), with any without.
-fn logs_in(user: &[u8], given: &[u8], expected: Option<&[u8]>) -> bool {
-    if user != b"default" {
-        return false;
-    }
-    match expected {
-        None => true,
-        Some(expected) => {
-            given.len() == expected.len()
-                && given
-                    .iter()
-                    .zip(expected.iter())
-                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                    == 0
-        }
-    }
 }
 
 /// Sets (or, empty, clears) the connection's name; false once it has answered an error.

@@ -22,6 +22,9 @@ use tokio_rustls::client::TlsStream;
 /// How long any one exchange may take before the test calls it a hang.
 pub const NO_HANG: Duration = Duration::from_secs(20);
 
+/// Redis clients offer no application protocol.
+pub const NO_ALPN: &[&[u8]] = &[];
+
 /// A certificate authority.
 pub struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,
@@ -94,6 +97,20 @@ pub fn temp_dir(name: &str) -> PathBuf {
 pub fn install(dir: &Path, leaf: &Leaf) {
     std::fs::write(dir.join("server.pem"), &leaf.cert).unwrap();
     std::fs::write(dir.join("server.key"), &leaf.key).unwrap();
+}
+
+/// A listener's TLS fields: `dir/server.pem` and `dir/server.key`, and `dir/ca.pem` as the
+/// client CA when `mtls`.
+pub fn tls_fields(dir: &Path, mtls: bool) -> String {
+    let mut tls = format!(
+        "tls_cert = {:?}\ntls_key = {:?}\n",
+        dir.join("server.pem"),
+        dir.join("server.key")
+    );
+    if mtls {
+        tls.push_str(&format!("client_ca = {:?}\n", dir.join("ca.pem")));
+    }
+    tls
 }
 
 /// A client configuration trusting `trust`, presenting `cert` when given, offering `alpn`.
@@ -295,4 +312,54 @@ pub async fn grpc_client(
     .expect("connected or refused, not a hang")
     .map_err(|e| format!("connect: {e}"))?;
     Ok(tollgate_envoy::RlsClient::new(channel))
+}
+
+/// One command over a new TLS connection, and its whole reply (an array of integers, an
+/// error, a status). `Err` when the connection fails or closes first (a refused certificate
+/// shows there under TLS 1.3: after the client's side of the handshake).
+pub async fn resp_command(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    args: &[&str],
+) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = connect(addr, config)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut command = format!("*{}\r\n", args.len());
+    for a in args {
+        command.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    tls.write_all(command.as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    tls.flush().await.map_err(|e| format!("flush: {e}"))?;
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 512];
+    loop {
+        let text = String::from_utf8_lossy(&reply).into_owned();
+        // An array of n integers is done after 1 + n lines; anything else after one.
+        let lines = text.matches("\r\n").count();
+        let want = match text.strip_prefix('*') {
+            Some(rest) => {
+                1 + rest
+                    .split("\r\n")
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0)
+            }
+            None => 1,
+        };
+        if lines >= want && !text.is_empty() {
+            return Ok(text);
+        }
+        let read = tokio::time::timeout(NO_HANG, tls.read(&mut buf))
+            .await
+            .map_err(|_| "no reply in time".to_owned())?;
+        match read {
+            Ok(0) => return Err(format!("closed after {text:?}")),
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+            Err(e) => return Err(format!("read: {e}")),
+        }
+    }
 }
