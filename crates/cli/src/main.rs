@@ -95,11 +95,12 @@ fn validate(file: &std::path::Path) -> ExitCode {
                 println!("(no policies: every request is admitted)");
             }
             for l in &config.lists {
+                let n = l.entries.len();
                 println!(
-                    "list {:?}: {}, {} entries",
+                    "list {:?}: {}, {n} {}",
                     l.name,
                     l.action.as_str(),
-                    l.entries.len()
+                    if n == 1 { "entry" } else { "entries" }
                 );
             }
             if let Some(envoy) = &config.envoy {

@@ -44,7 +44,7 @@ fn validate_prints_the_effective_policies() {
             "reports-in-flight: concurrency limit=4 lease_ttl=5m key=[header:x-api-key, ip] match=/v1/reports/** cost=1 action=delay max_delay=30s",
             "login: fixed_window limit=10 window=1m key=[ip] match=POST /login cost=1 action=reject ban for 1h after 5 denials within 10m",
             "list \"partners\": allow, 2 entries",
-            "list \"blocked\": deny, 1 entries",
+            "list \"blocked\": deny, 1 entry",
             &format!(
                 "envoy domain \"edge\" from {}",
                 example().parent().unwrap().join("ratelimit").display()

@@ -248,6 +248,12 @@ fn lockouts_and_live_list_entries_survive_a_restart() {
     assert_eq!(http(server.api, "POST", "/v1/check", stranger).status, 403);
     let lists = http(server.admin, "GET", "/v1/lists", "");
     assert!(lists.body.contains("credential stuffing"), "{lists:?}");
+    // And the API says where they are kept: not "lost on restart", as without a path.
+    assert_eq!(
+        lists.json()["shared"],
+        "this process: kept across reloads, and across restarts in [store] path",
+        "{lists:?}"
+    );
 }
 
 /// `GET /api/items` with an API key, through the proxy.

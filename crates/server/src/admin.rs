@@ -368,7 +368,7 @@ async fn stats(shared: &Shared, engine: &Generation) -> Response<Body> {
             "time_ms": u64::try_from(now_ms).unwrap_or(u64::MAX),
             "policies": policies,
             "store": store,
-            "overrides": { "count": engine.http().override_count(), "shared": overrides::sharing(shared) },
+            "overrides": { "count": engine.http().override_count(), "shared": keeping(shared, shared.overrides.shared()) },
             "reloads": { "ok": reloads_ok, "failed": reloads_failed },
         }),
     )
@@ -422,6 +422,20 @@ fn policy_json(p: &PolicyConfig) -> Value {
         );
     }
     v
+}
+
+/// Where the admin API's live changes (overrides, list entries) are kept, as it tells its
+/// callers: `in_redis` when the store shares them between instances, else in this process, and
+/// across restarts too when the memory store is kept on disk (`[store] path`, which a reload
+/// never changes).
+pub(crate) fn keeping(shared: &Shared, in_redis: bool) -> &'static str {
+    if in_redis {
+        "redis: every instance applies them"
+    } else if shared.engine().config().store.path.is_some() {
+        "this process: kept across reloads, and across restarts in [store] path"
+    } else {
+        "this process: kept across reloads, lost on restart"
+    }
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -183,6 +183,11 @@ async fn lists_refuse_or_let_through_and_change_live() {
     assert_eq!(blocked["live"][0]["entry"], "192.0.2.0/24");
     assert_eq!(blocked["live"][0]["reason"], "credential stuffing");
     assert!(blocked["live"][0]["expires"].as_str().is_some(), "{lists}");
+    // The memory store without a `path`: the process keeps them until it stops.
+    assert_eq!(
+        lists["shared"],
+        "this process: kept across reloads, lost on restart"
+    );
     // Setting it again replaces it (200).
     let again = send_json(
         "PUT",

@@ -105,15 +105,6 @@ fn record_json(r: &Record) -> Value {
     })
 }
 
-/// Where live entries live, as the API says it.
-fn sharing(shared: &Shared) -> &'static str {
-    if shared.lists.shared() {
-        "redis: every instance applies them"
-    } else {
-        "this process: kept across reloads, lost on restart"
-    }
-}
-
 fn list(shared: &Shared, name: Option<&str>) -> Response<Body> {
     let engine = shared.engine();
     let live = shared.lists.list(unix_secs());
@@ -151,7 +142,7 @@ fn list(shared: &Shared, name: Option<&str>) -> Response<Body> {
         .collect();
     json_response(
         StatusCode::OK,
-        &json!({ "shared": sharing(shared), "lists": lists, "inactive": inactive }),
+        &json!({ "shared": super::keeping(shared, shared.lists.shared()), "lists": lists, "inactive": inactive }),
     )
 }
 

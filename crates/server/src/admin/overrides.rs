@@ -180,17 +180,8 @@ fn list(shared: &Shared, policy: Option<String>, key: Option<String>) -> Respons
     }
     json_response(
         StatusCode::OK,
-        &json!({ "shared": sharing(shared), "overrides": items }),
+        &json!({ "shared": super::keeping(shared, shared.overrides.shared()), "overrides": items }),
     )
-}
-
-/// Where overrides live, as the API says it.
-pub(crate) fn sharing(shared: &Shared) -> &'static str {
-    if shared.overrides.shared() {
-        "redis: every instance applies them"
-    } else {
-        "this process: kept across reloads, lost on restart"
-    }
 }
 
 /// One override as the API shows it: its fields, the quota it makes under the running
