@@ -241,6 +241,11 @@ async fn acquire_answers_a_lease_and_release_gives_it_back() {
     let r = post_json(&s.url("/v1/check"), r#"{"policy":"exports","key":"k9"}"#).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(r.json()["field"], "\"mode\"");
+    let detail = r.json()["detail"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        detail.starts_with("\"mode\" must be \"acquire\" for policy \"exports\""),
+        "{detail}"
+    );
     s.stop().await;
 }
 

@@ -167,7 +167,7 @@ impl Mode {
             (Mode::Check | Mode::Report, true) => Err(Refusal::bad_field(
                 "\"mode\"",
                 format!(
-                    "policy {name:?} limits requests in flight: ask with \"mode\": \"acquire\", which answers a lease, and give the slot back with POST /v1/release {{\"lease\": \"...\"}}"
+                    "must be \"acquire\" for policy {name:?}, which limits requests in flight: it answers a lease, and POST /v1/release {{\"lease\": \"...\"}} gives the slot back"
                 ),
             )),
             _ => Ok(()),
