@@ -252,6 +252,35 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_policy_refuses_charging_by_the_response() {
+        let head = format!(
+            "{PROXY}[[policy]]\nname = \"hooks\"\nalgorithm = \"leaky_bucket\"\nrate = \"5/s\"\n\
+             action = \"queue\"\n"
+        );
+        for (extra, at, field) in [
+            (
+                "charge = \"response\"\ncost_from = \"header:x-cost\"\n",
+                "q.toml:9:10:",
+                "charge",
+            ),
+            ("count_status = [\"5xx\"]\n", "q.toml:9:16:", "count_status"),
+        ] {
+            let errs = errors(&format!("{head}{extra}"));
+            assert_eq!(errs.len(), 1, "{extra}: {errs:?}");
+            let want = format!(
+                "{at} policy \"hooks\": field \"{field}\" does not apply to action \"queue\""
+            );
+            assert!(errs[0].starts_with(&want), "{errs:?}");
+        }
+        // Held with `delay`, the same policy charges what each response says.
+        let delayed = format!(
+            "{PROXY}[[policy]]\nname = \"hooks\"\nalgorithm = \"leaky_bucket\"\nrate = \"5/s\"\n\
+             action = \"delay\"\ncharge = \"response\"\ncost_from = \"header:x-cost\"\n"
+        );
+        assert!(Config::parse("q.toml", &delayed).is_ok());
+    }
+
+    #[test]
     fn a_queue_policy_needs_the_proxy() {
         let text = "[[policy]]\nname = \"hooks\"\nalgorithm = \"leaky_bucket\"\nrate = \"5/s\"\naction = \"queue\"\n";
         let errs = errors(text);

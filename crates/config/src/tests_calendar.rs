@@ -74,6 +74,12 @@ fn refusals_name_the_field_at_its_line_and_column() {
             "t.toml:1:1",
             "field \"limit\" is required",
         ),
+        // A bucket has no limit to ask for: the one error is the calendar on it.
+        (
+            "algorithm = \"token_bucket\"\ncapacity = 5\nrefill = \"1/s\"\ncalendar = \"day\"\n",
+            "t.toml:6:12",
+            "applies only to algorithm \"fixed_window\", not \"token_bucket\"",
+        ),
     ];
     for (body, at, says) in cases {
         let e = errors(&format!("{HEAD}{body}"));

@@ -87,6 +87,8 @@ pub(super) fn quota(
     });
     let limit = match &p.limit {
         Some(v) => count(v, "limit", prefix, 1, errs),
+        // Another algorithm was already refused above: its own fields are not a fixed window's.
+        None if kind != AlgorithmKind::FixedWindow => None,
         None => {
             errs.at(
                 at,

@@ -85,7 +85,20 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
     ok &= action_ok;
     let (charge, count_status, charge_ok) = charge(&p, &cx, errs);
     ok &= charge_ok;
-    if kind == AlgorithmKind::Concurrency {
+    // What reading the response cannot change: a concurrency slot, and a queued request, which
+    // the queue delivers later, each delivery taking one slot of the drain rate.
+    let not_by_response = if kind == AlgorithmKind::Concurrency {
+        Some(
+            "algorithm \"concurrency\": a slot is held while the request runs and given back at its end, whatever the response says",
+        )
+    } else if action == Some(Action::Queue) {
+        Some(
+            "action \"queue\": the queue delivers a request later at the policy's rate, each delivery taking one slot, and reads no response for a cost; use action = \"delay\" to hold requests and charge their responses",
+        )
+    } else {
+        None
+    };
+    if let Some(why) = not_by_response {
         let by_response = [
             (
                 "charge",
@@ -101,7 +114,10 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
         ];
         for (field, at) in by_response {
             if let Some(at) = at {
-                errs.at(at, format!("{}field \"{field}\" does not apply to algorithm \"concurrency\": a slot is held while the request runs and given back at its end, whatever the response says", cx.prefix));
+                errs.at(
+                    at,
+                    format!("{}field \"{field}\" does not apply to {why}", cx.prefix),
+                );
                 ok = false;
             }
         }
