@@ -45,7 +45,12 @@ pub fn valid_list_name(name: &str) -> bool {
 }
 
 /// Every `[[list]]`, in file order; `None` when any was refused (each problem reported).
-pub(crate) fn validate(raw: Vec<S<RawList>>, errs: &mut Errors<'_>) -> Option<Vec<ListSpec>> {
+/// `ipv6_prefix` is the length IPv6 clients are keyed by (`ip:` key entries must have it).
+pub(crate) fn validate(
+    raw: Vec<S<RawList>>,
+    ipv6_prefix: Option<u8>,
+    errs: &mut Errors<'_>,
+) -> Option<Vec<ListSpec>> {
     let mut ok = true;
     let mut lists: Vec<ListSpec> = Vec::with_capacity(raw.len());
     let mut names: Vec<String> = Vec::with_capacity(raw.len());
@@ -65,7 +70,7 @@ pub(crate) fn validate(raw: Vec<S<RawList>>, errs: &mut Errors<'_>) -> Option<Ve
             }
             names.push(name.get_ref().clone());
         }
-        match one(at, item, errs) {
+        match one(at, item, ipv6_prefix, errs) {
             Some(spec) => lists.push(spec),
             None => ok = false,
         }
@@ -73,7 +78,12 @@ pub(crate) fn validate(raw: Vec<S<RawList>>, errs: &mut Errors<'_>) -> Option<Ve
     ok.then_some(lists)
 }
 
-fn one(at: usize, raw: RawList, errs: &mut Errors<'_>) -> Option<ListSpec> {
+fn one(
+    at: usize,
+    raw: RawList,
+    ipv6_prefix: Option<u8>,
+    errs: &mut Errors<'_>,
+) -> Option<ListSpec> {
     let Some(name) = raw.name else {
         errs.at(
             at,
@@ -134,12 +144,18 @@ fn one(at: usize, raw: RawList, errs: &mut Errors<'_>) -> Option<ListSpec> {
         }
     }
     for key in raw.keys.iter().flatten() {
-        match ListEntry::key(key.get_ref()) {
+        let entry = ListEntry::key(key.get_ref()).map_err(|e| format!("{}", e.reason()));
+        let entry = entry.and_then(|entry| {
+            // Unknown when [server] ipv6_prefix was refused: that error is reported already.
+            ipv6_prefix.map_or(Ok(()), |bits| entry.fits_ipv6_prefix(bits))?;
+            Ok(entry)
+        });
+        match entry {
             Ok(entry) => entries.push(entry),
             Err(e) => {
                 errs.at(
                     key.span().start,
-                    format!("{prefix}field \"keys\": {:?}: {}", e.input(), e.reason()),
+                    format!("{prefix}field \"keys\": {:?}: {e}", key.get_ref()),
                 );
                 ok = false;
             }

@@ -36,6 +36,30 @@ fn lists_and_a_ban_are_read() {
 }
 
 #[test]
+fn an_ip_key_entry_must_be_one_a_request_can_have() {
+    let e = errors(
+        "[[list]]\nname = \"a\"\naction = \"deny\"\nkeys = [\"ip:2001:db8:1::/48\", \"ip:10.0.0.0/8\"]\n",
+    );
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(
+        e[0].starts_with("t.toml:4:9: list \"a\": field \"keys\": \"ip:2001:db8:1::/48\"")
+            && e[0].contains("/64 network"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].starts_with("t.toml:4:31: list \"a\": field \"keys\": \"ip:10.0.0.0/8\"")
+            && e[1].contains("without ip:"),
+        "{e:?}"
+    );
+    // At the configured length, the network key is what requests have.
+    let c = Config::parse(
+        "t.toml",
+        "[server]\nipv6_prefix = 48\n[[list]]\nname = \"a\"\naction = \"deny\"\nkeys = [\"ip:2001:db8:1::/48\"]\n",
+    );
+    assert!(c.is_ok(), "{:?}", c.err().map(|e| e.to_string()));
+}
+
+#[test]
 fn bad_lists_are_reported_at_their_values() {
     let e = errors(concat!(
         "[[list]]\nname = \"a\"\naction = \"block\"\nips = [\"10.0.0.0/8\", \"10.0.0.0/40\"]\n",

@@ -225,7 +225,7 @@ pub(super) fn validate(
     let forward_auth = super::forward_auth::validate(raw.forward_auth, errs);
     let log = super::log::validate(raw.log, errs);
     let telemetry = super::telemetry::validate(raw.telemetry, errs);
-    let lists = super::lists::validate(raw.list, errs);
+    let lists = super::lists::validate(raw.list, listeners.ipv6_prefix, errs);
     if !(listeners.ok && policies_ok && jwt_ok && envoy_ok) {
         return None;
     }

@@ -163,6 +163,32 @@ fn entries_are_checked() {
     let e = ListEntry::parse("header:x-api-key:my-secret").unwrap_err();
     assert!(e.reason().contains("hash"), "{e}");
     assert!(ListEntry::parse("ip:203.0.113.7").is_ok());
+    assert!(ListEntry::parse("ip:2001:db8:1:2::/64").is_ok());
+    // An `ip:` key that no request's key could equal is refused, saying what to write.
+    for (bad, says) in [
+        ("ip:10.0.0.0/8", "without ip:"),
+        ("ip:0.0.0.0/0", "without ip:"),
+        ("ip:::ffff:203.0.113.7", "\"ip:203.0.113.7\""),
+        ("ip:2001:db8::1", "its network"),
+        ("ip:2001:DB8:1:2::/64", "\"ip:2001:db8:1:2::/64\""),
+        ("ip:2001:db8:1:2::5/64", "\"ip:2001:db8:1:2::/64\""),
+        ("ip:2001:db8::/200", "prefix length"),
+        ("ip:not-an-address", "ip:203.0.113.7"),
+    ] {
+        let e = ListEntry::parse(bad).map(|_| ()).unwrap_err();
+        assert!(e.reason().contains(says), "{bad}: {e}");
+    }
+    // An IPv6 network key matches only at the length clients are keyed by.
+    let v6 = ListEntry::parse("ip:2001:db8:1::/48").unwrap();
+    assert!(v6.fits_ipv6_prefix(48).is_ok());
+    let e = v6.fits_ipv6_prefix(64).unwrap_err();
+    assert!(e.contains("/64 network"), "{e}");
+    assert!(
+        ListEntry::parse("ip:203.0.113.7")
+            .unwrap()
+            .fits_ipv6_prefix(64)
+            .is_ok()
+    );
     assert!(ListEntry::parse("user:alice").is_ok());
     assert!(ListEntry::parse("cookie:x").is_err());
     assert!(ListEntry::parse("whatever").is_err());

@@ -258,6 +258,22 @@ async fn bad_list_changes_are_refused_naming_the_field() {
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{path}");
         assert_eq!(r.json()["field"], field, "{path}: {:?}", r.body);
     }
+    // `ip:` keys that no request has: a network written as a key, an IPv6 network at another
+    // length than clients are keyed by (64 here, the default).
+    for (entry, says) in [
+        ("ip%3A0.0.0.0%2F0", "without ip:"),
+        ("ip%3A2001%3Adb8%3A1%3A%3A%2F48", "/64 network"),
+    ] {
+        let r = send_json(
+            "PUT",
+            &url(&format!("/v1/lists/blocked/entries/{entry}")),
+            json!({"reason": "r"}),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{entry}");
+        let detail = r.json()["detail"].as_str().unwrap_or_default().to_owned();
+        assert!(detail.contains(says), "{entry}: {detail}");
+    }
     // A header no policy or configured list reads could never match behind the proxy.
     let r = send_json(
         "PUT",

@@ -104,13 +104,36 @@ impl ListEntry {
                 format!("{kind}:{name}").parse::<KeySelector>()?
             }
             "user" if !rest.is_empty() => KeySelector::User,
-            "ip" if !rest.is_empty() => KeySelector::Ip,
+            "ip" if !rest.is_empty() => {
+                ip_key(rest).map_err(|reason| bad(&reason))?;
+                KeySelector::Ip
+            }
             _ => return Err(bad(form)),
         };
         Ok(ListEntry::Key {
             key: text.to_owned(),
             selector,
         })
+    }
+
+    /// Refuses an `ip:` key of an IPv6 network whose length is not `ipv6_prefix`, the length
+    /// IPv6 clients are keyed by (`[server] ipv6_prefix`): no request's key could equal it.
+    pub fn fits_ipv6_prefix(&self, ipv6_prefix: u8) -> Result<(), String> {
+        let ListEntry::Key {
+            key,
+            selector: KeySelector::Ip,
+        } = self
+        else {
+            return Ok(());
+        };
+        match key.rsplit_once('/') {
+            Some((_, bits)) if bits != ipv6_prefix.to_string() => Err(format!(
+                "IPv6 clients are keyed by their /{ipv6_prefix} network ([server] ipv6_prefix), \
+                 so a /{bits} key can never match; list the network without ip: to match every \
+                 address in it"
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// An address or network (`203.0.113.0/24`, `2001:db8::/32`, `198.51.100.7`) or, failing
@@ -121,6 +144,52 @@ impl ListEntry {
             Err(e) if looks_like_address(text) => Err(e),
             Err(_) => ListEntry::key(text),
         }
+    }
+}
+
+/// Checks that `rest`, after `ip:`, is a client's key as requests have it: an IPv4 address, or
+/// the IPv6 network an address is in (`2001:db8:1:2::/64`), in the text `/v1/top` shows. Any
+/// other text could never equal a request's key, and a deny entry that never matches is worse
+/// than a refusal; the reason says what to write.
+fn ip_key(rest: &str) -> Result<(), String> {
+    let (addr, prefix) = match rest.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (rest, None),
+    };
+    let Ok(ip) = addr.parse::<IpAddr>() else {
+        return Err(
+            "after ip: comes a client's address as /v1/top shows it: \"ip:203.0.113.7\", or \
+             an IPv6 client's network, \"ip:2001:db8:1:2::/64\""
+                .to_owned(),
+        );
+    };
+    match (ip, prefix) {
+        (IpAddr::V4(_), Some(_)) => Err(format!(
+            "an IPv4 client's key is its address alone; for a network, write the network \
+             without ip: (\"{rest}\")"
+        )),
+        (IpAddr::V4(v4), None) if v4.to_string() == addr => Ok(()),
+        (IpAddr::V6(v6), _) if v6.to_ipv4_mapped().is_some() => Err(format!(
+            "an IPv4-mapped address is keyed as its IPv4 address: write \"ip:{}\"",
+            ip.to_canonical()
+        )),
+        (IpAddr::V6(_), None) => Err(format!(
+            "an IPv6 client's key is its network (as /v1/top shows it, e.g. \"ip:2001:db8:1:2::/64\"); \
+             for this address alone, write it without ip: (\"{rest}\")"
+        )),
+        (_, Some(bits)) => {
+            let shown = bits
+                .parse::<u8>()
+                .ok()
+                .and_then(|bits| crate::Cidr::new(ip, bits).ok())
+                .map(|net| format!("{}/{}", net.addr(), net.prefix()));
+            match shown {
+                Some(text) if text == rest => Ok(()),
+                Some(text) => Err(format!("write it as /v1/top shows it: \"ip:{text}\"")),
+                None => Err(format!("\"{bits}\" is not a prefix length from 0 to 128")),
+            }
+        }
+        (IpAddr::V4(v4), None) => Err(format!("write it as /v1/top shows it: \"ip:{v4}\"")),
     }
 }
 
@@ -448,6 +517,10 @@ impl<S: Store, C: Clock> Engine<S, C> {
                     "no JWT key is configured ([jwt]): a jwt: key can never match".to_owned(),
                 );
             }
+            ListEntry::Key {
+                selector: KeySelector::Ip,
+                ..
+            } => return entry.fits_ipv6_prefix(self.inner.ipv6_prefix),
             _ => return Ok(()),
         };
         if self.inner.headers_read.contains(&name) {
