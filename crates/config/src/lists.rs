@@ -144,7 +144,7 @@ fn one(
         }
     }
     for key in raw.keys.iter().flatten() {
-        let entry = ListEntry::key(key.get_ref()).map_err(|e| format!("{}", e.reason()));
+        let entry = ListEntry::key(key.get_ref()).map_err(|e| e.reason().to_owned());
         let entry = entry.and_then(|entry| {
             // Unknown when [server] ipv6_prefix was refused: that error is reported already.
             ipv6_prefix.map_or(Ok(()), |bits| entry.fits_ipv6_prefix(bits))?;
