@@ -153,6 +153,27 @@ struct Attributes<'a> {
 /// refusing what the limiter could not read the way an upstream would: a target or host outside
 /// visible ASCII, a fragment, an empty port, or one header given twice (in any case).
 fn attributes(obj: &serde_json::Map<String, Value>) -> Result<Attributes<'_>, Refusal> {
+    // What only a check by policy and key can do: refused, not ignored, so that a usage report
+    // or a cost is never silently taken for a plain check.
+    match obj.get("mode") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(m)) if m == "check" || m == "acquire" => {}
+        Some(_) => {
+            return Err(Refusal::bad_field(
+                "\"mode\"",
+                "of a described request is \"check\" (its concurrency slots are acquired, \
+                 answered with a lease); to report usage, send {\"policy\", \"key\", \"cost\", \
+                 \"mode\": \"report\"}",
+            ));
+        }
+    }
+    if obj.contains_key("cost") {
+        return Err(Refusal::bad_field(
+            "\"cost\"",
+            "applies to a check by policy and key; a described request costs what each \
+             matching policy's cost says",
+        ));
+    }
     let method = match obj.get("method") {
         None | Some(Value::Null) => Method::GET,
         Some(Value::String(m)) => normalize::method(m.as_bytes(), "\"method\"")?,

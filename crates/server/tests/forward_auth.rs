@@ -161,12 +161,33 @@ async fn check_by_attributes_refuses_what_it_cannot_read() {
             r#"{"path": "/v1/a", "headers": {"host": "a/b"}}"#,
             "\"headers\" Host must be",
         ),
+        // What only a check by policy and key does is refused, not taken for a plain check.
+        (
+            r#"{"path": "/v1/a", "mode": "report"}"#,
+            "\"mode\" of a described request is \"check\"",
+        ),
+        (
+            r#"{"path": "/v1/a", "cost": 5}"#,
+            "\"cost\" applies to a check by policy and key",
+        ),
     ] {
         let r = post_json(&url, body).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{body}");
         let detail = r.json()["detail"].as_str().unwrap().to_owned();
         assert!(detail.starts_with(says), "{body}: {detail}");
     }
+    for (mode, ip) in [("check", "198.51.100.2"), ("acquire", "198.51.100.3")] {
+        let body = format!(r#"{{"path": "/v1/a", "ip": "{ip}", "mode": "{mode}"}}"#);
+        assert_eq!(
+            post_json(&url, &body).await.status,
+            StatusCode::OK,
+            "{body}"
+        );
+    }
+    // A check by policy and key names the field it cannot read, as the others do.
+    let r = post_json(&url, r#"{"policy": "api", "key": "k", "cost": -1}"#).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.json()["field"], "\"cost\"");
     let r = post_json(&url, r#"{"path": "/v1/caf%C3%A9", "ip": "198.51.100.1"}"#).await;
     assert_eq!(r.status, StatusCode::OK, "percent-encoded bytes are fine");
     s.stop().await;

@@ -17,7 +17,6 @@ use smallvec::SmallVec;
 use tollgate::{AlgorithmKind, Decision};
 use tollgate_http::{RateLimitHeaders, Refusal};
 
-use super::bad_request;
 use crate::config::{Action, PolicyConfig};
 use crate::generation::{Disposition, Generation};
 use crate::response::{Body, full, json_bytes_response, problem, problem_response};
@@ -178,19 +177,22 @@ impl Mode {
 /// Decides a by-policy check and answers it: the decision as JSON with the rate-limit headers,
 /// 200 or 429; 400 naming what cannot be read; 404 for a policy not configured.
 pub(super) async fn check(engine: &Generation, asked: Asked<'_>, trace: Trace<'_>) -> Checked {
+    let refused = |field: &'static str, reason: &'static str| {
+        Checked::Other(problem_response(&Refusal::bad_field(field, reason)))
+    };
     let Some(name) = asked.policy.text() else {
-        return Checked::Other(bad_request("\"policy\" must be a string"));
+        return refused("\"policy\"", "must be a string");
     };
     let Some(key) = asked.key.text() else {
-        return Checked::Other(bad_request("\"key\" is required and must be a string"));
+        return refused("\"key\"", "is required and must be a string");
     };
     let cost = match asked.cost {
         Field::Absent => 1,
         Field::Number(c) => match u32::try_from(c) {
             Ok(c) => c,
-            Err(_) => return Checked::Other(bad_request(COST)),
+            Err(_) => return refused("\"cost\"", COST),
         },
-        _ => return Checked::Other(bad_request(COST)),
+        _ => return refused("\"cost\"", COST),
     };
     let mode = match Mode::read(&asked.mode) {
         Ok(m) => m,
@@ -300,7 +302,7 @@ impl Checked {
     }
 }
 
-const COST: &str = "\"cost\" must be a whole number from 0 to 4294967295";
+const COST: &str = "must be a whole number from 0 to 4294967295";
 
 fn unknown_policy(engine: &Generation, name: &str) -> Response<Body> {
     let known: Vec<&str> = engine.config().policies.iter().map(|p| p.name()).collect();
