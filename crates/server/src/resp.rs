@@ -52,24 +52,46 @@ impl Decide for ServerDecide {
                     "the store could not decide; retry shortly".to_owned(),
                 ));
             }
-            return Ok(CheckReply {
-                allowed: true,
-                limit: 0,
-                remaining: 0,
-                reset: std::time::Duration::ZERO,
-                retry_after: None,
-            });
+            return Ok(uncounted(true));
         }
         let (decisions, _, disposition) = evaluation.into_parts();
-        if let Disposition::Hold(hold) = disposition {
+        match disposition {
             // The caller holds the request; keep its slot rather than give it back.
-            drop(tokio::spawn(hold.wait()));
+            Disposition::Hold(hold) => drop(tokio::spawn(hold.wait())),
+            // Refused before any policy counted it: a deny list (the HTTP doors' 403) is a
+            // denial that no wait would lift; anything else is said as the HTTP doors say it.
+            Disposition::Respond(answer) if decisions.is_empty() => {
+                if answer.status() == hyper::StatusCode::FORBIDDEN {
+                    return Ok(uncounted(false));
+                }
+                return Err(CheckError::Other(refusal_text(answer.body())));
+            }
+            _ => {}
         }
         let decision: Option<Decision> = decisions.into_first();
-        decision
-            .map(CheckReply::from)
-            .ok_or_else(|| CheckError::unknown_policy(policy))
+        // No decision, and not refused: an allow list let the key through uncounted.
+        Ok(decision.map_or_else(|| uncounted(true), CheckReply::from))
     }
+}
+
+/// An answer no policy counted (a list decided it, or the store failed open): no quota to
+/// report; when refused, never admissible (`retry_after` -1).
+fn uncounted(allowed: bool) -> CheckReply {
+    CheckReply {
+        allowed,
+        limit: 0,
+        remaining: 0,
+        reset: Duration::ZERO,
+        retry_after: None,
+    }
+}
+
+/// The `detail` of an HTTP door's problem body, for an `-ERR` reply.
+fn refusal_text(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("detail").and_then(|d| d.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| "the request was refused".to_owned())
 }
 
 /// The door over TLS (`[server]`'s files): each handshake within the header read timeout, in

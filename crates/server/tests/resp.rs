@@ -97,6 +97,44 @@ async fn tollgate_check_shares_the_policy_and_key_with_the_decision_api() {
 }
 
 #[tokio::test]
+async fn lists_decide_before_the_policy_at_this_door_too() {
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nresp_listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{POLICY}\n\
+         [[list]]\nname = \"partners\"\naction = \"allow\"\nkeys = [\"user:alice\"]\n\n\
+         [[list]]\nname = \"blocked\"\naction = \"deny\"\nkeys = [\"user:bob\"]\n"
+    );
+    let s = start(tollgate_server::Config::parse("t.toml", &text).unwrap()).await;
+    let resp = s.resp.expect("the door is listening");
+    let mut commands = Vec::new();
+    for _ in 0..4 {
+        commands.push(command(&["TOLLGATE.CHECK", "api", "user:alice"]));
+    }
+    commands.push(command(&["TOLLGATE.CHECK", "api", "user:bob"]));
+    commands.push(command(&["PING"]));
+    let reply = pipeline(resp, &commands, "+PONG\r\n").await;
+    let lines: Vec<&str> = reply.split("\r\n").collect();
+    // The partner: admitted four times over a limit of 3, uncounted (no quota to report).
+    for i in 0..4 {
+        assert_eq!(
+            &lines[i * 6..i * 6 + 6],
+            ["*5", ":1", ":0", ":0", ":0", ":-1"],
+            "{reply}"
+        );
+    }
+    // The blocked key: refused, and no wait would help (retry_after -1), as the HTTP doors'
+    // 403 says; not an unknown policy.
+    assert_eq!(
+        &lines[24..30],
+        ["*5", ":0", ":0", ":0", ":0", ":-1"],
+        "{reply}"
+    );
+    // And /v1/check agrees: 403 for the blocked key.
+    let r = post_json(&s.url("/v1/check"), r#"{"policy":"api","key":"user:bob"}"#).await;
+    assert_eq!(r.status, hyper::StatusCode::FORBIDDEN);
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn the_door_asks_for_the_password_of_the_running_configuration() {
     // PATH is always set: its value is the password.
     let password = std::env::var("PATH").unwrap();

@@ -281,6 +281,12 @@ fn foreign_fields(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> bool {
         AlgorithmKind::Concurrency => &["limit", "max_delay"],
         _ => &["limit", "window"],
     };
+    // What the message lists: the algorithm's own fields, with those it shares with others
+    // (a concurrency limit's `lease_ttl` is also the leases' field, so it is not checked here).
+    let shown = match cx.kind {
+        AlgorithmKind::Concurrency => "limit, lease_ttl, max_delay".to_owned(),
+        _ => own.join(", "),
+    };
     let mut ok = true;
     for (field, pos) in given {
         if let Some(pos) = pos
@@ -292,7 +298,7 @@ fn foreign_fields(p: &RawPolicy, cx: &Ctx, errs: &mut Errors<'_>) -> bool {
                     "{}field \"{field}\" does not apply to algorithm \"{}\", which takes {}; remove it or change the algorithm",
                     cx.prefix,
                     cx.kind.as_str(),
-                    own.join(", ")
+                    shown
                 ),
             );
             ok = false;

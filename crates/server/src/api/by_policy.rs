@@ -204,6 +204,14 @@ pub(super) async fn check(engine: &Generation, asked: Asked<'_>, trace: Trace<'_
     if let Err(refusal) = mode.fits(pc) {
         return Checked::Other(problem_response(&refusal));
     }
+    if mode == Mode::Acquire && cost != 1 {
+        // A slot is one request: a cost of 0 would be answered as an admission that holds
+        // nothing, and its lease would give back nothing.
+        return refused(
+            "\"cost\"",
+            "of an acquire is 1 (absent or 1): a request holds one slot",
+        );
+    }
     let decided = if mode == Mode::Report {
         engine.report_key(name, key.as_bytes(), cost, trace).await
     } else {
@@ -330,8 +338,8 @@ struct Answer<'a> {
 }
 
 impl Answer<'_> {
-    /// `{"action":..,"allowed":..,"delay":..,["detail":..,]"fail_open":..,["lease":..,]
-    /// "limit":..,"policy":..,"remaining":..,"reset":..,"retry_after":..}`.
+    /// `{"action":..,"allowed":..,["banned":true,]"delay":..,["detail":..,]"fail_open":..,
+    /// ["lease":..,]"limit":..,"policy":..,"remaining":..,"reset":..,"retry_after":..}`.
     fn write(&self) -> AnswerBody {
         let mut out = AnswerBody::new();
         let d = self.decision;
@@ -343,6 +351,11 @@ impl Answer<'_> {
         } else {
             b"false"
         });
+        // A lockout says so, as a described request's decisions do; its retry_after is when
+        // the ban ends.
+        if d.is_some_and(|d| d.ban.is_ban()) {
+            out.extend_from_slice(b",\"banned\":true");
+        }
         out.extend_from_slice(b",\"delay\":");
         match d.and_then(|d| d.delay) {
             // As the JSON writer formats a float.

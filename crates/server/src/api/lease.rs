@@ -17,11 +17,20 @@ pub(crate) async fn release(engine: &Generation, req: Request<Incoming>) -> Resp
         Ok(v) => v,
         Err(res) => return res,
     };
-    let Some(token) = value.get("lease").and_then(Value::as_str) else {
-        return problem_response(&Refusal::bad_field(
-            "\"lease\"",
-            "is required: the lease /v1/check answered in \"mode\": \"acquire\"",
-        ));
+    let token = match value.get("lease") {
+        Some(Value::String(token)) => token.as_str(),
+        None | Some(Value::Null) => {
+            return problem_response(&Refusal::bad_field(
+                "\"lease\"",
+                "is required: the lease /v1/check answered in \"mode\": \"acquire\"",
+            ));
+        }
+        Some(_) => {
+            return problem_response(&Refusal::bad_field(
+                "\"lease\"",
+                "must be a string: the lease /v1/check answered in \"mode\": \"acquire\"",
+            ));
+        }
     };
     match engine.http().release_lease(token).await {
         Ok(released) => json_response(StatusCode::OK, &json!({ "released": released })),
