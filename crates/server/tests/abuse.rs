@@ -64,9 +64,23 @@ async fn a_hammering_client_is_banned_past_its_window_until_lifted() {
     let r = post_json(&s.url("/v1/check"), &login(ip)).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.json()["banned"], true);
-    // Others are not banned with it.
+    // A check by policy and key says so too, with the ban's end as its retry_after.
+    let by_key = post_json(
+        &s.url("/v1/check"),
+        &json!({"policy": "login", "key": format!("ip:{ip}")}).to_string(),
+    )
+    .await;
+    assert_eq!(by_key.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(by_key.json()["banned"], true, "{:?}", by_key.body);
+    // Others are not banned with it, and a plain answer has no such field.
     let other = post_json(&s.url("/v1/check"), &login("192.0.2.78")).await;
     assert_eq!(other.status, StatusCode::OK);
+    let other = post_json(
+        &s.url("/v1/check"),
+        &json!({"policy": "login", "key": "ip:192.0.2.79"}).to_string(),
+    )
+    .await;
+    assert_eq!(other.json().get("banned"), None, "{:?}", other.body);
 
     // Operators see it, and lift it.
     let listed = get(&s.admin_url("/v1/bans"), &[]).await.json();

@@ -230,6 +230,17 @@ async fn acquire_answers_a_lease_and_release_gives_it_back() {
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}");
         assert_eq!(r.json()["field"], "\"lease\"");
     }
+    // An acquire's cost is one slot: 0 (an admission that would hold nothing) and 2 are
+    // refused, naming the field.
+    for cost in [0, 2] {
+        let r = post_json(
+            &s.url("/v1/check"),
+            &format!(r#"{{"policy":"exports","key":"k9","mode":"acquire","cost":{cost}}}"#),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "cost {cost}");
+        assert_eq!(r.json()["field"], "\"cost\"");
+    }
     // Modes that do not fit the policy.
     let r = post_json(
         &s.url("/v1/check"),
