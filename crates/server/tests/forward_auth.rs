@@ -46,6 +46,11 @@ async fn nginx_flavour_denies_with_403_and_the_problem_in_a_header() {
     assert_eq!(in_header, r.json(), "the header carries the body");
     assert_eq!(in_header["status"], 429);
     assert_eq!(in_header["violated-policies"][0], "api");
+    assert_eq!(
+        r.header("tollgate-status"),
+        Some("429"),
+        "what the client is to get"
+    );
     // The standard endpoint answers the same denial with a 429 and no such header.
     let r = get(&s.url("/v1/forward-auth"), &h).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);

