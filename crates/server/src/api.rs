@@ -5,6 +5,7 @@
 mod by_policy;
 mod forward_auth;
 mod lease;
+mod unseen_status;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -270,7 +271,11 @@ async fn check_by_attributes(
     let info = RequestInfo::new(&method, target, &headers)
         .with_host(host)
         .with_client_ip(ip);
-    let mut eval = engine.evaluate(&info, trace).await;
+    let prepared = engine.http().prepare(&info);
+    if let Some(name) = unseen_status::counted_by_status(engine, &prepared) {
+        return unseen_status::refuse(name, "POST /v1/check by request attributes");
+    }
+    let mut eval = engine.decide(prepared, trace).await;
     let fail_open = eval.store_failed() && eval.allowed();
     // A described request that took concurrency slots gets a lease to give them back with,
     // whatever its mode: nothing else could.

@@ -228,6 +228,29 @@ async fn usage_is_charged_on_the_memory_store() {
     s.stop().await;
 }
 
+/// An upstream that is not there: the client gets Tollgate's own 502, the request keeps
+/// admission's charge, and nothing is counted as a response whose cost could not be read
+/// (there was no response), so the fallback metric keeps meaning a misread cost.
+#[tokio::test]
+async fn an_upstream_failure_keeps_admissions_charge_and_is_no_fallback() {
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let s = start(tollgate_server::Config::parse("t.toml", &config(gone, "")).unwrap()).await;
+    let proxy = s.proxy.unwrap();
+    let (status, _) = through(proxy, "/v1/chat/completions", "203.0.113.60", &[]).await;
+    assert_eq!(status, 502);
+    settled(&s, "tokens", "ip:203.0.113.60", 999).await;
+    let metrics = get(&s.admin_url("/metrics"), &[]).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.contains("tollgate_usage_fallbacks_total{policy=\"tokens\"} 0"),
+        "no response, no fallback:\n{text}"
+    );
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_is_charged_on_redis() {
     let Some(redis) = common::redis::redis() else {
@@ -285,12 +308,12 @@ async fn reports_charge_and_never_deny() {
     s.stop().await;
 }
 
-/// Forward-auth answers before the upstream does. A policy charged by the response is decided
-/// there by admission's charge (the upstream reports the rest with `"mode": "report"`); a
+/// Forward-auth (and a request described to /v1/check) answers before the upstream does. A
+/// policy charged by the response is decided there by admission's charge (the upstream reports the rest with `"mode": "report"`); a
 /// policy counted by status cannot be decided at all, and is refused loudly rather than
 /// counting every login.
 #[tokio::test]
-async fn forward_auth_admits_by_cost_and_refuses_status_counting() {
+async fn described_requests_are_admitted_by_cost_and_refused_status_counting() {
     let up = ai_upstream().await;
     let s = start(tollgate_server::Config::parse("t.toml", &config(up, "")).unwrap()).await;
     let asked = |uri: &'static str| {
@@ -312,5 +335,20 @@ async fn forward_auth_admits_by_cost_and_refuses_status_counting() {
         detail.contains("failed-logins") && detail.contains("count_status"),
         "{detail}"
     );
+    // A request described to /v1/check is heard before its response too: the same refusal,
+    // six times, and never a lockout of the client.
+    for _ in 0..6 {
+        let r = post_json(
+            &s.url("/v1/check"),
+            r#"{"method":"POST","path":"/login","ip":"192.0.2.9"}"#,
+        )
+        .await;
+        assert_eq!(r.status, hyper::StatusCode::INTERNAL_SERVER_ERROR);
+        let detail = r.json()["detail"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            detail.contains("POST /v1/check by request attributes"),
+            "{detail}"
+        );
+    }
     s.stop().await;
 }

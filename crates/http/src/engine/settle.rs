@@ -135,6 +135,9 @@ pub struct Settle<S: Store, C: Clock> {
     /// The concurrency slots the request holds, given back when the exchange ends.
     slots: SmallEntries,
     status: Option<u16>,
+    /// The response was the door's own (the upstream failed: 502, 504), so there is no cost in
+    /// it to read: admission's charge stands, and no fallback is counted.
+    answered_here: bool,
     done: bool,
 }
 
@@ -169,6 +172,7 @@ impl<S: Store, C: Clock> Settle<S, C> {
                 .collect(),
             slots,
             status: None,
+            answered_here: false,
             done: false,
         }
     }
@@ -236,6 +240,15 @@ impl<S: Store, C: Clock> Settle<S, C> {
         }
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
         self.response(status, &wanted);
+    }
+
+    /// The client got the door's own answer instead of the upstream's (the upstream failed:
+    /// 502, 504): its status counts for `count_status` (a 5xx error budget counts upstream
+    /// failures), and a policy charged by the response keeps admission's charge, as a request
+    /// that got no response does, without counting a fallback: there was no response to read.
+    pub fn answered_here(&mut self, status: u16) {
+        self.answered_here = true;
+        self.response_from(status, std::iter::empty());
     }
 
     /// The response's cost as the door knows it without reading the response (`tollgate
@@ -316,6 +329,8 @@ impl<S: Store, C: Clock> Settle<S, C> {
             };
             let actual = if !counts {
                 0
+            } else if self.answered_here {
+                admitted
             } else {
                 let usage = match (due.reported, due.meter.take()) {
                     (Some(cost), _) => Some(Usage::Found(cost)),

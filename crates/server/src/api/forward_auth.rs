@@ -14,10 +14,10 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
-use tollgate_http::{ForwardedHeader, Prepared, Refusal, RequestInfo, TrustedProxies, normalize};
+use tollgate_http::{ForwardedHeader, Refusal, RequestInfo, TrustedProxies, normalize};
 
 use crate::generation::{Disposition, Generation};
-use crate::response::{Body, full, problem, problem_response};
+use crate::response::{Body, full, problem_response};
 use crate::telemetry::{Door, Trace};
 
 /// How a denial is answered.
@@ -73,8 +73,8 @@ pub(crate) async fn handle(
         .with_host(Some(described.host))
         .with_client_ip(Some(described.client));
     let prepared = engine.http().prepare(&info);
-    if let Some(name) = counted_by_status(engine, &prepared) {
-        return unseen_status(name);
+    if let Some(name) = super::unseen_status::counted_by_status(engine, &prepared) {
+        return super::unseen_status::refuse(name, "forward-auth");
     }
     let trace = Trace::from_headers(Door::ForwardAuth, headers);
     let mut evaluation = engine.decide(prepared, trace).await;
@@ -111,45 +111,6 @@ pub(crate) async fn handle(
             res
         }
     }
-}
-
-/// The first matching policy that counts a request by its response's status (`count_status`):
-/// forward-auth answers before the upstream does and never learns the status, so it cannot
-/// decide such a policy. (A policy that charges by the response's usage, `charge =
-/// "response"`, is decided here by admission's charge, and the upstream reports the rest
-/// with `/v1/check` in `"mode": "report"`.)
-fn counted_by_status<'g>(engine: &'g Generation, prepared: &Prepared) -> Option<&'g str> {
-    prepared.keys().find_map(|(index, _)| {
-        engine
-            .http()
-            .policies()
-            .nth(index)
-            .filter(|p| p.count_status.is_some())
-            .map(|p| p.policy.name())
-    })
-}
-
-/// 500: a matching policy counts by the response's status, which forward-auth never sees.
-/// Loud on purpose: counting every request instead would lock out the users the policy is
-/// meant to spare (every correct login, for a failed-login policy).
-fn unseen_status(policy: &str) -> Response<Body> {
-    static WARNED: AtomicBool = AtomicBool::new(false);
-    if !WARNED.swap(true, Ordering::Relaxed) {
-        tracing::error!(
-            policy,
-            "forward-auth matched a policy with count_status; it cannot see responses and \
-             refuses such requests (logged once)"
-        );
-    }
-    problem(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "Policy needs the response",
-        Some(&format!(
-            "policy {policy:?} counts requests by their response status (count_status), which \
-             forward-auth never sees; decide it at Tollgate's proxy or tower layer, or narrow \
-             its match so forward-auth requests do not reach it"
-        )),
-    )
 }
 
 /// The request a proxy describes.

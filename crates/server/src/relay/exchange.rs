@@ -311,9 +311,10 @@ impl Conn {
         timeout: Duration,
     ) -> bool {
         self.shared.metrics.upstream_error();
-        // The client gets this status: `count_status` counts it (a 5xx error budget does).
+        // The client gets this status: `count_status` counts it (a 5xx error budget does); a
+        // cost read from the response keeps admission's charge.
         if let Some(settle) = settle {
-            settle.response_from(status.as_u16(), std::iter::empty());
+            settle.answered_here(status.as_u16());
         }
         // A body the upstream never took is still on the client connection: close after.
         let close = force_close
