@@ -14,7 +14,11 @@ pub const MAX_POLICY_NAME: usize = 128;
 ///
 /// Its [`fingerprint`](Self::fingerprint) covers the name *and* the quota, so when a reload
 /// changes a policy's algorithm or numbers, the store starts it from fresh state instead of
-/// reading old state with new meaning, while an unchanged policy keeps its counters.
+/// reading old state with new meaning, while an unchanged policy keeps its counters. A
+/// concurrency limit is the exception: its state, the slots its requests hold (each with its
+/// own expiry), means the same under any `limit` and `lease_ttl`, and forgetting it would let
+/// a reload admit a whole new limit beside the requests still running, so its fingerprint
+/// covers the name and the algorithm only.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Policy {
     name: &'static str,
@@ -41,7 +45,10 @@ impl Policy {
                 "a policy name must not contain control characters",
             ));
         }
-        let fingerprint = fnv1a(format!("{name}\u{0}{quota}").as_bytes());
+        let fingerprint = match &quota {
+            Quota::Concurrency(_) => fnv1a(format!("{name}\u{0}concurrency").as_bytes()),
+            _ => fnv1a(format!("{name}\u{0}{quota}").as_bytes()),
+        };
         Ok(Policy {
             name: intern(name),
             max_cost: quota.max_cost(),
@@ -184,6 +191,13 @@ mod tests {
         assert_eq!(a.fingerprint(), b.fingerprint());
         assert_ne!(a.fingerprint(), c.fingerprint());
         assert_ne!(a.fingerprint(), d.fingerprint());
+        // A concurrency limit's slots outlive a change of its numbers.
+        let slots = |limit, ttl| -> Result<u64, QuotaError> {
+            let quota = Quota::concurrency(limit, Duration::from_secs(ttl))?;
+            Ok(Policy::new("api", quota)?.fingerprint())
+        };
+        assert_eq!(slots(2, 60)?, slots(5, 300)?);
+        assert_ne!(slots(2, 60)?, a.fingerprint());
         // Pinned: key names in shared stores depend on it staying the same across releases.
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c); // the published FNV-1a test vector
         Ok(())

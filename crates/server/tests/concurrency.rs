@@ -189,6 +189,47 @@ async fn a_client_gone_mid_response_frees_its_slot() {
     s.stop().await;
 }
 
+/// A reload that changes the limit keeps the slots in use: the new limit counts them, and
+/// their leases still give them back.
+#[tokio::test]
+async fn a_reload_of_the_limit_keeps_the_slots_in_use() {
+    const POLICY: &str =
+        "[[policy]]\nname = \"slots\"\nalgorithm = \"concurrency\"\nlimit = 1\nkey = [\"ip\"]\n";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.toml");
+    std::fs::write(&path, with_ports(POLICY)).unwrap();
+    let s = start(tollgate_server::Config::load(&path).unwrap()).await;
+    let acquire = r#"{"policy":"slots","key":"k","mode":"acquire"}"#;
+    let held = post_json(&s.url("/v1/check"), acquire).await;
+    assert_eq!(held.status, StatusCode::OK);
+    let lease = held.json()["lease"].as_str().unwrap().to_owned();
+    assert_eq!(
+        post_json(&s.url("/v1/check"), acquire).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    std::fs::write(&path, with_ports(&POLICY.replace("limit = 1", "limit = 2"))).unwrap();
+    wait_for(|| async {
+        get(&s.admin_url("/v1/policies"), &[]).await.json()["policies"][0]["limit"] == 2
+    })
+    .await;
+    // One more, not two: the slot taken before the reload still counts.
+    let second = post_json(&s.url("/v1/check"), acquire).await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert_eq!(second.json()["remaining"], 0);
+    assert_eq!(
+        post_json(&s.url("/v1/check"), acquire).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // And the first lease gives its slot back.
+    let r = post_json(&s.url("/v1/release"), &format!(r#"{{"lease":"{lease}"}}"#)).await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(
+        post_json(&s.url("/v1/check"), acquire).await.status,
+        StatusCode::OK
+    );
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn acquire_answers_a_lease_and_release_gives_it_back() {
     let (up, _seen) = recording_upstream(Duration::from_millis(1)).await;
