@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::BanStatus;
+use crate::{BanStatus, Timestamp};
 
 /// The outcome of one algorithm step, in microseconds: what a store computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,6 +156,8 @@ pub struct Decision {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Decisions {
     items: SmallVec<[Decision; 2]>,
+    /// The instant they were decided at, when the caller recorded it ([`at`](Self::at)).
+    decided_at: Option<Timestamp>,
 }
 
 impl Decisions {
@@ -187,6 +189,20 @@ impl Decisions {
     /// Whether no policy decided.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+
+    /// The same decisions, recorded as made at `now` (the time the store was given): a
+    /// decision's `reset` counts from there, so an absolute reset time (`X-RateLimit-Reset`)
+    /// is `now + reset`, not a later reading of the clock plus `reset`, which would round a
+    /// window's whole-second end up to the next second.
+    pub fn at(mut self, now: Timestamp) -> Self {
+        self.decided_at = Some(now);
+        self
+    }
+
+    /// When they were decided, if recorded ([`at`](Self::at)).
+    pub fn decided_at(&self) -> Option<Timestamp> {
+        self.decided_at
     }
 
     /// The decision that headers report: a denying one first, then the lowest `remaining`, ties
@@ -250,6 +266,7 @@ impl FromIterator<Decision> for Decisions {
     fn from_iter<I: IntoIterator<Item = Decision>>(iter: I) -> Self {
         Decisions {
             items: iter.into_iter().collect(),
+            decided_at: None,
         }
     }
 }

@@ -252,13 +252,22 @@ impl<S: Store, C: Clock> Limiter<S, C> {
     /// Checks one request against several policies, all-or-nothing: it consumes from every
     /// policy if all admit it and from none otherwise.
     pub async fn check_all(&self, checks: &[Check<'_>]) -> Result<Decisions, Error> {
+        self.check_all_at(self.inner.clock.now(), checks).await
+    }
+
+    /// [`check_all`](Self::check_all) at `now`, a reading of this limiter's clock the caller
+    /// keeps (to say when the quotas come back in absolute time).
+    pub async fn check_all_at(
+        &self,
+        now: Timestamp,
+        checks: &[Check<'_>],
+    ) -> Result<Decisions, Error> {
         for check in checks {
             let max = check.policy.max_cost();
             if check.cost > max {
                 return Err(cost_exceeds_quota(check.policy, check.cost, max));
             }
         }
-        let now = self.inner.clock.now();
         Ok(self.inner.store.apply(now, checks).await?)
     }
 

@@ -372,6 +372,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         let now = self.inner.limiter.clock().now();
         match self.inner.limiter.store().charge(now, &checks).await {
             Ok(decisions) if decisions.len() == entries.len() => {
+                let decisions = decisions.at(now);
                 let headers = self.render(&decisions, entries);
                 self.evaluation(decisions, headers, Disposition::Pass)
             }
@@ -478,7 +479,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             }
         };
         if !decision.allowed {
-            let decisions: Decisions = std::iter::once(decision).collect();
+            let decisions = Decisions::from_iter([decision]).at(now);
             let headers = self.render(&decisions, &prepared.entries);
             return Some(Err(self.deny(decisions, headers, &prepared.entries)));
         }
@@ -673,13 +674,15 @@ impl<S: Store, C: Clock> Engine<S, C> {
 
     /// The limiter's `check_all`, with the store's single-check path for the common request that
     /// one policy applies to. Costs were checked against their quotas when the engine was built.
+    /// The checks, decided all-or-nothing, recorded with the time they were decided at (what
+    /// the headers' absolute reset time counts from).
     async fn check_all(&self, checks: &[Check<'_>]) -> Result<Decisions, Error> {
+        let now = self.inner.limiter.clock().now();
         if let [check] = checks {
-            let now = self.inner.limiter.clock().now();
             let decision = self.inner.limiter.store().apply_one(now, *check).await?;
-            return Ok(std::iter::once(decision).collect());
+            return Ok(Decisions::from_iter([decision]).at(now));
         }
-        self.inner.limiter.check_all(checks).await
+        Ok(self.inner.limiter.check_all_at(now, checks).await?.at(now))
     }
 
     fn check<'e>(&'e self, entry: &'e Entry) -> Check<'e> {

@@ -125,6 +125,37 @@ async fn check_by_policy_allows_then_denies_with_headers() {
     s.stop().await;
 }
 
+/// `X-RateLimit-Reset` is when the quota comes back, counted from the instant the store
+/// decided: a fixed window's end exactly, on an admission, a denial, and an answer that
+/// combines two policies. Counted from a later reading of the clock, a window's whole-second
+/// end became the next second.
+#[tokio::test]
+async fn the_reset_time_is_the_windows_end_on_every_answer() {
+    let s = start_text(
+        "[[policy]]\nname = \"hourly\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nkey = [\"ip\"]\n\n\
+         [[policy]]\nname = \"daily\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1d\"\nkey = [\"ip\"]\n",
+    )
+    .await;
+    let by_key = r#"{"policy": "hourly", "key": "ip:192.0.2.44"}"#;
+    let described = r#"{"path": "/x", "ip": "192.0.2.45"}"#;
+    let mut seen = Vec::new();
+    for body in [by_key, by_key, described, described] {
+        let r = post_json(&s.url("/v1/check"), body).await;
+        let reset: u64 = r.header("x-ratelimit-reset").unwrap().parse().unwrap();
+        seen.push((r.status.as_u16(), reset));
+    }
+    let statuses: Vec<u16> = seen.iter().map(|(status, _)| *status).collect();
+    assert_eq!(statuses, [200, 429, 200, 429], "{seen:?}");
+    for (_, reset) in &seen {
+        assert_eq!(
+            reset % 3600,
+            0,
+            "the hour's end, not a second after: {seen:?}"
+        );
+    }
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn check_rejects_bad_input_with_problem_json() {
     let s = start_text(TWO_PER_MINUTE).await;

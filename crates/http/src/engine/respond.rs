@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::StatusCode;
 use smallvec::SmallVec;
 use tollgate::headers::{aggregate_retry_after, t_secs};
-use tollgate::{Clock, Decision, Decisions, Error, ErrorKind, Store};
+use tollgate::{Clock, Decision, Decisions, Error, ErrorKind, Store, Timestamp};
 
 use crate::headers::{HeaderList, PolicyText, Retry, render, retry_after};
 use crate::problem;
@@ -22,7 +22,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             .zip(entries.iter())
             .map(|(d, e)| (d, self.text(e)))
             .collect();
-        self.render_items(&items)
+        render(&self.inner.headers, self.decided_at(decisions), &items)
     }
 
     /// The headers for `decisions`, the i-th made by the policy at `indexes[i]`, under the
@@ -43,11 +43,15 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 _ => (d, PolicyText::Interned(self.inner.policies[i].text)),
             })
             .collect();
-        self.render_items(&items)
+        render(&self.inner.headers, self.decided_at(decisions), &items)
     }
 
-    pub(super) fn render_items(&self, items: &[(&Decision, PolicyText)]) -> HeaderList {
-        render(&self.inner.headers, self.inner.limiter.clock().now(), items)
+    /// What `decisions`' resets count from: the time they were decided at, or now when that
+    /// was not recorded.
+    fn decided_at(&self, decisions: &Decisions) -> Timestamp {
+        decisions
+            .decided_at()
+            .unwrap_or_else(|| self.inner.limiter.clock().now())
     }
 
     /// `Retry-After` for denied `decisions` (the i-th made by the policy at `indexes[i]`): it
@@ -59,7 +63,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
         headers: &HeaderList,
         indexes: &[usize],
     ) -> Option<(u64, Retry)> {
-        let now = self.inner.limiter.clock().now();
+        let now = self.decided_at(decisions);
         let denials: SmallVec<[&Decision; 4]> = decisions
             .as_slice()
             .iter()
