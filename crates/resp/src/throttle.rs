@@ -231,6 +231,15 @@ fn build((max_burst, count, period): QuotaKey) -> Result<CellQuota, ThrottleErro
         ));
     };
     let interval_us = (interval_ns as u64).div_ceil(1_000);
+    // The bucket refills one token each interval, and Tollgate's refill period is bounded; the
+    // period redis-cell is given may be longer when its count is larger.
+    const MAX_INTERVAL_US: u64 = 400 * 86_400 * 1_000_000;
+    if interval_us > MAX_INTERVAL_US {
+        return Err(ThrottleError(format!(
+            "ERR CL.THROTTLE {max_burst} {count} {period}: the interval between two tokens \
+             (period / count) must be at most 400 days"
+        )));
+    }
     let quota = Rate::new(1, Duration::from_micros(interval_us))
         .and_then(|rate| Quota::token_bucket(capacity, rate))
         .and_then(|quota| Policy::new(POLICY_NAME, quota))
@@ -329,6 +338,12 @@ mod tests {
         assert!(call(&t, "k 4294967295 1 1").is_err());
         assert!(call(&t, "k 4294967294 1000000 1").is_ok());
         assert!(call(&t, "k 1000 1 10000000").is_err_and(|e| e.contains("100 years")));
+        // The bound is on the interval between two tokens, not on the period: 800 days for
+        // two tokens is 400 days each, and a day more is refused, saying so.
+        assert!(call(&t, "k 0 2 69120000").is_ok());
+        assert!(
+            call(&t, "k 0 2 69120002").is_err_and(|e| e.contains("interval between two tokens"))
+        );
         // Both signs negative make a positive rate, as in redis-cell.
         assert_eq!(call(&t, "n 0 -1 -60"), Ok([0, 1, 0, -1, 60]));
     }

@@ -40,10 +40,19 @@ pub(super) fn duration(
     match parse_duration(v.get_ref()) {
         Ok(d) => Some(d),
         Err(e) => {
+            // An example the field itself accepts.
+            let example = match field {
+                "window" => "1m",
+                "lease_ttl" => "5m",
+                "timeout" if ctx.starts_with("[store]") => "50ms",
+                "timeout" => "30s",
+                f if f.starts_with("ban.") => "15m",
+                _ => "10s",
+            };
             errs.at(
                 v.span().start,
                 format!(
-                    "{ctx}field \"{field}\": {}; write e.g. {field} = \"50ms\"",
+                    "{ctx}field \"{field}\": {}; write e.g. {field} = \"{example}\"",
                     e.reason()
                 ),
             );
