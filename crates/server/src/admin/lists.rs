@@ -23,7 +23,7 @@ use tollgate_http::{ListEntry, ListSpec};
 
 use crate::Shared;
 use crate::admin::overrides::{bad_field, decode, expiry, form_urlencoded_value, rfc3339};
-use crate::admin::top::unix_secs;
+use crate::admin::top::{unix_now, unix_secs};
 use crate::response::{Body, full, json_response, problem};
 use registry::{ChangeError, Record};
 
@@ -227,7 +227,8 @@ async fn put(
     {
         return bad_field(other, "unknown field; use reason and expires");
     }
-    let now = unix_secs();
+    let exact = unix_now();
+    let now = exact.as_secs();
     let reason = match reason(&obj) {
         Ok(Some(r)) => r,
         Ok(None) => {
@@ -240,7 +241,7 @@ async fn put(
     };
     let expires = match obj.get("expires") {
         None | Some(Value::Null) => None,
-        Some(Value::String(text)) => match expiry(text, now) {
+        Some(Value::String(text)) => match expiry(text, exact) {
             Ok(at) => Some(at),
             Err(bad) => return bad.response(),
         },

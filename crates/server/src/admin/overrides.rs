@@ -11,6 +11,8 @@
 
 pub(crate) mod registry;
 
+use std::time::Duration;
+
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
@@ -23,7 +25,7 @@ use tollgate::parse_duration;
 use tollgate_http::OverrideError;
 
 use crate::Shared;
-use crate::admin::top::unix_secs;
+use crate::admin::top::{unix_now, unix_secs};
 use crate::response::{Body, full, json_response, problem};
 use registry::{ChangeError, Record};
 
@@ -251,8 +253,9 @@ async fn put(
             "expected a JSON object like {\"limit\": 1000, \"window\": \"1h\", \"reason\": \"...\"}",
         );
     };
-    let now = unix_secs();
-    let record = match parse_record(policy, key, obj, now) {
+    let exact = unix_now();
+    let now = exact.as_secs();
+    let record = match parse_record(policy, key, obj, exact) {
         Ok(r) => r,
         Err(bad) => return bad.response(),
     };
@@ -367,8 +370,9 @@ fn parse_record(
     policy: String,
     key: String,
     obj: &Map<String, Value>,
-    now: u64,
+    exact: Duration,
 ) -> Result<Record, BadField> {
+    let now = exact.as_secs();
     let mut record = Record {
         policy,
         key,
@@ -412,7 +416,9 @@ fn parse_record(
                     record.rate = Some(text);
                 }
             }
-            "expires" => record.expires = Some(expiry(&string(name, value)?, now)?),
+            "expires" => {
+                record.expires = Some(expiry(&string(name, value)?, exact)?);
+            }
             "reason" => {
                 let text = string(name, value)?;
                 let text = text.trim();
@@ -462,12 +468,17 @@ fn string(name: &str, value: &Value) -> Result<String, BadField> {
         .ok_or_else(|| BadField::new(name, "must be a string"))
 }
 
-/// Unix seconds of `text`: an RFC 3339 time or a duration from `now`; in the future.
-pub(crate) fn expiry(text: &str, now: u64) -> Result<u64, BadField> {
-    let at = match OffsetDateTime::parse(text.trim(), &Rfc3339) {
-        Ok(t) => u64::try_from(t.unix_timestamp()).unwrap_or(0),
+/// Unix seconds of `text`, an RFC 3339 time or a duration from `now` (the time since the
+/// epoch, to the nanosecond), rounded up to the second: what is kept is whole seconds, and an
+/// entry must never end before the time asked. In the future.
+pub(crate) fn expiry(text: &str, now: Duration) -> Result<u64, BadField> {
+    let exact = match OffsetDateTime::parse(text.trim(), &Rfc3339) {
+        Ok(t) => {
+            u64::try_from(t.unix_timestamp_nanos()).map_or(Duration::ZERO, Duration::from_nanos)
+        }
         Err(_) => match parse_duration(text) {
-            Ok(d) => now.saturating_add(d.as_secs().max(1)),
+            Ok(d) if d.is_zero() => return Err(BadField::new("expires", "is not in the future")),
+            Ok(d) => now.saturating_add(d),
             Err(_) => {
                 return Err(BadField::new(
                     "expires",
@@ -477,10 +488,15 @@ pub(crate) fn expiry(text: &str, now: u64) -> Result<u64, BadField> {
             }
         },
     };
-    if at <= now {
+    if exact <= now {
         return Err(BadField::new("expires", "is not in the future"));
     }
-    Ok(at)
+    let whole = exact.as_secs();
+    Ok(if exact.subsec_nanos() > 0 {
+        whole + 1
+    } else {
+        whole
+    })
 }
 
 #[cfg(test)]

@@ -10,7 +10,13 @@ const NOW: u64 = 1_900_000_000;
 
 fn parse(body: Value) -> Result<Record, (StatusCode, Value)> {
     let obj = body.as_object().cloned().unwrap_or_default();
-    parse_record("api".into(), "ip:203.0.113.9".into(), &obj, NOW).map_err(|bad| {
+    parse_record(
+        "api".into(),
+        "ip:203.0.113.9".into(),
+        &obj,
+        Duration::from_secs(NOW),
+    )
+    .map_err(|bad| {
         let res = bad.response();
         let status = res.status();
         let bytes = futures_lite_block(res);
@@ -74,6 +80,10 @@ fn bad_input_names_the_field() {
             "expires",
         ),
         (
+            json!({"limit": 5, "reason": "x", "expires": "0s"}),
+            "expires",
+        ),
+        (
             json!({"limit": 5, "reason": "x", "colour": "red"}),
             "colour",
         ),
@@ -83,6 +93,25 @@ fn bad_input_names_the_field() {
         assert_eq!(problem["field"], field, "{body}: {problem}");
         assert_eq!(problem["status"], 400);
     }
+}
+
+/// Expiries are kept to the second, rounded up: an entry or override never ends before the
+/// time asked (a cut fraction made "3s" last 2.3 s).
+#[test]
+fn expiries_round_up_to_the_second() {
+    let now = Duration::from_secs(NOW) + Duration::from_millis(704);
+    assert_eq!(expiry("3s", now).ok(), Some(NOW + 4));
+    assert_eq!(expiry("1s", now).ok(), Some(NOW + 2));
+    assert_eq!(
+        expiry("0s", now).map_err(|b| b.field),
+        Err("expires".to_owned())
+    );
+    // An RFC 3339 time: a fraction rounds up, a whole second stays.
+    let at = |text: &str| expiry(text, Duration::from_secs(NOW)).ok();
+    assert_eq!(at("2030-03-17T17:46:40.800Z"), Some(1_900_000_001));
+    assert_eq!(at("2030-03-17T17:46:41Z"), Some(1_900_000_001));
+    // Exactly now is not in the future.
+    assert!(at("2030-03-17T17:46:40Z").is_none());
 }
 
 #[test]

@@ -315,6 +315,13 @@ impl std::fmt::Debug for TopKeys {
 }
 
 /// Seconds since the Unix epoch, now.
+/// The time since the Unix epoch, to the nanosecond.
+pub(crate) fn unix_now() -> std::time::Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
 pub(crate) fn unix_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
