@@ -183,8 +183,10 @@ fn each_call_in_a_batch_gets_its_own_answer() {
             after.script_calls - before.script_calls,
             after.batches - before.batches,
         );
+        // Two calls a batch on average, not more: under a loaded machine (the whole suite at
+        // once) fewer tasks are ready together, 3.9 a batch was seen; unbatched it is one.
         assert!(
-            batches * 4 <= calls,
+            batches * 2 <= calls,
             "{calls} calls in {batches} batches: the calls were not batched together"
         );
     });
