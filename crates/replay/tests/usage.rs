@@ -55,6 +55,52 @@ fn each_request_is_charged_the_cost_its_line_reports() {
     assert_eq!((p.requests, p.denied, p.keys), (10, 1, 2));
 }
 
+/// A logged cost is held to the bound the server holds a read one to (2^53): above it, the
+/// request is charged the policy's cost, as a server answered such a response; and a policy
+/// that counts by status alone charges its own cost whatever the line's cost says.
+#[test]
+fn a_logged_cost_is_read_as_the_server_reads_one() {
+    let dir = tempdir();
+    let line = |i: i64, path: &str, status: u16, cost: &str| {
+        format!(
+            r#"{{"ts":{},"method":"POST","path":"{path}","ip":"192.0.2.9","api_key":"c","status":{status},"cost":{cost}}}"#,
+            (START + i) * 1000
+        )
+    };
+    let lines = vec![
+        // tokens (100 a minute, fallback 10): 2^60 is charged 10, so 90 more are admitted
+        // and the next request is refused.
+        line(0, "/v1/chat", 200, "1152921504606846976"),
+        line(1, "/v1/chat", 200, "90"),
+        line(2, "/v1/chat", 200, "1"),
+        // failed logins (3 a minute): each 401 costs 1, not the 500 its line says.
+        line(3, "/login", 401, "500"),
+        line(4, "/login", 401, "500"),
+        line(5, "/login", 401, "500"),
+        line(6, "/login", 401, "500"),
+    ];
+    let log = write_log(dir.path(), "usage.jsonl", &lines);
+    let text = "[[policy]]\nname = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\n\
+                charge = \"response\"\ncost_from = \"json:usage.total_tokens\"\ncost = 10\n\
+                key = [\"header:x-api-key\"]\nmatch = { path = \"/v1/**\" }\n\n\
+                [[policy]]\nname = \"failed\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"\n\
+                count_status = [\"401\"]\nkey = [\"header:x-api-key\"]\nmatch = { path = \"/login\" }\n";
+    let mut options = Options::new(config(text), vec![log]);
+    options.format = Format::Auto;
+    options.fields = JsonFields {
+        time: "ts".into(),
+        ..JsonFields::default()
+    };
+    let s = replay_with(options);
+    assert_eq!(s.bad_lines.count, 0, "{:?}", s.bad_lines.first);
+    let policy = |name: &str| {
+        let p = s.result.policies.iter().find(|p| p.name == name);
+        p.map(|p| (p.requests, p.denied))
+    };
+    assert_eq!(policy("tokens"), Some((3, 1)));
+    assert_eq!(policy("failed"), Some((4, 1)));
+}
+
 /// Failed logins: only 401s count against 3 a minute, so a user who types the password right
 /// is never locked out, and a guesser is refused after the third failure.
 #[test]

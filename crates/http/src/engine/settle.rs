@@ -332,9 +332,15 @@ impl<S: Store, C: Clock> Settle<S, C> {
             } else if self.answered_here {
                 admitted
             } else {
-                let usage = match (due.reported, due.meter.take()) {
-                    (Some(cost), _) => Some(Usage::Found(cost)),
-                    (None, meter) => meter.map(UsageMeter::finish),
+                let usage = match (&compiled.http.charge, due.reported, due.meter.take()) {
+                    // A cost the door knew without reading the response (replay's log line)
+                    // is held to the bound a read one is held to; a policy that counts by
+                    // status alone keeps its own cost.
+                    (Charge::Response(from), Some(cost), _) if cost > from.max() => {
+                        Some(Usage::Bad(crate::usage::BadReason::TooLarge))
+                    }
+                    (Charge::Response(_), Some(cost), _) => Some(Usage::Found(cost)),
+                    (_, _, meter) => meter.map(UsageMeter::finish),
                 };
                 match usage {
                     Some(Usage::Found(cost)) => u32::try_from(cost).unwrap_or(u32::MAX),
