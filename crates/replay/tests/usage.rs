@@ -11,6 +11,17 @@ fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"))
 }
 
+/// A replay of `log`, JSON lines timed by their `ts` field, through the configuration `text`.
+fn json_lines(text: &str, log: std::path::PathBuf) -> Options {
+    let mut options = Options::new(config(text), vec![log]);
+    options.format = Format::Auto;
+    options.fields = JsonFields {
+        time: "ts".into(),
+        ..JsonFields::default()
+    };
+    options
+}
+
 /// A budget of 1,000 tokens a minute: a key's requests are admitted while anything is left and
 /// each is charged what its line says it used, so the request after the budget runs out is
 /// refused, however cheap it was announced to be.
@@ -41,13 +52,7 @@ fn each_request_is_charged_the_cost_its_line_reports() {
     let text = "[[policy]]\nname = \"tokens\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nwindow = \"1m\"\n\
                 charge = \"response\"\ncost_from = \"json:usage.total_tokens\"\n\
                 key = [\"header:x-api-key\"]\nmatch = { path = \"/v1/**\" }\n";
-    let mut options = Options::new(config(text), vec![log]);
-    options.format = Format::Auto;
-    options.fields = JsonFields {
-        time: "ts".into(),
-        ..JsonFields::default()
-    };
-    let s = replay_with(options);
+    let s = replay_with(json_lines(text, log));
     assert_eq!(s.bad_lines.count, 0, "{:?}", s.bad_lines.first);
     let r = &s.result;
     assert_eq!((r.requests, r.denied), (10, 1));
@@ -85,13 +90,7 @@ fn a_logged_cost_is_read_as_the_server_reads_one() {
                 key = [\"header:x-api-key\"]\nmatch = { path = \"/v1/**\" }\n\n\
                 [[policy]]\nname = \"failed\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"\n\
                 count_status = [\"401\"]\nkey = [\"header:x-api-key\"]\nmatch = { path = \"/login\" }\n";
-    let mut options = Options::new(config(text), vec![log]);
-    options.format = Format::Auto;
-    options.fields = JsonFields {
-        time: "ts".into(),
-        ..JsonFields::default()
-    };
-    let s = replay_with(options);
+    let s = replay_with(json_lines(text, log));
     assert_eq!(s.bad_lines.count, 0, "{:?}", s.bad_lines.first);
     let policy = |name: &str| {
         let p = s.result.policies.iter().find(|p| p.name == name);

@@ -5,6 +5,7 @@
 
 mod bans;
 mod dashboard;
+pub(crate) mod fields;
 pub(crate) mod lists;
 pub(crate) mod overrides;
 mod queue;
@@ -216,10 +217,10 @@ fn top_response(shared: &Shared, engine: &Generation, query: &str) -> Response<B
             "policy" => policy = Some(value.into_owned()),
             "n" => match value.parse::<usize>() {
                 Ok(v) if (1..=top::CAPACITY).contains(&v) => n = v,
-                _ => return overrides::bad_field("n", "must be a whole number from 1 to 128"),
+                _ => return fields::bad_field("n", "must be a whole number from 1 to 128"),
             },
             other => {
-                return overrides::bad_field(other, "unknown parameter; use policy and n");
+                return fields::bad_field(other, "unknown parameter; use policy and n");
             }
         }
     }
@@ -287,7 +288,7 @@ fn top_json(policy: &str, view: &top::TopView) -> Value {
     };
     json!({
         "policy": policy,
-        "since": overrides::rfc3339(since),
+        "since": fields::rfc3339(since),
         "window_seconds": top::unix_secs().saturating_sub(since),
         "denied": counted(&view.denied),
         "requests": counted(&view.requests),

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tollgate::{BanRecord, Clock, Store, SystemClock, Timestamp};
 
 use crate::Shared;
-use crate::admin::overrides::{bad_field, decode, form_urlencoded_value, rfc3339};
+use crate::admin::fields::{bad_field, decode, form_urlencoded_value, rfc3339};
 use crate::response::{Body, full, json_response, problem};
 
 /// `/v1/bans...`: `rest` is what follows `/v1/bans`.

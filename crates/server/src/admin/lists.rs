@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 use tollgate_http::{ListEntry, ListSpec};
 
 use crate::Shared;
-use crate::admin::overrides::{bad_field, decode, expiry, form_urlencoded_value, rfc3339};
+use crate::admin::fields::{bad_field, decode, expiry, form_urlencoded_value, rfc3339};
 use crate::admin::top::{unix_now, unix_secs};
 use crate::response::{Body, full, json_response, problem};
 use registry::{ChangeError, Record};

@@ -15,16 +15,13 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use percent_encoding::percent_decode_str;
 use serde_json::{Map, Value, json};
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 use tollgate::parse_duration;
 use tollgate_http::OverrideError;
 
 use crate::Shared;
+use crate::admin::fields::{BadField, bad_field, decode, expiry, form_urlencoded_value, rfc3339};
 use crate::admin::top::{unix_now, unix_secs};
 use crate::response::{Body, full, json_response, problem};
 use registry::{ChangeError, Record};
@@ -32,47 +29,8 @@ use registry::{ChangeError, Record};
 /// The largest override body accepted.
 const MAX_BODY: usize = 16 * 1024;
 
-/// The longest key and reason accepted, in bytes.
-const MAX_KEY: usize = 512;
+/// The longest reason accepted, in bytes.
 const MAX_REASON: usize = 500;
-
-/// Input refused: the field at fault and why.
-#[derive(Debug)]
-pub(crate) struct BadField {
-    field: String,
-    detail: String,
-}
-
-impl BadField {
-    fn new(field: &str, detail: impl Into<String>) -> Self {
-        BadField {
-            field: field.to_owned(),
-            detail: detail.into(),
-        }
-    }
-
-    pub(crate) fn response(&self) -> Response<Body> {
-        bad_field(&self.field, &self.detail)
-    }
-}
-
-/// A 400 naming the field at fault, as RFC 9457 allows: an extension member `field`.
-pub(crate) fn bad_field(field: &str, detail: &str) -> Response<Body> {
-    let body = json!({
-        "type": "about:blank",
-        "title": "Bad request",
-        "status": 400,
-        "detail": format!("{field}: {detail}"),
-        "field": field,
-    });
-    let mut res = Response::new(full(body.to_string()));
-    *res.status_mut() = StatusCode::BAD_REQUEST;
-    res.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    res
-}
 
 fn unknown_policy(name: &str) -> Response<Body> {
     problem(
@@ -83,15 +41,6 @@ fn unknown_policy(name: &str) -> Response<Body> {
             name.chars().take(128).collect::<String>()
         )),
     )
-}
-
-/// An RFC 3339 time (UTC) of Unix seconds.
-pub(crate) fn rfc3339(unix_secs: u64) -> Value {
-    i64::try_from(unix_secs)
-        .ok()
-        .and_then(|s| OffsetDateTime::from_unix_timestamp(s).ok())
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .map_or(Value::Null, Value::from)
 }
 
 /// `/v1/overrides...`: `rest` is what follows `/v1/overrides`.
@@ -126,32 +75,6 @@ pub(crate) async fn handle(shared: &Shared, rest: &str, req: Request<Incoming>) 
             ),
         ),
     }
-}
-
-/// A path segment, percent-decoded; it must be UTF-8 without control characters.
-pub(crate) fn decode(field: &str, raw: &str) -> Result<String, BadField> {
-    let text = percent_decode_str(raw)
-        .decode_utf8()
-        .map_err(|_| BadField::new(field, "must be UTF-8 once percent-decoded"))?;
-    if text.is_empty() || text.len() > MAX_KEY {
-        return Err(BadField::new(field, "must be 1 to 512 bytes long"));
-    }
-    if text.chars().any(char::is_control) {
-        return Err(BadField::new(field, "must not contain control characters"));
-    }
-    Ok(text.into_owned())
-}
-
-/// The value of `name` in a query string, decoded (`+` is a space).
-pub(crate) fn form_urlencoded_value(query: &str, name: &str) -> Option<String> {
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (k == name).then(|| {
-            percent_decode_str(&v.replace('+', " "))
-                .decode_utf8_lossy()
-                .into_owned()
-        })
-    })
 }
 
 fn list(shared: &Shared, policy: Option<String>, key: Option<String>) -> Response<Body> {
@@ -466,37 +389,6 @@ fn string(name: &str, value: &Value) -> Result<String, BadField> {
         .as_str()
         .map(str::to_owned)
         .ok_or_else(|| BadField::new(name, "must be a string"))
-}
-
-/// Unix seconds of `text`, an RFC 3339 time or a duration from `now` (the time since the
-/// epoch, to the nanosecond), rounded up to the second: what is kept is whole seconds, and an
-/// entry must never end before the time asked. In the future.
-pub(crate) fn expiry(text: &str, now: Duration) -> Result<u64, BadField> {
-    let exact = match OffsetDateTime::parse(text.trim(), &Rfc3339) {
-        Ok(t) => {
-            u64::try_from(t.unix_timestamp_nanos()).map_or(Duration::ZERO, Duration::from_nanos)
-        }
-        Err(_) => match parse_duration(text) {
-            Ok(d) if d.is_zero() => return Err(BadField::new("expires", "is not in the future")),
-            Ok(d) => now.saturating_add(d),
-            Err(_) => {
-                return Err(BadField::new(
-                    "expires",
-                    "write an RFC 3339 time like \"2030-01-01T00:00:00Z\", or a duration from \
-                     now like \"2h\"",
-                ));
-            }
-        },
-    };
-    if exact <= now {
-        return Err(BadField::new("expires", "is not in the future"));
-    }
-    let whole = exact.as_secs();
-    Ok(if exact.subsec_nanos() > 0 {
-        whole + 1
-    } else {
-        whole
-    })
 }
 
 #[cfg(test)]

@@ -94,37 +94,3 @@ fn bad_input_names_the_field() {
         assert_eq!(problem["status"], 400);
     }
 }
-
-/// Expiries are kept to the second, rounded up: an entry or override never ends before the
-/// time asked (a cut fraction made "3s" last 2.3 s).
-#[test]
-fn expiries_round_up_to_the_second() {
-    let now = Duration::from_secs(NOW) + Duration::from_millis(704);
-    assert_eq!(expiry("3s", now).ok(), Some(NOW + 4));
-    assert_eq!(expiry("1s", now).ok(), Some(NOW + 2));
-    assert_eq!(
-        expiry("0s", now).map_err(|b| b.field),
-        Err("expires".to_owned())
-    );
-    // An RFC 3339 time: a fraction rounds up, a whole second stays.
-    let at = |text: &str| expiry(text, Duration::from_secs(NOW)).ok();
-    assert_eq!(at("2030-03-17T17:46:40.800Z"), Some(1_900_000_001));
-    assert_eq!(at("2030-03-17T17:46:41Z"), Some(1_900_000_001));
-    // Exactly now is not in the future.
-    assert!(at("2030-03-17T17:46:40Z").is_none());
-}
-
-#[test]
-fn path_segments_are_percent_decoded() {
-    assert_eq!(
-        decode("key", "ip%3A2001%3Adb8%3A%3A%2F64").ok().as_deref(),
-        Some("ip:2001:db8::/64")
-    );
-    assert!(decode("key", "%FF").is_err());
-    assert!(decode("key", "a%0Ab").is_err());
-    assert!(decode("key", "").is_err());
-    assert_eq!(
-        form_urlencoded_value("a=1&reason=all+done%21", "reason").as_deref(),
-        Some("all done!")
-    );
-}
