@@ -3,7 +3,7 @@
 //! as `tollgate replay` on a manual clock), so both decide alike.
 
 use tollgate::{Clock, MemoryStore, Store};
-use tollgate_http::{HeaderConfig, RetryAfterFormat};
+use tollgate_http::{HeaderConfig, RetryAfterFormat, UsageCounters};
 
 use crate::{Config, PolicyConfig, StoreConfig, StoreKind};
 
@@ -15,8 +15,20 @@ pub fn http_engine<S: Store, C: Clock>(
     store: S,
     clock: C,
 ) -> Result<tollgate_http::Engine<S, C>, tollgate_http::ConfigError> {
+    http_engine_counting(config, store, clock, UsageCounters::default())
+}
+
+/// [`http_engine`], counting the responses whose cost could not be read in `usage`: what a
+/// server passes to each configuration it loads, so that the counts outlive reloads.
+pub fn http_engine_counting<S: Store, C: Clock>(
+    config: &Config,
+    store: S,
+    clock: C,
+    usage: UsageCounters,
+) -> Result<tollgate_http::Engine<S, C>, tollgate_http::ConfigError> {
     let h = &config.headers;
     let mut builder = tollgate_http::Engine::builder()
+        .usage_counters(usage)
         .store(store)
         .clock(clock)
         .policies(config.policies.iter().map(PolicyConfig::to_http))

@@ -19,7 +19,8 @@ mod telemetry;
 mod tls;
 
 pub use build::{
-    http_engine, key_hash_secret, memory_store, process_secret, restore_process_secret,
+    http_engine, http_engine_counting, key_hash_secret, memory_store, process_secret,
+    restore_process_secret,
 };
 pub use limits::Limits;
 pub use lists::{MAX_CONFIGURED_ENTRIES, valid_list_name};

@@ -44,7 +44,7 @@ pub use lists::{ListAction, ListEntry, ListHit, ListSpec};
 pub use permits::REMOTE_POLL;
 pub use policy::{Action, HttpPolicy};
 pub use queue::QueueTicket;
-pub use settle::{Charge, Settle, StatusSet};
+pub use settle::{Charge, Settle, StatusSet, UsageCounters};
 pub use slot_lease::LeaseError;
 
 use overrides::{KeyOverride, Overrides};
@@ -72,9 +72,7 @@ struct Compiled {
     /// This instance's slots of a concurrency limit, for metrics.
     slots: permits::SlotCounts,
     /// Responses charged the fallback because their cost was missing or bad.
-    usage_fallbacks: std::sync::atomic::AtomicU64,
-    /// Whether that was logged yet.
-    usage_warned: std::sync::atomic::AtomicBool,
+    usage: Arc<settle::UsageCount>,
 }
 
 /// What the tower layer takes of a decision made at once: the headers, what to do, and the

@@ -88,6 +88,7 @@ pub use engine::{
     ANONYMOUS_KEY, Action, Answer, BANNED_TITLE, Charge, DEFAULT_MAX_DELAY, Disposition, Engine,
     EngineBuilder, Evaluation, Hold, HttpPolicy, LeaseError, ListAction, ListEntry, ListHit,
     ListSpec, Prepared, QueueTicket, REMOTE_POLL, RateLimitHeaders, Settle, StatusSet,
+    UsageCounters,
 };
 pub use error::ConfigError;
 pub use headers::{HeaderConfig, ResetFormat, RetryAfterFormat};

@@ -92,7 +92,12 @@ impl Generation {
             stats,
             lists,
             resp_password: config.resp_password.as_ref().map(|p| Arc::from(p.expose())),
-            http: tollgate_config::http_engine(&config, store, SystemClock::new())?,
+            http: tollgate_config::http_engine_counting(
+                &config,
+                store,
+                SystemClock::new(),
+                metrics.usage.clone(),
+            )?,
             config,
             metrics,
             telemetry,

@@ -53,6 +53,9 @@ pub(crate) struct Metrics {
     pub(crate) top: TopKeys,
     /// Bans started and requests decided by lists.
     pub(crate) abuse: abuse::AbuseCounters,
+    /// Responses whose cost could not be read, by policy: handed to every configuration's
+    /// engine, so the counts outlive reloads as the decisions' do.
+    pub(crate) usage: tollgate_http::UsageCounters,
 }
 
 impl std::fmt::Debug for Metrics {

@@ -251,6 +251,40 @@ async fn an_upstream_failure_keeps_admissions_charge_and_is_no_fallback() {
     s.stop().await;
 }
 
+/// The count of responses whose cost could not be read outlives a configuration reload, as the
+/// decision counts do: it belongs to the policy, not to one configuration's engine.
+#[tokio::test]
+async fn the_fallback_count_outlives_a_reload() {
+    let up = ai_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tollgate.toml");
+    std::fs::write(&path, config(up, "")).unwrap();
+    let s = start(tollgate_server::Config::load(&path).unwrap()).await;
+    let proxy = s.proxy.unwrap();
+    let fallbacks = || async {
+        let metrics = get(&s.admin_url("/metrics"), &[]).await;
+        String::from_utf8_lossy(&metrics.body)
+            .lines()
+            .find_map(|l| l.strip_prefix("tollgate_usage_fallbacks_total{policy=\"tokens\"} "))
+            .and_then(|n| n.parse::<u64>().ok())
+    };
+    // A response with no usage in it: one fallback.
+    let (status, _) = through(proxy, "/v1/chat/completions", "203.0.113.70", &[]).await;
+    assert_eq!(status, 200);
+    wait_for(|| async { fallbacks().await == Some(1) }).await;
+    // A reload (the failed-login limit raised), then another such response: two.
+    std::fs::write(&path, config(up, "").replace("limit = 5\n", "limit = 6\n")).unwrap();
+    wait_for(|| async {
+        get(&s.admin_url("/v1/policies"), &[]).await.json()["policies"][1]["limit"] == 6
+    })
+    .await;
+    assert_eq!(fallbacks().await, Some(1), "the count survives the reload");
+    let (status, _) = through(proxy, "/v1/chat/completions", "203.0.113.71", &[]).await;
+    assert_eq!(status, 200);
+    wait_for(|| async { fallbacks().await == Some(2) }).await;
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_is_charged_on_redis() {
     let Some(redis) = common::redis::redis() else {

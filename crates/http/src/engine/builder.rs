@@ -13,7 +13,10 @@ use crate::key::CredentialHasher;
 use crate::{ConfigError, HeaderConfig, JwtVerifier, KeySelector, RequestInfo, TrustedProxies};
 
 use super::lists::Lists;
-use super::{Action, Charge, Compiled, Engine, HttpPolicy, Inner, ListSpec, Overrides, ResolveIp};
+use super::{
+    Action, Charge, Compiled, Engine, HttpPolicy, Inner, ListSpec, Overrides, ResolveIp,
+    UsageCounters,
+};
 
 /// Builds an [`Engine`].
 pub struct EngineBuilder<S, C> {
@@ -28,6 +31,7 @@ pub struct EngineBuilder<S, C> {
     key_secret: Vec<u8>,
     on_error: OnError,
     lists: Vec<ListSpec>,
+    usage: UsageCounters,
 }
 
 impl<S, C> fmt::Debug for EngineBuilder<S, C> {
@@ -53,6 +57,7 @@ impl Engine {
             key_secret: Vec::new(),
             on_error: OnError::default(),
             lists: Vec::new(),
+            usage: UsageCounters::default(),
         }
     }
 }
@@ -72,6 +77,7 @@ impl<S, C> EngineBuilder<S, C> {
             key_secret: self.key_secret,
             on_error: self.on_error,
             lists: self.lists,
+            usage: self.usage,
         }
     }
 
@@ -89,7 +95,17 @@ impl<S, C> EngineBuilder<S, C> {
             key_secret: self.key_secret,
             on_error: self.on_error,
             lists: self.lists,
+            usage: self.usage,
         }
+    }
+
+    /// Counts the responses whose cost could not be read in `counters`, by policy name, instead
+    /// of counters of this engine's own: engines built one after another with the same handle
+    /// (a server's configuration reloads) keep counting where the last one was, and log each
+    /// policy's first fallback once.
+    pub fn usage_counters(mut self, counters: UsageCounters) -> Self {
+        self.usage = counters;
+        self
     }
 
     /// Adds a policy. Policies are checked in the order they are added.
@@ -167,7 +183,7 @@ impl<S, C> EngineBuilder<S, C> {
         }
         let mut compiled = Vec::with_capacity(self.policies.len());
         for http in self.policies {
-            compiled.push(compile(http, self.jwt.is_some())?);
+            compiled.push(compile(http, self.jwt.is_some(), &self.usage)?);
         }
         let limiter = Limiter::builder()
             .store(self.store)
@@ -220,7 +236,11 @@ impl<S, C> EngineBuilder<S, C> {
 
 /// One policy checked against what the engine can do (a JWT key for `jwt:` selectors, a cost
 /// the quota can admit, the leaky bucket for `delay` and `queue`), with its header text.
-fn compile(mut http: HttpPolicy, has_jwt: bool) -> Result<Compiled, ConfigError> {
+fn compile(
+    mut http: HttpPolicy,
+    has_jwt: bool,
+    usage: &UsageCounters,
+) -> Result<Compiled, ConfigError> {
     let name = http.policy.name().to_owned();
     let fail = |reason: &str| Err(ConfigError::new(&name, reason));
     if http.keys.uses_jwt() && !has_jwt {
@@ -276,14 +296,13 @@ fn compile(mut http: HttpPolicy, has_jwt: bool) -> Result<Compiled, ConfigError>
         concurrent || matches!(http.charge, Charge::Response(_)) || http.count_status.is_some();
     let waits = concurrent && matches!(http.action, Action::Delay { .. });
     Ok(Compiled {
-        http,
         text,
         settles,
         concurrent,
         waits,
         slots: Default::default(),
-        usage_fallbacks: Default::default(),
-        usage_warned: Default::default(),
+        usage: usage.of(http.policy.name()),
+        http,
     })
 }
 

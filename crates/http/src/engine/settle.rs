@@ -5,8 +5,10 @@
 //! it lists, and gives the rest back. The door hands the response to a [`Settle`] and finishes
 //! it when the exchange ends; the true-up is a charge or a refund, never refused.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Waker};
 
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -439,17 +441,40 @@ impl<S: Store, C: Clock> Engine<S, C> {
             .map(|p| {
                 (
                     p.http.policy.name(),
-                    p.usage_fallbacks.load(Ordering::Relaxed),
+                    p.usage.fallbacks.load(Ordering::Relaxed),
                 )
             })
     }
 }
 
+/// The responses whose cost could not be read, by policy name, for engines built one after
+/// another (a server's reloads, [`EngineBuilder::usage_counters`]): the count and its one log
+/// line outlive each engine. A clone is a handle to the same counters.
+///
+/// [`EngineBuilder::usage_counters`]: super::EngineBuilder::usage_counters
+#[derive(Clone, Debug, Default)]
+pub struct UsageCounters(Arc<Mutex<HashMap<String, Arc<UsageCount>>>>);
+
+impl UsageCounters {
+    /// The counter of `policy`, made on first use.
+    pub(super) fn of(&self, policy: &str) -> Arc<UsageCount> {
+        let mut counters = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(counters.entry(policy.to_owned()).or_default())
+    }
+}
+
+/// One policy's responses charged the fallback, and whether that was logged yet.
+#[derive(Debug, Default)]
+pub(super) struct UsageCount {
+    fallbacks: AtomicU64,
+    warned: AtomicBool,
+}
+
 impl super::Compiled {
     /// Counts a response charged the fallback, and says so in the log once per policy.
     fn usage_fallback(&self, usage: &Usage) {
-        self.usage_fallbacks.fetch_add(1, Ordering::Relaxed);
-        if !self.usage_warned.swap(true, Ordering::Relaxed) {
+        self.usage.fallbacks.fetch_add(1, Ordering::Relaxed);
+        if !self.usage.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 policy = self.http.policy.name(),
                 %usage,
