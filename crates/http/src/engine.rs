@@ -574,6 +574,10 @@ impl<S: Store, C: Clock> Engine<S, C> {
             Err(e) => return Err(self.failed(e, entries)),
         };
         let admitted = again.allowed();
+        // The first decisions' instant, the earlier: the shadow policies' resets count from
+        // it, and the enforcing policies', from a moment later, are then off by that moment
+        // at most, never past a window's whole-second end.
+        let at = decisions.decided_at();
         let mut again = again.into_iter();
         let decisions = decisions
             .into_iter()
@@ -590,6 +594,10 @@ impl<S: Store, C: Clock> Engine<S, C> {
         if decisions.len() != entries.len() {
             return Err(self.failed(miscounted(), entries));
         }
+        let decisions = match at {
+            Some(at) => decisions.at(at),
+            None => decisions,
+        };
         Ok((decisions, admitted))
     }
 

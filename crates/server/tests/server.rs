@@ -154,6 +154,20 @@ async fn the_reset_time_is_the_windows_end_on_every_answer() {
         );
     }
     s.stop().await;
+    // A shadow policy that denies: the enforcing one is counted again, and its answer too
+    // counts from when it was decided.
+    let s = start_text(
+        "[[policy]]\nname = \"hourly\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1h\"\nkey = [\"ip\"]\n\n\
+         [[policy]]\nname = \"trial\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\nkey = [\"ip\"]\naction = \"shadow\"\n",
+    )
+    .await;
+    for _ in 0..3 {
+        let r = post_json(&s.url("/v1/check"), described).await;
+        assert_eq!(r.status.as_u16(), 200);
+        let reset: u64 = r.header("x-ratelimit-reset").unwrap().parse().unwrap();
+        assert_eq!(reset % 3600, 0, "the hour's end: {reset}");
+    }
+    s.stop().await;
 }
 
 #[tokio::test]
