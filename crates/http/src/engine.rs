@@ -679,9 +679,9 @@ impl<S: Store, C: Clock> Engine<S, C> {
     }
 
     /// The limiter's `check_all`, with the store's single-check path for the common request that
-    /// one policy applies to. Costs were checked against their quotas when the engine was built.
-    /// The checks, decided all-or-nothing, recorded with the time they were decided at (what
-    /// the headers' absolute reset time counts from).
+    /// one policy applies to, the decisions recorded with the time they were decided at (what
+    /// the headers' absolute reset time counts from). Costs were checked against their quotas
+    /// when the engine was built.
     async fn check_all(&self, checks: &[Check<'_>]) -> Result<Decisions, Error> {
         let now = self.inner.limiter.clock().now();
         if let [check] = checks {

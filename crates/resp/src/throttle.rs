@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tollgate::{Clock, Limiter, MemoryStore, Policy, Quota, Rate, Store, SystemClock};
+use tollgate::{Clock, Limiter, MAX_PERIOD, MemoryStore, Policy, Quota, Rate, Store, SystemClock};
 
 use crate::cell::{self, CellReply};
 
@@ -231,10 +231,9 @@ fn build((max_burst, count, period): QuotaKey) -> Result<CellQuota, ThrottleErro
         ));
     };
     let interval_us = (interval_ns as u64).div_ceil(1_000);
-    // The bucket refills one token each interval, and Tollgate's refill period is bounded; the
-    // period redis-cell is given may be longer when its count is larger.
-    const MAX_INTERVAL_US: u64 = 400 * 86_400 * 1_000_000;
-    if interval_us > MAX_INTERVAL_US {
+    // The bucket refills one token each interval, and a refill period is at most MAX_PERIOD;
+    // the period redis-cell is given may be longer when its count is larger.
+    if Duration::from_micros(interval_us) > MAX_PERIOD {
         return Err(ThrottleError(format!(
             "ERR CL.THROTTLE {max_burst} {count} {period}: the interval between two tokens \
              (period / count) must be at most 400 days"

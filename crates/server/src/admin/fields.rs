@@ -20,7 +20,7 @@ const MAX_SEGMENT: usize = 512;
 /// Input refused: the field at fault and why.
 #[derive(Debug)]
 pub(crate) struct BadField {
-    pub(crate) field: String,
+    field: String,
     detail: String,
 }
 

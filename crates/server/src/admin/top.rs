@@ -314,7 +314,6 @@ impl std::fmt::Debug for TopKeys {
     }
 }
 
-/// Seconds since the Unix epoch, now.
 /// The time since the Unix epoch, to the nanosecond.
 pub(crate) fn unix_now() -> std::time::Duration {
     std::time::SystemTime::now()
@@ -322,10 +321,9 @@ pub(crate) fn unix_now() -> std::time::Duration {
         .unwrap_or_default()
 }
 
+/// Seconds since the Unix epoch, now.
 pub(crate) fn unix_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    unix_now().as_secs()
 }
 
 impl TopKeys {

@@ -17,15 +17,14 @@ use tollgate::AlgorithmKind;
 use tollgate_http::{RateLimitHeaders, Refusal};
 
 use crate::config::{Action, PolicyConfig};
-
-mod answer;
-
 use crate::generation::{Disposition, Generation};
 use crate::response::{Body, full, json_bytes_response, problem, problem_response};
 use crate::serve::quick;
 use crate::telemetry::Trace;
 use answer::Answer;
 pub(crate) use answer::AnswerBody;
+
+mod answer;
 
 /// What a by-policy check asks, each field as sent (checked in [`check`]).
 pub(super) struct Asked<'a> {
