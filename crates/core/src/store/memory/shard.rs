@@ -153,7 +153,10 @@ impl Shard {
             .tables
             .binary_search_by_key(&fingerprint, |t| t.fingerprint)
         {
-            Ok(i) => i,
+            Ok(i) => {
+                self.tables[i].follow(policy);
+                i
+            }
             Err(i) => {
                 self.tables.insert(i, PolicyTable::new(policy));
                 i

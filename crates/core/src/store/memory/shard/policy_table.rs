@@ -61,6 +61,18 @@ impl PolicyTable {
         self.packed.len() + self.logs.len() + self.permits.len()
     }
 
+    /// Takes the quota of `policy`, which has this table's fingerprint. Only a concurrency
+    /// limit's can differ: its fingerprint leaves out its numbers, so that a reload that
+    /// changes them keeps the slots in use. Decisions read the limit from the policy; the
+    /// eviction ranking ([`ranked`](Self::ranked)) reads it from here.
+    pub(super) fn follow(&mut self, policy: &Policy) {
+        if let Quota::Concurrency(_) = policy.quota()
+            && self.quota != *policy.quota()
+        {
+            self.quota = policy.quota().clone();
+        }
+    }
+
     /// Makes room for `additional` more keys.
     pub(super) fn reserve(&mut self, additional: usize) {
         match self.quota {
@@ -365,9 +377,12 @@ pub(super) struct Candidate {
 mod tests {
     //! New keys added under the shared lock ([`PolicyTable::try_new`]), raced by threads.
 
+    use std::sync::Mutex;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 
+    use super::PolicyTable;
+    use crate::algorithm::ConcurrencyState;
     use crate::store::Check;
     use crate::{MemoryStore, Policy, Quota, Timestamp};
 
@@ -437,6 +452,38 @@ mod tests {
             });
             assert!(store.len() <= store.max_keys(), "{policy}: {}", store.len());
         }
+        Ok(())
+    }
+
+    /// A concurrency table takes a reloaded policy's limit, which its fingerprint leaves out:
+    /// a key's share of its quota, which eviction ranks keys by, is then reckoned against the
+    /// limit in force.
+    #[test]
+    fn a_concurrency_table_follows_its_reloaded_limit() -> Result<(), Box<dyn std::error::Error>> {
+        let ttl = Duration::from_secs(60);
+        let before = Policy::new("c", Quota::concurrency(2, ttl)?)?;
+        let after = Policy::new("c", Quota::concurrency(8, ttl)?)?;
+        assert_eq!(before.fingerprint(), after.fingerprint());
+        let mut table = PolicyTable::new(&before);
+        let Quota::Concurrency(alg) = before.quota() else {
+            return Err("not a concurrency quota".into());
+        };
+        let mut state = ConcurrencyState::default();
+        assert!(alg.check(&mut state, NOW, 1, 7).allowed);
+        table.permits.insert(1, Mutex::new(state));
+        let stake = |table: &mut PolicyTable| {
+            let mut out = Vec::new();
+            table.ranked(NOW, 0, &mut out);
+            out.first().map(|c| c.stake)
+        };
+        let held = stake(&mut table);
+        table.follow(&after);
+        assert_eq!(table.quota, *after.quota());
+        let share = stake(&mut table);
+        assert!(
+            share < held,
+            "one slot of 8 ranks below one of 2: {share:?} {held:?}"
+        );
         Ok(())
     }
 
