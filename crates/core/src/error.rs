@@ -112,6 +112,16 @@ pub enum ErrorKind {
         /// The largest cost the policy admits.
         max: u32,
     },
+    /// The call does not fit the policy's kind: a check of a concurrency limit (which is held
+    /// with [`Limiter::take_slot`](crate::Limiter::take_slot)), or a slot of a policy that is
+    /// not one.
+    #[error("policy {policy:?} {reason}")]
+    WrongKind {
+        /// The policy.
+        policy: String,
+        /// What it is, and the call that fits it.
+        reason: &'static str,
+    },
     /// [`Limiter::acquire`](crate::Limiter::acquire) could not get a slot within its bound.
     #[error("refused by policy {:?}; retry after {:?}", .0.policy, .0.retry_after)]
     Refused(Box<Decision>),

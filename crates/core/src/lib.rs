@@ -64,7 +64,7 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp, TokioClock};
 pub use decision::{Decision, Decisions, Outcome, Verdict};
 pub use error::{Error, ErrorKind, QuotaError, StoreError};
 pub use lease::{DEFAULT_LEASE_TTL, Lease};
-pub use limiter::{Limiter, LimiterBuilder};
+pub use limiter::{Limiter, LimiterBuilder, Slot, next_permit};
 pub use on_error::{OnError, UNAVAILABLE_RETRY};
 pub use policy::{MAX_POLICY_NAME, Policy, intern};
 pub use quota::{AlgorithmKind, MAX_PERIOD, Quota, Rate, format_duration, parse_duration};

@@ -10,9 +10,11 @@ use crate::{Clock, Decision, Decisions, Error, ErrorKind, Policy, SystemClock, T
 
 mod check;
 mod policies;
+mod slot;
 
 use check::{CheckFuture, Target};
 use policies::Policies;
+pub use slot::{Slot, next_permit};
 
 /// Checks requests against named policies.
 ///
@@ -331,9 +333,28 @@ impl<S: Store, C: Clock> Limiter<S, C> {
         self.inner.policies.get(name)
     }
 
+    /// The policy named `name`, for a check: a concurrency limit is an error that says how to
+    /// hold one ([`take_slot`](Self::take_slot)).
     #[inline]
     pub(crate) fn require(&self, name: &str) -> Result<&Policy, Error> {
-        self.policy(name).ok_or_else(|| unknown_policy(name))
+        match self.inner.policies.checkable(name) {
+            Some(policy) => Ok(policy),
+            None => Err(self.not_checkable(name)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn not_checkable(&self, name: &str) -> Error {
+        match self.inner.policies.get(name) {
+            Some(policy) => ErrorKind::WrongKind {
+                policy: policy.name().to_owned(),
+                reason: "limits requests in flight: hold a slot with Limiter::take_slot and give \
+                         it back with Slot::release",
+            }
+            .into(),
+            None => unknown_policy(name),
+        }
     }
 
     /// Every policy, in the order they were added.

@@ -316,7 +316,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
     #[inline]
     fn permit_for(&self, index: usize) -> u64 {
         if self.inner.policies[index].concurrent {
-            permits::next_permit()
+            tollgate::next_permit()
         } else {
             0
         }

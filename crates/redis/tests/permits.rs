@@ -163,3 +163,42 @@ async fn on_error_follows_the_mode_for_permits() {
             .is_retryable()
     );
 }
+
+/// The `Limiter`'s slots over Redis: the limit held across two limiters sharing it, a slot
+/// given back by `release`, and one given back by a task when it is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limiter_slots_are_shared_and_given_back_on_release_and_drop() {
+    let policy = inflight(2, Duration::from_secs(60));
+    let name = policy.name();
+    let limiter = |store| {
+        tollgate::Limiter::builder()
+            .store(store)
+            .policy(policy.clone())
+            .build()
+            .unwrap()
+    };
+    let one = limiter(common::local_store(&server().url()).await);
+    let two = limiter(common::local_store(&server().url()).await);
+    let key = unique("slots");
+    let first = one.take_slot(name, &key).await.unwrap();
+    let second = two.take_slot(name, &key).await.unwrap();
+    assert_eq!(second.decision().remaining, 0);
+    assert!(
+        one.take_slot(name, &key).await.is_err(),
+        "the limit is shared"
+    );
+    assert!(first.release().await.unwrap());
+    let third = two.take_slot(name, &key).await.unwrap();
+    // Dropped, a slot is given back by a task of its own: soon, not at once.
+    drop(second);
+    let mut again = None;
+    for _ in 0..200 {
+        if let Ok(slot) = one.take_slot(name, &key).await {
+            again = Some(slot);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let again = again.expect("the dropped slot came back");
+    assert!(again.release().await.unwrap() && third.release().await.unwrap());
+}

@@ -2,10 +2,14 @@
 
 use std::collections::HashMap;
 
-use crate::Policy;
+use crate::{Policy, Quota};
 
 /// Policies by name. Most limiters have a handful, and comparing a few short names is several
 /// times cheaper than hashing one, so small sets are scanned; large ones use a map.
+///
+/// The lookup a check makes ([`checkable`](Self::checkable)) leaves concurrency limits out:
+/// they are held with slots, not checked, and a check that names one is told so on its
+/// error path, so telling them apart costs a check nothing.
 #[derive(Debug)]
 pub(super) struct Policies {
     list: Vec<Policy>,
@@ -26,17 +30,28 @@ impl Policies {
     const SCAN_UP_TO: usize = 8;
 
     pub(super) fn new(list: Vec<Policy>) -> Self {
+        let probe = |p: &Policy| match p.quota() {
+            Quota::Concurrency(_) => NameProbe::NONE,
+            _ => NameProbe::of(p.name()),
+        };
         let lookup = match &list[..] {
-            [only] => Lookup::One(NameProbe::of(only.name())),
+            [only] => Lookup::One(probe(only)),
             _ if list.len() > Self::SCAN_UP_TO => Lookup::Map(
                 list.iter()
                     .enumerate()
+                    .filter(|(_, p)| !matches!(p.quota(), Quota::Concurrency(_)))
                     .map(|(i, p)| (p.name(), i))
                     .collect(),
             ),
-            _ => Lookup::Scan(list.iter().map(|p| NameProbe::of(p.name())).collect()),
+            _ => Lookup::Scan(list.iter().map(probe).collect()),
         };
         Policies { list, lookup }
+    }
+
+    /// The policy named `name`, whatever it is.
+    pub(super) fn get(&self, name: &str) -> Option<&Policy> {
+        self.checkable(name)
+            .or_else(|| self.list.iter().find(|p| p.name() == name))
     }
 
     /// Every policy, in the order given.
@@ -44,8 +59,9 @@ impl Policies {
         &self.list
     }
 
+    /// The policy named `name` if a check can ask it: any but a concurrency limit.
     #[inline(always)]
-    pub(super) fn get(&self, name: &str) -> Option<&Policy> {
+    pub(super) fn checkable(&self, name: &str) -> Option<&Policy> {
         let policy = match &self.lookup {
             Lookup::One(only) => {
                 if *only != NameProbe::of(name) {
@@ -77,6 +93,13 @@ struct NameProbe {
 
 impl NameProbe {
     const EXACT_UP_TO: usize = 16;
+
+    /// A probe no name has (names are at most 128 bytes): a policy left out of the lookup.
+    const NONE: NameProbe = NameProbe {
+        len: usize::MAX,
+        head: 0,
+        tail: 0,
+    };
 
     #[inline]
     fn of(name: &str) -> Self {
@@ -128,7 +151,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::Quota;
 
     /// The scan (probes, then middles for long names) against comparing whole names, over names
     /// of every length up to the 128-byte limit that differ in one byte anywhere, with one policy

@@ -3,9 +3,9 @@
 //! key.
 //!
 //! A permit is named by an id unique to its request (the store keeps the ids a key holds), so
-//! a release gives back exactly that request's slot and nobody else's. The ids come from a
-//! per-process random seed run through a bijective mixer: distinct within a process, and
-//! colliding across the instances sharing a Redis with odds of one in 2^64 per pair.
+//! a release gives back exactly that request's slot and nobody else's ([`tollgate::next_permit`]:
+//! distinct within a process, and colliding across the instances sharing a Redis with odds of
+//! one in 2^64 per pair).
 //!
 //! Waiting for a slot: a request that only `delay` concurrency policies denied joins its key's
 //! line (per policy and key, in this process). Only the request at the head asks the store
@@ -16,9 +16,8 @@
 //! another key's.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -30,32 +29,6 @@ use crate::key::KeyBuf;
 /// The longest a waiting request at the head of its line goes without asking a shared store
 /// again: slots given back by other instances are noticed within this.
 pub const REMOTE_POLL: Duration = Duration::from_millis(50);
-
-/// A fresh permit id: never 0 (the core's "no permit"), never repeated within the process.
-pub(super) fn next_permit() -> u64 {
-    static SEED: OnceLock<u64> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(1);
-    let seed = *SEED.get_or_init(|| {
-        // The standard library seeds each `RandomState` from the operating system.
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.finish()
-    });
-    loop {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let id = mix(seed.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-        if id != 0 {
-            return id;
-        }
-    }
-}
-
-/// SplitMix64's finalizer: a bijection on `u64`, so distinct inputs give distinct ids.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 /// Per-policy counts of this instance's slots, for metrics.
 #[derive(Debug, Default)]
