@@ -79,10 +79,27 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tollgate: {e:#}");
+            eprintln!("tollgate: {}", chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes, `: `-separated, leaving out a cause whose text the message before
+/// it already ends with (most of the server's errors say their cause themselves, and printed
+/// whole it came twice: "... (os error 2): No such file or directory (os error 2)").
+fn chain(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let part = cause.to_string();
+        if text.is_empty() {
+            text = part;
+        } else if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+    }
+    text
 }
 
 fn validate(file: &std::path::Path) -> ExitCode {

@@ -462,3 +462,40 @@ fn ten_thousand_idle_connections_do_not_take_the_server_down() {
     drop(log);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `serve` refuses to start, with one clear line, when it could never run as configured: no
+/// configuration file (its system error said once), or a state file whose folder nothing can be
+/// written to (it used to start and lose the state at every restart).
+#[test]
+fn serve_refuses_to_start_when_it_cannot_run_as_configured() {
+    let dir = temp_dir("refuse");
+    let missing = dir.join("missing.toml");
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert_eq!(text.matches("(os error 2)").count(), 1, "{text}");
+
+    let file = dir.join("unwritable.toml");
+    std::fs::write(
+        &file,
+        "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [store]\npath = \"/proc/tollgate-state\"\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("[store] path: cannot write the state file's folder /proc"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -22,7 +22,7 @@ const JITTER: Duration = Duration::from_millis(400);
 /// The queue's gauges, which the drainer reads from Redis every second.
 const DEPTH: &str = "tollgate_queue_depth{policy=\"hooks\"}";
 const OLDEST: &str = "tollgate_queue_oldest_age_seconds{policy=\"hooks\"}";
-const DEAD: &str = "tollgate_queue_dead_letters{policy=\"hooks\"}";
+const DEAD: &str = "tollgate_queue_dead_letter_depth{policy=\"hooks\"}";
 
 #[test]
 fn a_missing_metric_series_is_none_not_zero() {

@@ -200,6 +200,9 @@ pub(super) fn validate(
     errs: &mut Errors<'_>,
 ) -> Option<Config> {
     let server = raw.server.unwrap_or_default();
+    let at = |v: &Option<S<String>>| v.as_ref().map(|v| v.span().start);
+    let admin_at = raw.admin.as_ref().and_then(|a| at(&a.listen));
+    let proxy_at = raw.proxy.as_ref().and_then(|p| at(&p.get_ref().listen));
     let listeners = listeners::validate(
         &server,
         raw.proxy.as_ref().map(|p| p.get_ref()),
@@ -226,7 +229,32 @@ pub(super) fn validate(
     let log = super::log::validate(raw.log, errs);
     let telemetry = super::telemetry::validate(raw.telemetry, errs);
     let lists = super::lists::validate(raw.list, listeners.ipv6_prefix, errs);
-    if !(listeners.ok && policies_ok && jwt_ok && envoy_ok) {
+    let mut bound = Vec::new();
+    for (name, at, addr) in [
+        ("[server] listen", at(&server.listen), listeners.listen),
+        (
+            "[server] grpc_listen",
+            at(&server.grpc_listen),
+            listeners.grpc_listen.flatten(),
+        ),
+        (
+            "[server] resp_listen",
+            at(&server.resp_listen),
+            listeners.resp_listen.flatten(),
+        ),
+        ("[admin] listen", admin_at, listeners.admin_listen),
+        (
+            "[proxy] listen",
+            proxy_at,
+            proxy.as_ref().and_then(|p| p.as_ref()).map(|p| p.listen),
+        ),
+    ] {
+        if let Some(addr) = addr {
+            bound.push(listeners::Bound { name, at, addr });
+        }
+    }
+    let distinct = listeners::distinct(&bound, errs);
+    if !(listeners.ok && policies_ok && jwt_ok && envoy_ok && distinct) {
         return None;
     }
     Some(Config {

@@ -413,3 +413,34 @@ fn telemetry_is_off_by_default_and_checked_when_given() {
     let e = errors("[telemetry]\nsample_ratio = \"all\"\n");
     assert!(e.len() == 1 && e[0].contains("must be a number"), "{e:?}");
 }
+
+/// Two listeners on one port are refused where the second is written, naming the first: the
+/// server could not bind it, and `validate` passing such a file let `serve` fail at start.
+#[test]
+fn two_listeners_on_one_port_are_refused() {
+    let e = errors("[server]\nlisten = \"127.0.0.1:8080\"\n[admin]\nlisten = \"127.0.0.1:8080\"\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("t.toml:4:10: [admin] listen = \"127.0.0.1:8080\" takes the port of [server] listen (127.0.0.1:8080)"),
+        "{e:?}"
+    );
+    // Every address of the family takes the port on each of them; a default counts too.
+    let e = errors("[admin]\nlisten = \"0.0.0.0:8080\"\n");
+    assert!(
+        e.len() == 1 && e[0].contains("[server] listen (127.0.0.1:8080, its default)"),
+        "{e:?}"
+    );
+    let e = errors(
+        "[server]\nlisten = \"127.0.0.1:7000\"\nresp_listen = \"[::]:7000\"\n[proxy]\nlisten = \"127.0.0.1:7000\"\nupstream = \"http://127.0.0.1:9\"\n",
+    );
+    assert_eq!(e.len(), 3, "{e:?}");
+    // Other ports, other addresses of a port, and port 0 (any free port) are fine.
+    for ok in [
+        "[server]\nlisten = \"127.0.0.1:7000\"\nresp_listen = \"127.0.0.1:7001\"\n",
+        "[server]\nlisten = \"127.0.0.1:7000\"\n[admin]\nlisten = \"127.0.0.2:7000\"\n",
+        "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+        "[server]\nlisten = \"0.0.0.0:7000\"\n[admin]\nlisten = \"[::1]:7000\"\n",
+    ] {
+        assert!(Config::parse("t.toml", ok).is_ok(), "{ok}");
+    }
+}

@@ -24,6 +24,13 @@ fn a_memory_store_takes_a_path() {
     let c =
         Config::parse("t.toml", "[store]\npath = \"state\"\n").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.store.snapshot_every, Duration::from_secs(10));
+    // A relative path is the configuration folder's, as the other paths a file names.
+    let c = Config::parse("/etc/tollgate/tollgate.toml", "[store]\npath = \"state\"\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.store.path.as_deref(),
+        Some(std::path::Path::new("/etc/tollgate/state"))
+    );
     assert_eq!(Config::builtin().store.path, None);
 }
 

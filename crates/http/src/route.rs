@@ -123,6 +123,15 @@ impl FromStr for PathPattern {
                 "a path pattern must start with '/'",
             ));
         }
+        // Requests are matched by their path alone: a pattern with a query or a fragment would
+        // never match any.
+        if text.contains(['?', '#']) {
+            return Err(ConfigError::new(
+                input,
+                "a path pattern matches the path alone, without '?' or '#' (a query or fragment \
+                 never matches); key by a query parameter with key = [\"query:NAME\"]",
+            ));
+        }
         let mut segments = Vec::new();
         for raw in text.split('/').filter(|s| !s.is_empty()) {
             let segment = match raw {
@@ -393,6 +402,23 @@ mod tests {
         assert!(m("/", "/"));
         assert!(!m("/", "/x"));
         assert!(m("/**", "/anything/at/all"));
+    }
+
+    /// A query or a fragment in a pattern would never match: refused, saying why.
+    #[test]
+    fn a_pattern_with_a_query_or_fragment_is_refused() {
+        for pattern in ["/v1/x?y=1", "/v1/x#top", "/v1/?"] {
+            let e = pattern
+                .parse::<PathPattern>()
+                .err()
+                .map(|e| e.reason().to_owned());
+            assert!(
+                e.is_some_and(|r| r.contains("without '?' or '#'")),
+                "{pattern}"
+            );
+        }
+        // An escaped one is part of a segment's name, and matches it.
+        assert!(m("/v1/a%3Fb", "/v1/a%3Fb"));
     }
 
     #[test]

@@ -100,16 +100,25 @@ pub(crate) async fn handle(
     }
 }
 
+/// The credentials of an `Authorization: Bearer <token>` value. The scheme is matched without
+/// regard to case and may be followed by several spaces, as RFC 9110 §11.4 has it.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
+}
+
 /// The admin token check: `Some(refusal)` when the request may not go on. With a token, every
-/// request but the dashboard's assets must carry it; without one, writes are refused unless the
-/// admin listener is loopback-only.
+/// request that reaches here must carry it (the probes and the dashboard's assets are answered
+/// before); without one, writes are refused unless the admin listener is loopback-only.
 fn authorize(engine: &Generation, req: &Request<Incoming>, read: bool) -> Option<Response<Body>> {
     if let Some(token) = &engine.config().admin_token {
         let given = req
             .headers()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(bearer);
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
             let mut res = problem(
                 StatusCode::UNAUTHORIZED,

@@ -73,6 +73,11 @@ pub enum ServerError {
     /// The policies could not be loaded into the engine.
     #[error("cannot build the policy engine: {0}")]
     Engine(#[from] tollgate_http::ConfigError),
+    /// The state file (`[store] path`) cannot be written: checked at start, so that a server
+    /// that could never keep its state does not run as if it did; and at a clean stop, when
+    /// the last snapshot failed (the exit status says so).
+    #[error("[store] path: {0}")]
+    State(String),
     /// A listener's TLS files could not be loaded.
     #[error("cannot serve the {listener} listener over TLS: {source}")]
     Tls {
@@ -305,6 +310,7 @@ pub async fn run_with(
     limits: Limits,
 ) -> Result<(), ServerError> {
     // A state file first: it may hold the key secret the engine hashes credentials under.
+    state::check_writable(&config.store).map_err(ServerError::State)?;
     let (restored_store, restored) = state::restore(&config.store);
     let store = match restored_store {
         Some(memory) => AnyStore::Memory(memory),
@@ -417,11 +423,11 @@ pub async fn run_with(
         tracing::warn!(error = %e, "shutdown: could not give every lease back to the store");
     }
     // With `[store] path`, the memory store's state, now that nothing changes it any more.
-    state::save_at_stop(&shared).await;
+    let saved = state::save_at_stop(&shared).await;
     // The spans not yet exported go now (the exporter waits on its own thread).
     let telemetry = Arc::clone(&shared.telemetry);
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
-    Ok(())
+    saved.map_err(ServerError::State)
 }
 
 /// The API and admin listeners and the queue supervisor, each a task that ends when `stop`

@@ -213,14 +213,7 @@ fn write_atomically(
     extras: &Extras,
 ) -> Result<Written, String> {
     let _one = WRITING.lock().unwrap_or_else(PoisonError::into_inner);
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(".{name}.tmp"));
+    let (dir, tmp) = temporary(path);
     let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what} {}: {e}", tmp.display());
     std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     let mut options = OpenOptions::new();
@@ -276,8 +269,9 @@ pub(crate) async fn keep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// The last snapshot, at a clean stop, once every listener has drained.
-pub(crate) async fn save_at_stop(shared: &Shared) {
+/// The last snapshot, at a clean stop, once every listener has drained; why it failed, if it
+/// did.
+pub(crate) async fn save_at_stop(shared: &Shared) -> Result<(), String> {
     let started = Instant::now();
     match save(shared).await {
         Some(Ok(w)) => tracing::info!(
@@ -289,8 +283,57 @@ pub(crate) async fn save_at_stop(shared: &Shared) {
             "state saved"
         ),
         Some(Err(e)) => {
-            tracing::error!(error = %e, "state could not be saved at stop; the last snapshot stays")
+            tracing::error!(error = %e, "state could not be saved at stop; the last snapshot stays");
+            return Err(format!("the state could not be saved at stop: {e}"));
         }
         None => {}
     }
+    Ok(())
+}
+
+/// Whether the memory store's state file can be written where `[store] path` says: its folder
+/// made if missing, and a file created there (the snapshots' temporary file, removed again).
+/// A path nothing can be written to would otherwise lose the state at every restart, with a
+/// warning in the log each `snapshot_every`.
+pub(crate) fn check_writable(config: &StoreConfig) -> Result<(), String> {
+    let (StoreKind::Memory, Some(path)) = (&config.kind, &config.path) else {
+        return Ok(());
+    };
+    if path.is_dir() {
+        return Err(format!(
+            "{} is a folder; name the state file in it, e.g. {}",
+            path.display(),
+            path.join("state").display()
+        ));
+    }
+    let (dir, tmp) = temporary(path);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| format!("cannot make the folder {}: {e}", dir.display()))?;
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(|e| {
+            format!(
+                "cannot write the state file's folder {}: {e}",
+                dir.display()
+            )
+        })?;
+    let _ = std::fs::remove_file(&tmp);
+    Ok(())
+}
+
+/// The folder of the state file at `path`, and the temporary file a snapshot is written to
+/// there before it replaces the state file.
+fn temporary(path: &Path) -> (PathBuf, PathBuf) {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{name}.tmp"));
+    (dir, tmp)
 }

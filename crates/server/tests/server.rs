@@ -337,12 +337,15 @@ async fn admin_endpoints_and_token() {
     )
     .await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
-    let r = get(
-        &s.admin_url("/metrics"),
-        &[("authorization", "Bearer s3cret")],
-    )
-    .await;
-    assert_eq!(r.status, StatusCode::OK);
+    // The scheme is case-insensitive (RFC 9110); the token is not.
+    for given in ["Bearer s3cret", "bearer s3cret", "BEARER  s3cret"] {
+        let r = get(&s.admin_url("/metrics"), &[("authorization", given)]).await;
+        assert_eq!(r.status, StatusCode::OK, "{given}");
+    }
+    for given in ["Bearer S3CRET", "Bearers3cret", "Basic s3cret", "Bearer"] {
+        let r = get(&s.admin_url("/metrics"), &[("authorization", given)]).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{given}");
+    }
     s.stop().await;
 }
 

@@ -201,3 +201,56 @@ fn validate_limits(
     }
     ok.then_some(out)
 }
+
+/// One listener for [`distinct`]: its name as the file writes it, where its address is written
+/// (`None`: the default), and the address.
+pub(super) struct Bound {
+    pub(super) name: &'static str,
+    pub(super) at: Option<usize>,
+    pub(super) addr: SocketAddr,
+}
+
+/// Refuses two listeners on one port (the same address, or one of them on every address of its
+/// family): the second could not bind, and `serve` would stop at start with only the system's
+/// "address in use". Port 0 asks the system for a free port, which never clashes.
+pub(super) fn distinct(bound: &[Bound], errs: &mut Errors<'_>) -> bool {
+    let mut ok = true;
+    for (i, later) in bound.iter().enumerate() {
+        for earlier in &bound[..i] {
+            if !clash(earlier.addr, later.addr) {
+                continue;
+            }
+            // Reported where an address was written: the later one's, or else the earlier.
+            let (here, other) = if later.at.is_some() {
+                (later, earlier)
+            } else {
+                (earlier, later)
+            };
+            let default = if other.at.is_none() {
+                ", its default"
+            } else {
+                ""
+            };
+            errs.at(
+                here.at.unwrap_or(0),
+                format!(
+                    "{} = \"{}\" takes the port of {} ({}{default}): two listeners cannot share a port; give each its own",
+                    here.name, here.addr, other.name, other.addr
+                ),
+            );
+            ok = false;
+        }
+    }
+    ok
+}
+
+fn clash(a: SocketAddr, b: SocketAddr) -> bool {
+    let (x, y) = (a.ip(), b.ip());
+    a.port() == b.port()
+        && a.port() != 0
+        && (x == y
+            || (x.is_ipv4() == y.is_ipv4() && (x.is_unspecified() || y.is_unspecified()))
+            // `[::]` takes the IPv4 addresses too where the system maps them (Linux's default).
+            || (x.is_ipv6() && x.is_unspecified())
+            || (y.is_ipv6() && y.is_unspecified()))
+}

@@ -46,7 +46,18 @@ pub(super) fn validate(p: S<RawProxy>, errs: &mut Errors<'_>) -> Option<ProxyCon
         }
     }
     let timeout = match &p.timeout {
-        Some(v) => duration(v, "timeout", "[proxy] ", errs),
+        Some(v) => match duration(v, "timeout", "[proxy] ", errs) {
+            // Zero would answer 504 to every request the upstream does not answer at once.
+            Some(d) if d.is_zero() => {
+                errs.at(
+                    v.span().start,
+                    "[proxy] field \"timeout\" must be positive; write e.g. timeout = \"30s\""
+                        .to_owned(),
+                );
+                None
+            }
+            d => d,
+        },
         None => Some(Duration::from_secs(30)),
     };
     let forwarded_header = match &p.forwarded_header {

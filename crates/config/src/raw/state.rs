@@ -43,7 +43,9 @@ pub(super) fn validate(s: &RawStore, out: &mut StoreConfig, errs: &mut Errors<'_
             );
             ok = false;
         } else {
-            out.path = Some(text.into());
+            // Relative to the configuration's folder, as every path the file names: the working
+            // directory of a service (`/` under systemd) is no place for state.
+            out.path = Some(errs.relative(text));
         }
     }
     if let Some(v) = &s.snapshot_every {

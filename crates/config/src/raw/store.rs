@@ -67,6 +67,13 @@ pub(super) fn validate(raw: Option<RawStore>, errs: &mut Errors<'_>) -> Option<S
             ],
             errs,
         ) {
+            Some(OnError::Local) if out.kind == StoreKind::Memory => {
+                errs.at(
+                    v.span().start,
+                    "[store] field \"on_error\" = \"local\" falls back to a memory store when Redis fails, and this store is memory, which never fails: remove it, or set kind = \"redis\"".to_owned(),
+                );
+                ok = false;
+            }
             Some(o) => out.on_error = o,
             None => ok = false,
         }

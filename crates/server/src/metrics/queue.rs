@@ -171,7 +171,7 @@ const FAMILIES: [(&str, &str, &str, Series); 9] = [
         |q, _| vec![("", q.depth.load(Relaxed) as f64)],
     ),
     (
-        "tollgate_queue_dead_letters",
+        "tollgate_queue_dead_letter_depth",
         "gauge",
         "Dead letters waiting to be re-driven or discarded.",
         |q, _| vec![("", q.dead_depth.load(Relaxed) as f64)],

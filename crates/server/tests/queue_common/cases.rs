@@ -11,7 +11,7 @@ use crate::common::{get, start_text};
 
 pub const DEPTH: &str = "tollgate_queue_depth{policy=\"hooks\"}";
 pub const OLDEST: &str = "tollgate_queue_oldest_age_seconds{policy=\"hooks\"}";
-pub const DEAD: &str = "tollgate_queue_dead_letters{policy=\"hooks\"}";
+pub const DEAD: &str = "tollgate_queue_dead_letter_depth{policy=\"hooks\"}";
 
 /// While the upstream holds a delivery, the message is `delivering` (not queued, not yet
 /// delivered), and the gauges count it as one message that has waited; once the upstream
