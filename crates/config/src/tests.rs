@@ -444,3 +444,25 @@ fn two_listeners_on_one_port_are_refused() {
         assert!(Config::parse("t.toml", ok).is_ok(), "{ok}");
     }
 }
+
+/// Values that validate but could only misbehave are refused with a reason: a proxy timeout
+/// of zero (a 504 for every upstream that does not answer at once), and a fallback to memory
+/// on a store that is memory.
+#[test]
+fn settings_that_could_only_misbehave_are_refused() {
+    let e = errors(
+        "[proxy]\nlisten = \"127.0.0.1:7000\"\nupstream = \"http://127.0.0.1:9\"\ntimeout = \"0s\"\n",
+    );
+    assert!(
+        e.len() == 1 && e[0].starts_with("t.toml:4:11: [proxy] field \"timeout\" must be positive"),
+        "{e:?}"
+    );
+    let e = errors("[store]\non_error = \"local\"\n");
+    assert!(
+        e.len() == 1 && e[0].contains("this store is memory, which never fails"),
+        "{e:?}"
+    );
+    let redis =
+        "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\non_error = \"local\"\n";
+    assert!(Config::parse("t.toml", redis).is_ok());
+}
