@@ -235,7 +235,9 @@ impl Run {
             Disposition::Respond(a) if a.status() == StatusCode::UNAUTHORIZED => {
                 self.stats.unauthorized += 1;
             }
-            Disposition::Respond(a) if a.status().is_client_error() => self.stats.refused += 1,
+            Disposition::Respond(a) if a.status().is_client_error() => {
+                *self.stats.refused.entry(a.status().as_u16()).or_default() += 1;
+            }
             Disposition::Respond(_) => self.stats.undecided += 1,
             Disposition::Hold(_) => self.stats.delayed += 1,
             Disposition::Pass => {}

@@ -15,6 +15,9 @@ use crate::format::{Format, JsonFields, LineError, LoggedRequest, Parser};
 /// Bytes read per system call: large, since a log is read once from start to end.
 const READ_BUFFER: usize = 256 * 1024;
 
+/// The UTF-8 byte order mark.
+const UTF8_BOM: &[u8] = b"\xef\xbb\xbf";
+
 /// One log file being read.
 pub(crate) struct Source {
     /// The file as given on the command line.
@@ -95,6 +98,12 @@ impl Source {
             self.line_no += 1;
             while matches!(self.line.last(), Some(b'\n' | b'\r')) {
                 self.line.pop();
+            }
+            // A UTF-8 byte order mark, as some editors and Windows tools write at the start of
+            // a file, is not part of the first line: left in, it would hide the `{` that makes
+            // the file JSON lines, and break the first field of either format.
+            if self.line_no == 1 && self.line.starts_with(UTF8_BOM) {
+                self.line.drain(..UTF8_BOM.len());
             }
             if !self.line.trim_ascii().is_empty() {
                 return Ok(true);

@@ -11,15 +11,18 @@ use crate::summary::{PolicySummary, Summary};
 use plots::Plot;
 
 /// Why the report could not be written.
+///
+/// As with [`ReplayError`](crate::ReplayError), each message includes its cause, which is
+/// therefore not also the error's `source` (a chain printed whole would repeat it).
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     /// A file could not be written.
-    #[error("{path}: {source}")]
+    #[error("{path}: cannot write the report: {error}")]
     Write {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A plot could not be drawn.
     #[error("cannot draw {plot}: {reason}")]
@@ -47,14 +50,14 @@ pub(crate) struct Figure {
 pub fn write(summary: &Summary, dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| ReportError::Write { path, source }
+        move |error| ReportError::Write { path, error }
     };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let mut written = Vec::new();
     let json_path = dir.join("summary.json");
     let json = serde_json::to_vec_pretty(summary).map_err(|e| ReportError::Write {
         path: json_path.clone(),
-        source: e.into(),
+        error: e.into(),
     })?;
     std::fs::write(&json_path, json).map_err(io(&json_path))?;
     written.push(json_path);

@@ -48,34 +48,39 @@ pub struct Progress {
 }
 
 /// Why a replay could not run. A bad line is not one: it is counted and reported.
+///
+/// Each message is whole, the cause included, and the cause is not also handed out as the
+/// error's [`source`](std::error::Error::source): a caller that prints the chain (`anyhow`'s
+/// `{:#}`, as `tollgate replay` does) would otherwise print the cause twice. (So the fields are
+/// named `error`, not `source`, which `thiserror` would take for one.)
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
-    /// A log file could not be opened.
-    #[error("{path}: {source}")]
+    /// A log file could not be opened or read.
+    #[error("{path}: cannot read the log: {error}")]
     Open {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: io::Error,
+        error: io::Error,
     },
     /// The configuration could not be built into an engine.
-    #[error("cannot build the policy engine{candidate}: {source}")]
+    #[error("cannot build the policy engine{candidate}: {error}")]
     Engine {
         /// ` for candidate limit=50`, or nothing.
         candidate: String,
         /// Why.
-        source: tollgate_http::ConfigError,
+        error: tollgate_http::ConfigError,
     },
     /// The sweep does not fit the configuration.
     #[error("{0}")]
     Sweep(String),
     /// The decisions file could not be written.
-    #[error("{path}: {source}")]
+    #[error("{path}: cannot write the decisions: {error}")]
     Write {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: io::Error,
+        error: io::Error,
     },
     /// The replay's thread stopped unexpectedly.
     #[error("the replay stopped unexpectedly")]
@@ -115,9 +120,9 @@ fn replay_here(
     let mut sources = Vec::with_capacity(options.logs.len());
     let mut total = 0;
     for path in &options.logs {
-        let open = |source| ReplayError::Open {
+        let open = |error| ReplayError::Open {
             path: path.clone(),
-            source,
+            error,
         };
         total += std::fs::metadata(path).map_err(open)?.len();
         sources.push(
@@ -126,9 +131,9 @@ fn replay_here(
     }
     let mut replayer = Replayer::new(options, clock, runs);
     if let Some(path) = &options.decisions {
-        let file = std::fs::File::create(path).map_err(|source| ReplayError::Write {
+        let file = std::fs::File::create(path).map_err(|error| ReplayError::Write {
             path: path.clone(),
-            source,
+            error,
         })?;
         replayer.trace = Some(io::BufWriter::new(file));
         replayer.runs[0].traced = Some(Vec::new());
@@ -151,9 +156,9 @@ fn replay_here(
             .trace_error
             .take()
             .map_or_else(|| io::Write::flush(&mut trace), Err);
-        failed.map_err(|source| ReplayError::Write {
+        failed.map_err(|error| ReplayError::Write {
             path: path.clone(),
-            source,
+            error,
         })?;
     }
     Ok(Summary::build(
@@ -171,9 +176,9 @@ fn build(
     clock: &ManualClock,
     candidate: Option<&Candidate>,
 ) -> Result<Run, ReplayError> {
-    Run::new(config, clock.clone()).map_err(|source| ReplayError::Engine {
+    Run::new(config, clock.clone()).map_err(|error| ReplayError::Engine {
         candidate: candidate.map_or_else(String::new, |c| format!(" for candidate {}", c.label)),
-        source,
+        error,
     })
 }
 

@@ -4,7 +4,7 @@
 mod keys;
 mod timeline;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use tollgate::Timestamp;
@@ -26,9 +26,11 @@ pub(crate) struct RunStats {
     pub(crate) unauthorized: u64,
     /// Requests a `delay` policy would have held before passing them on.
     pub(crate) delayed: u64,
-    /// Requests every door refuses before any policy counts them (400, 414): a target with a
-    /// fragment or a byte past ASCII, a host with an empty port, a key field sent twice.
-    pub(crate) refused: u64,
+    /// Requests refused before any policy counts them, by status: 400 (a target with a
+    /// fragment or a byte past ASCII, a host with an empty port, a key field sent twice), 403
+    /// (a deny list), 414 (a path too deep to normalise). Kept by status because each says
+    /// something different about the log, and one label for all would misname some.
+    pub(crate) refused: BTreeMap<u16, u64>,
     /// Requests the store did not decide (never, with the memory store).
     pub(crate) undecided: u64,
     /// Per policy, in the configuration's order.
@@ -43,7 +45,7 @@ impl RunStats {
             denied: 0,
             unauthorized: 0,
             delayed: 0,
-            refused: 0,
+            refused: BTreeMap::new(),
             undecided: 0,
             policies: config
                 .policies

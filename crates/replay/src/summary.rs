@@ -1,6 +1,7 @@
 //! The figures of a replay, as `summary.json` holds them and the report and the table show
 //! them: per configuration (the one given, and each sweep candidate), per policy, per key.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -132,10 +133,14 @@ pub struct RunSummary {
     pub denied_share: f64,
     /// Requests that would have been answered 401 (`require_key` and no key).
     pub unauthorized: u64,
-    /// Requests every door would have refused (400 or 414) before any policy counted them:
-    /// a target with a fragment or a byte past ASCII, a host with an empty port, a key field
-    /// sent twice.
+    /// Requests refused before any policy counted them, whatever the status (the sum of
+    /// [`refused_by_status`](Self::refused_by_status)).
     pub refused: u64,
+    /// The same by the status they would have been answered with: 400 (a target with a
+    /// fragment or a byte past ASCII, a host with an empty port, a key field sent twice), 403
+    /// (a deny list), 414 (a path of more segments than the server normalises). Keyed by
+    /// status, as `--decisions` reports each request's.
+    pub refused_by_status: BTreeMap<u16, u64>,
     /// Requests a `delay` policy would have held.
     pub delayed: u64,
     /// Per policy, in the configuration's order.
@@ -376,7 +381,8 @@ fn run_summary(config: &Config, stats: RunStats) -> RunSummary {
         denied: stats.denied,
         denied_share: share(stats.denied, stats.requests),
         unauthorized: stats.unauthorized,
-        refused: stats.refused,
+        refused: stats.refused.values().sum(),
+        refused_by_status: stats.refused,
         delayed: stats.delayed,
         policies,
     }

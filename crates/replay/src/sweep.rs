@@ -154,6 +154,8 @@ pub fn candidates(config: &Config, sweep: &Sweep) -> Result<(String, Vec<Candida
         .into_iter()
         .map(|(algorithm, limit, window, calendar, label)| {
             let label = label.trim().to_owned();
+            concurrency_matches(quota, algorithm, &name)
+                .map_err(|reason| format!("--sweep {label}: {reason}"))?;
             let quota = match calendar {
                 Some(unit) => Calendar::new(unit, zone.as_deref().unwrap_or("UTC"))
                     .and_then(|c| Quota::fixed_calendar(limit, c)),
@@ -176,7 +178,54 @@ pub fn candidates(config: &Config, sweep: &Sweep) -> Result<(String, Vec<Candida
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
+    refuse_duplicates(&out, &name)?;
     Ok((name, out))
+}
+
+/// A concurrency limit and a rate are different measures: requests in flight, against requests
+/// per window. Neither can stand in for the other, so a candidate that would swap one for the
+/// other is refused; `quota_of` would otherwise make one silently, with the window as a
+/// concurrency limit's `lease_ttl` or the other way round.
+fn concurrency_matches(base: &Quota, candidate: AlgorithmKind, name: &str) -> Result<(), String> {
+    let concurrency = AlgorithmKind::Concurrency;
+    match (base.kind() == concurrency, candidate == concurrency) {
+        (false, true) => Err(format!(
+            "a concurrency limit caps the requests in flight and has no window, so it cannot \
+             stand in for {name:?}'s {base}; sweep limit= on a concurrency policy to try other \
+             caps"
+        )),
+        (true, false) => Err(format!(
+            "{name:?} is a concurrency limit (requests in flight), and {candidate} counts \
+             requests per window: one cannot stand in for the other; sweep its limit= (the cap) \
+             or window= (its lease_ttl)"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Two candidates with the same quota would replay alike and show the same row twice (a value
+/// given twice, `window=60s,1m`, or a grid whose last dimension overrides an earlier one): the
+/// sweep is refused, naming both, so the mistake is seen rather than printed as two results.
+fn refuse_duplicates(candidates: &[Candidate], name: &str) -> Result<(), String> {
+    let quotas: Vec<String> = candidates
+        .iter()
+        .map(|c| {
+            c.config
+                .policies
+                .iter()
+                .find(|p| p.name() == name)
+                .map_or_else(String::new, |p| p.policy.quota().to_string())
+        })
+        .collect();
+    for (i, quota) in quotas.iter().enumerate() {
+        if let Some(j) = quotas[..i].iter().position(|q| q == quota) {
+            return Err(format!(
+                "--sweep: {} and {} are the same quota ({quota}); each candidate must differ",
+                candidates[j].label, candidates[i].label
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// One candidate quota: algorithm, `q`, `w`, the calendar of a fixed window by one, label.
@@ -292,6 +341,78 @@ mod tests {
         );
         let q = c[2].config.policies[0].policy.quota();
         assert_eq!(q.to_string(), "token_bucket capacity=200 refill=200/1m");
+        Ok(())
+    }
+
+    fn sweep(dimensions: &[&str]) -> Result<Sweep, String> {
+        Ok(Sweep {
+            policy: None,
+            dimensions: dimensions
+                .iter()
+                .map(|d| d.parse())
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// The same quota twice would replay twice and print the same row twice.
+    #[test]
+    fn duplicate_candidates_are_refused() -> Result<(), String> {
+        for (dimensions, needle) in [
+            (&["limit=3,3"][..], "limit=3 and limit=3 are the same quota"),
+            (
+                &["window=60s,1m"],
+                "window=1m and window=1m are the same quota",
+            ),
+            (
+                &["window=1m,2m", "calendar=day"],
+                "window=1m calendar=day and window=2m calendar=day are the same quota",
+            ),
+        ] {
+            let err = candidates(&config()?, &sweep(dimensions)?)
+                .err()
+                .unwrap_or_default();
+            assert!(err.contains(needle), "{dimensions:?}: {err}");
+        }
+        let (_, c) = candidates(&config()?, &sweep(&["limit=3,4", "window=1m,2m"])?)?;
+        assert_eq!(c.len(), 4);
+        Ok(())
+    }
+
+    /// Requests in flight and requests per window are different measures: a sweep never swaps
+    /// one for the other (it used to make a concurrency limit whose lease_ttl was the window).
+    #[test]
+    fn concurrency_and_rates_do_not_stand_in_for_each_other() -> Result<(), String> {
+        let err = candidates(&config()?, &sweep(&["algorithm=token_bucket,concurrency"])?)
+            .err()
+            .unwrap_or_default();
+        assert!(
+            err.contains("algorithm=concurrency: a concurrency limit caps the requests in flight"),
+            "{err}"
+        );
+        let concurrency = Config::parse(
+            "t.toml",
+            "[[policy]]\nname = \"exports\"\nalgorithm = \"concurrency\"\nlimit = 2\nkey = [\"ip\"]\n",
+        )
+        .map_err(|e| e.to_string())?;
+        for dimension in ["algorithm=fixed_window", "calendar=day"] {
+            let err = candidates(&concurrency, &sweep(&[dimension])?)
+                .err()
+                .unwrap_or_default();
+            assert!(err.contains("is a concurrency limit"), "{dimension}: {err}");
+        }
+        // Its cap and its lease_ttl are swept as such.
+        let (_, c) = candidates(&concurrency, &sweep(&["limit=1,4", "window=10m"])?)?;
+        let quotas: Vec<String> = c
+            .iter()
+            .map(|c| c.config.policies[0].policy.quota().to_string())
+            .collect();
+        assert_eq!(
+            quotas,
+            [
+                "concurrency limit=1 lease_ttl=10m",
+                "concurrency limit=4 lease_ttl=10m"
+            ]
+        );
         Ok(())
     }
 

@@ -18,6 +18,25 @@ pub(crate) fn thousands(n: u64) -> String {
     out
 }
 
+/// How many bad lines the table shows by number (the summary lists more, and counts all).
+const BAD_SHOWN: usize = 5;
+
+/// `3 refused before any policy (2 answered 400, 1 answered 414)`: requests answered before
+/// any policy counted them, by status, since a 414 (a path too deep) or a 403 (a deny list)
+/// is not an unreadable request and one label for all would misname them.
+pub(crate) fn refusals(r: &RunSummary) -> String {
+    let mut text = format!("{} refused before any policy", thousands(r.refused));
+    let statuses: Vec<String> = r
+        .refused_by_status
+        .iter()
+        .map(|(status, n)| format!("{} answered {status}", thousands(*n)))
+        .collect();
+    if !statuses.is_empty() {
+        let _ = write!(text, " ({})", statuses.join(", "));
+    }
+    text
+}
+
 fn percent(share: f64) -> String {
     format!("{:.1}%", share * 100.0)
 }
@@ -124,21 +143,33 @@ pub fn render(s: &Summary) -> String {
         thousands(s.bad_lines.count),
         thousands(s.out_of_order.count)
     );
-    for b in s.bad_lines.first.iter().take(5) {
+    let shown = s.bad_lines.first.len().min(BAD_SHOWN);
+    for b in &s.bad_lines.first[..shown] {
         let file = s.logs.get(b.at.file).map_or("?", |l| l.path.as_str());
         let _ = writeln!(out, "  bad line {file}:{}: {}", b.at.line, b.reason);
+    }
+    // The rest are counted, not shown: say how many, and where the list goes on (summary.json
+    // lists only the first few too, so it is said when even that list stops short).
+    let more = s.bad_lines.count.saturating_sub(shown as u64);
+    if more > 0 {
+        let listed = s.bad_lines.first.len();
+        let rest = if listed as u64 >= s.bad_lines.count {
+            ", all listed in summary.json (--out)".to_owned()
+        } else {
+            format!("; summary.json (--out) lists the first {listed}")
+        };
+        let _ = writeln!(out, "  ... and {} more bad lines{rest}", thousands(more));
     }
     let r = &s.result;
     let _ = writeln!(
         out,
-        "{} requests: {} under no policy, {} answered 429 ({}), {} answered 401, {} refused as \
-         unreadable (400), {} delayed\n",
+        "{} requests: {} under no policy, {} answered 429 ({}), {} answered 401, {}, {} delayed\n",
         thousands(r.requests),
         thousands(r.unmatched),
         thousands(r.denied),
         percent(r.denied_share),
         thousands(r.unauthorized),
-        thousands(r.refused),
+        refusals(r),
         thousands(r.delayed)
     );
     grid(&mut out, &policy_rows(r, None));

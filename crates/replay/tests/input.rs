@@ -244,3 +244,103 @@ fn request_time_moves_each_request_back_to_its_arrival() {
     let s = replay(config(text), vec![log]);
     assert_eq!((s.result.requests, s.result.denied), (2, 1));
 }
+
+/// A log that cannot be opened is named once with the OS's reason, also when the error is
+/// printed with its chain of sources (as `tollgate replay` prints it, with anyhow's `{:#}`).
+#[test]
+fn a_missing_log_is_named_once_with_its_reason() {
+    let dir = tempdir();
+    let missing = dir.path().join("nope.log");
+    let options = Options::new(config(&policy("fixed_window")), vec![missing]);
+    let err = tollgate_replay::replay(&options, &mut |_| {})
+        .err()
+        .unwrap_or_else(|| panic!("a missing log was replayed"));
+    let printed = with_sources(&err);
+    let reason = std::fs::File::open(dir.path().join("nope.log"))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_else(|| panic!("nope.log exists"));
+    assert_eq!(printed.matches(&reason).count(), 1, "{printed}");
+    assert!(
+        printed.ends_with(&format!("nope.log: cannot read the log: {reason}")),
+        "{printed}"
+    );
+}
+
+/// An error as anyhow's `{:#}` prints it: its message, then each source's, `: `-separated.
+fn with_sources(err: &dyn std::error::Error) -> String {
+    let mut chain = vec![err.to_string()];
+    let mut source = err.source();
+    while let Some(e) = source {
+        chain.push(e.to_string());
+        source = e.source();
+    }
+    chain.join(": ")
+}
+
+/// A report folder that cannot be made is named once with the OS's reason, as a log is.
+#[test]
+fn an_unwritable_report_is_named_once_with_its_reason() {
+    let dir = tempdir();
+    let log = write_log(dir.path(), "access.log", &twice_and_half());
+    let s = replay(config(&policy("fixed_window")), vec![log.clone()]);
+    // A folder inside a file: it cannot be created.
+    let out = log.join("report");
+    let err = tollgate_replay::report::write(&s, &out)
+        .err()
+        .unwrap_or_else(|| panic!("a report was written inside a file"));
+    let printed = with_sources(&err);
+    let reason = std::fs::create_dir_all(&out)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_else(|| panic!("{} was made", out.display()));
+    assert_eq!(printed.matches(&reason).count(), 1, "{printed}");
+    assert!(printed.contains(": cannot write the report: "), "{printed}");
+}
+
+/// A JSON-lines log saved with a UTF-8 byte order mark is still JSON lines, and its first line
+/// is read like the others.
+#[test]
+fn a_byte_order_mark_is_not_part_of_the_first_line() {
+    let dir = tempdir();
+    let lines: Vec<String> = (0..3)
+        .map(|i| {
+            format!(
+                r#"{{"time":{},"method":"GET","path":"/v1/items","ip":"198.51.100.4"}}"#,
+                START + i
+            )
+        })
+        .collect();
+    let mut text = "\u{feff}".to_owned() + &lines.join("\n");
+    text.push('\n');
+    let json = dir.path().join("bom.jsonl");
+    std::fs::write(&json, &text).unwrap_or_else(|e| panic!("{e}"));
+    let s = replay(config(&policy("fixed_window")), vec![json]);
+    assert_eq!(s.logs[0].format, "json");
+    assert_eq!(
+        (s.bad_lines.count, s.result.requests),
+        (0, 3),
+        "{:?}",
+        s.bad_lines
+    );
+
+    // A combined log too: the mark would otherwise be read into the first line's address,
+    // and that request counted under no client's key. Eleven requests of one client against
+    // ten a minute: all under its address, the eleventh denied.
+    let combined = dir.path().join("bom.log");
+    let lines: Vec<String> = (0..11)
+        .map(|i| line("203.0.113.9", i, "GET", "/v1/items"))
+        .collect();
+    let text = format!("\u{feff}{}\n", lines.join("\n"));
+    std::fs::write(&combined, text).unwrap_or_else(|e| panic!("{e}"));
+    let s = replay(config(&policy("fixed_window")), vec![combined]);
+    assert_eq!(s.logs[0].format, "combined");
+    let p = &s.result.policies[0];
+    assert_eq!(p.keys, 1);
+    let top: Vec<(&str, u64, u64)> = p
+        .top_keys
+        .iter()
+        .map(|k| (k.key.as_str(), k.requests, k.denied))
+        .collect();
+    assert_eq!(top, [("ip:203.0.113.9", 11, 1)]);
+}

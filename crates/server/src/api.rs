@@ -10,7 +10,6 @@ mod unseen_status;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HOST, HeaderName, HeaderValue};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
@@ -21,7 +20,9 @@ use tollgate_http::{Refusal, RequestInfo, normalize};
 
 use crate::Shared;
 use crate::generation::{Disposition, Generation};
-use crate::response::{Body, decision_json, full, json_response, problem, problem_response, text};
+use crate::response::{
+    Body, decision_json, full, json_response, problem, problem_response, read_body, text,
+};
 use crate::telemetry::{Door, Trace};
 
 /// The largest `/v1/check` body accepted.
@@ -67,12 +68,10 @@ fn bad_request(detail: &str) -> Response<Body> {
     problem(StatusCode::BAD_REQUEST, "Bad request", Some(detail))
 }
 
-/// Reads a JSON body of at most [`MAX_BODY`] bytes; `Err` is the 400 to answer.
-async fn json_body(req: Request<Incoming>) -> Result<Value, Response<Body>> {
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return Err(bad_request("the body could not be read or exceeds 64 KiB")),
-    };
+/// Reads a JSON body of at most [`MAX_BODY`] bytes; `Err` is the 4xx to answer.
+async fn json_body(engine: &Generation, req: Request<Incoming>) -> Result<Value, Response<Body>> {
+    let within = engine.config().limits.header_read_timeout;
+    let body = read_body(req, MAX_BODY, within).await?;
     serde_json::from_slice(&body).map_err(|e| bad_request(&format!("malformed JSON: {e}")))
 }
 
@@ -83,9 +82,10 @@ async fn check(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
         (h.get("traceparent").cloned(), h.get("tracestate").cloned())
     });
     let (parent, state) = context.unwrap_or_default();
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return bad_request("the body could not be read or exceeds 64 KiB"),
+    let within = engine.config().limits.header_read_timeout;
+    let body = match read_body(req, MAX_BODY, within).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal,
     };
     let trace = Trace {
         door: Door::Check,

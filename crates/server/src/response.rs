@@ -116,3 +116,47 @@ pub(crate) fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body>
     );
     res
 }
+
+/// A request's body, whole: at most `limit` bytes, arriving within `within` (the listener's
+/// `header_read_timeout`, as for the head). `Err` is the answer: 413 past the limit, 408 when
+/// the body stalls, which closes the connection (a client that starts a body and never ends it
+/// would otherwise hold its connection, and with enough of them every connection, for ever),
+/// 400 when it could not be read.
+pub(crate) async fn read_body<B>(
+    req: hyper::Request<B>,
+    limit: usize,
+    within: Duration,
+) -> Result<Bytes, Response<Body>>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    // HTTP/2 ends a stream, not the connection, and has no Connection header.
+    let http1 = req.version() < hyper::Version::HTTP_2;
+    let read = http_body_util::Limited::new(req.into_body(), limit).collect();
+    match tokio::time::timeout(within, read).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Content too large",
+            Some(&format!("the body exceeds {} KiB", limit / 1024)),
+        )),
+        Ok(Err(_)) => Err(problem(
+            StatusCode::BAD_REQUEST,
+            "Bad request",
+            Some("the body could not be read"),
+        )),
+        Err(_) => {
+            let mut res = problem(
+                StatusCode::REQUEST_TIMEOUT,
+                "Request timeout",
+                Some("the body did not arrive within header_read_timeout"),
+            );
+            if http1 {
+                res.headers_mut()
+                    .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Err(res)
+        }
+    }
+}

@@ -566,3 +566,34 @@ async fn slow_loris_and_huge_headers_are_cut_off() {
     assert_eq!(r.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
     s.stop_cleanly().await;
 }
+
+/// A body that starts and never ends is answered 408 within header_read_timeout, on the paths
+/// the quick lane leaves to hyper (chunked here): it used to hold its connection for ever, and
+/// enough such clients held every connection.
+#[tokio::test]
+async fn a_body_that_never_ends_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut config = tollgate_server::Config::parse("t.toml", &with_ports("")).unwrap();
+    let limits = tollgate_server::Limits {
+        header_read_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    config.limits = limits;
+    let s = start_with_limits(config, limits).await;
+    let mut c = tokio::net::TcpStream::connect(s.api).await.unwrap();
+    c.write_all(
+        b"POST /v1/check HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the connection was closed");
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    // A body over the limit is a 413.
+    let big = format!("{{\"policy\":\"x\",\"key\":\"{}\"}}", "k".repeat(70 * 1024));
+    let r = post_json(&format!("http://{}/v1/check", s.api), &big).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    s.stop_cleanly().await;
+}

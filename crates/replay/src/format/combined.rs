@@ -41,6 +41,14 @@ impl Parser {
         let mut rest = &line[close + 1..];
         let request = quoted(&mut rest)?.ok_or_else(|| LineError::new("no \"request\" field"))?;
         let status = token(&mut rest).ok_or_else(|| LineError::new("no status field"))?;
+        // nginx writes `$status` as three digits (`000` when there was none) and Apache a
+        // number or `-`: anything else means the fields have slipped, as when the request's
+        // closing quote is misplaced, and the rest of the line cannot be trusted either.
+        if status != b"-" && !status.iter().all(u8::is_ascii_digit) {
+            return Err(LineError::new(
+                "the field after the request is not a status",
+            ));
+        }
         let status = std::str::from_utf8(status)
             .ok()
             .and_then(|s| s.parse::<u16>().ok())
@@ -194,7 +202,18 @@ fn quoted<'a>(rest: &mut &'a [u8]) -> Result<Option<Cow<'a, [u8]>>, LineError> {
             return Err(LineError::new("a quoted field is not closed"));
         }
     }
-    *rest = &body[i + 1..];
+    let after = &body[i + 1..];
+    // Both servers escape a quote inside a field (nginx `\x22`, Apache `\"`), so the quote
+    // that closes one is followed by the space before the next field or by the end of the
+    // line. A quote followed by anything else is not a closing one: the line's quotes are
+    // misplaced (`"GET /a HTTP/1.1 200 10 "-" ...`), and reading on would take the next field
+    // for the end of this one.
+    if after.first().is_some_and(|b| !b.is_ascii_whitespace()) {
+        return Err(LineError::new(
+            "a quoted field's closing quote is not followed by a space: misplaced quotes",
+        ));
+    }
+    *rest = after;
     let raw = &body[..i];
     Ok(Some(if escaped {
         Cow::Owned(unescape(raw))
@@ -329,6 +348,41 @@ mod tests {
         ] {
             let err = p.parse(line).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(err.contains(needle), "{}: {err}", String::from_utf8_lossy(line));
+        }
+    }
+
+    /// A request whose closing quote is misplaced shifts every field after it: the line is
+    /// refused rather than replayed with whatever the shifted fields happen to read as.
+    #[test]
+    fn misplaced_quotes_make_a_bad_line() {
+        let mut p = Parser::default();
+        for (line, needle) in [
+            (
+                &br#"10.0.0.1 - - [10/Oct/2024:13:55:41 +0000] "GET /v1/a HTTP/1.1 200 10 "-" "curl""#[..],
+                "misplaced quotes",
+            ),
+            (
+                br#"10.0.0.1 - - [10/Oct/2024:13:55:41 +0000] "GET /v1/a" HTTP/1.1" 200 10 "-" "curl""#,
+                "not a status",
+            ),
+            (
+                br#"10.0.0.1 - - [10/Oct/2024:13:55:41 +0000] "GET /v1/a HTTP/1.1" 200 10 "-"x "curl""#,
+                "misplaced quotes",
+            ),
+        ] {
+            let err = p.parse(line).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains(needle), "{}: {err:?}", String::from_utf8_lossy(line));
+        }
+        // What the servers write stays readable: quotes escaped inside a field (nginx \x22,
+        // Apache \"), a tab after a field, the status nginx writes for none (000), or `-`.
+        for line in [
+            &br#"10.0.0.1 - - [10/Oct/2024:13:55:41 +0000] "GET /v1/\x22a HTTP/1.1" 200 10 "-" "say \x22hi\x22""#[..],
+            br#"10.0.0.1 - - [10/Oct/2024:13:55:41 +0000] "GET /v1/a HTTP/1.1" 200 10 "-" "say \"hi\"""#,
+            b"10.0.0.1 - - [10/Oct/2024:13:55:41 +0000] \"GET /v1/a HTTP/1.1\"\t499 0 \"-\" \"curl\"",
+            br#"10.0.0.1 - - [10/Oct/2024:13:55:41 +0000] "GET /v1/a HTTP/1.1" 000 0 "-" "curl""#,
+            br#"10.0.0.1 - - [10/Oct/2024:13:55:41 +0000] "GET /v1/a HTTP/1.1" - -"#,
+        ] {
+            assert!(p.parse(line).is_ok(), "{}", String::from_utf8_lossy(line));
         }
     }
 

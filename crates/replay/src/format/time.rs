@@ -93,6 +93,18 @@ mod tests {
         );
     }
 
+    /// RFC 3339 §5.6 lets a space stand for the `T` (`date --rfc-3339=seconds` writes one);
+    /// the offset is required either way, since a time without one names no instant.
+    #[test]
+    fn rfc3339_may_separate_date_and_time_with_a_space() {
+        let want = Some(Timestamp::from_secs(971_211_336));
+        assert_eq!(parse_text("2000-10-10 20:55:36Z"), want);
+        assert_eq!(parse_text("2000-10-10 13:55:36-07:00"), want);
+        assert_eq!(parse_text("2000-10-10 20:55:36.000+00:00"), want);
+        assert_eq!(parse_text("2000-10-10T20:55:36"), None);
+        assert_eq!(parse_text("2000-10-10 20:55:36"), None);
+    }
+
     #[test]
     fn nonsense_is_refused() {
         assert_eq!(parse_local("10/Oct/2000:25:55:36 -0700"), None);

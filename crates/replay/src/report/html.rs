@@ -126,8 +126,8 @@ fn totals(out: &mut String, s: &Summary, r: &RunSummary) {
     let _ = writeln!(
         out,
         "<p>{} lines: {} requests, {} bad lines, {} out of order. {} requests fell under no \
-         policy; <b>{} would have been answered 429</b> ({}), {} answered 401, {} refused as \
-         unreadable (400), {} delayed.</p>",
+         policy; <b>{} would have been answered 429</b> ({}), {} answered 401, {}, {} \
+         delayed.</p>",
         number(s.lines),
         number(r.requests),
         number(s.bad_lines.count),
@@ -136,7 +136,7 @@ fn totals(out: &mut String, s: &Summary, r: &RunSummary) {
         number(r.denied),
         percent(r.denied_share),
         number(r.unauthorized),
-        number(r.refused),
+        crate::table::refusals(r),
         number(r.delayed)
     );
     if !s.bad_lines.first.is_empty() {
@@ -150,6 +150,13 @@ fn totals(out: &mut String, s: &Summary, r: &RunSummary) {
                 b.at.line,
                 escape(&b.reason)
             );
+        }
+        let more = s
+            .bad_lines
+            .count
+            .saturating_sub(s.bad_lines.first.len() as u64);
+        if more > 0 {
+            let _ = write!(out, "<li>… and {} more</li>", number(more));
         }
         out.push_str("</ul>\n");
     }

@@ -13,7 +13,7 @@ use crate::response::{Body, json_response, problem, problem_response};
 /// taken back at its `lease_ttl`: nothing changes); 400 for a lease that is not one of ours;
 /// 503 when the store failed (the slots return at their `lease_ttl`).
 pub(crate) async fn release(engine: &Generation, req: Request<Incoming>) -> Response<Body> {
-    let value = match super::json_body(req).await {
+    let value = match super::json_body(engine, req).await {
         Ok(v) => v,
         Err(res) => return res,
     };
