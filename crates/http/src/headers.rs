@@ -191,4 +191,4 @@ mod list;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use list::{HeaderList, Retry, render, retry_after, write_lines};
+pub(crate) use list::{HeaderList, Retry, render, render_reporting, retry_after, write_lines};

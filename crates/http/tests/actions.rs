@@ -164,26 +164,36 @@ async fn delay_needs_a_leaky_bucket() {
     assert!(err.to_string().contains("leaky_bucket"), "{err}");
 }
 
+/// A shadow policy beside an enforcing one never blocks, and never changes the enforcing
+/// answer: the numbers are the enforcing policy's (a client pacing itself by them is not
+/// slowed by a trial), and a 429's `Retry-After` is the enforcing denial's, not the trial's
+/// longer wait. `RateLimit-Policy` still lists both.
 #[tokio::test]
 async fn shadow_never_blocks_but_reports_and_enforced_policies_still_count() {
     let engine = builder(manual_clock())
         .policy(policy(fixed("enforced", 3, 60), &["ip"], None))
-        .policy(policy(fixed("trial", 1, 60), &["ip"], None).action(Action::Shadow))
+        .policy(policy(fixed("trial", 1, 3600), &["ip"], None).action(Action::Shadow))
         .build()
         .unwrap();
     let app = app(engine);
     let r = send(&app, get("/", "1.1.1.1", &[])).await;
     assert_eq!(r.status(), StatusCode::OK);
-    // The trial policy would deny from now on; the request passes with its headers.
+    // The trial policy would deny from now on; the request passes with the enforcing numbers.
     let r = send(&app, get("/", "1.1.1.1", &[])).await;
     assert_eq!(r.status(), StatusCode::OK);
     let now = sf_items(header(&r, "ratelimit").unwrap());
-    assert_eq!((now[0].name.as_str(), now[0].param("r")), ("trial", 0));
+    assert_eq!((now[0].name.as_str(), now[0].param("r")), ("enforced", 1));
+    assert_eq!(header(&r, "x-ratelimit-remaining"), Some("1"));
+    let listed = sf_items(header(&r, "ratelimit-policy").unwrap());
+    let names: Vec<&str> = listed.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["enforced", "trial"]);
     assert!(header(&r, "retry-after").is_none());
     assert_eq!(status(&app, get("/", "1.1.1.1", &[])).await, StatusCode::OK);
-    // The enforced policy counted all three.
+    // The enforced policy counted all three, and its window, not the trial's hour, is the wait.
     let r = send(&app, get("/", "1.1.1.1", &[])).await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
     let body = body_json(r).await;
     assert_eq!(body["violated-policies"], serde_json::json!(["enforced"]));
 }

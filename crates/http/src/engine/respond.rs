@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 use tollgate::headers::{aggregate_retry_after, t_secs};
 use tollgate::{Clock, Decision, Decisions, Error, ErrorKind, Store, Timestamp};
 
-use crate::headers::{HeaderList, PolicyText, Retry, render, retry_after};
+use crate::headers::{HeaderList, PolicyText, Retry, render_reporting, retry_after};
 use crate::problem;
 
 use super::{Action, Answer, Disposition, Engine, Entry, Evaluation, KeyOverride};
@@ -22,7 +22,13 @@ impl<S: Store, C: Clock> Engine<S, C> {
             .zip(entries.iter())
             .map(|(d, e)| (d, self.text(e)))
             .collect();
-        render(&self.inner.headers, self.decided_at(decisions), &items)
+        let shadow: SmallVec<[bool; 4]> = entries.iter().map(|e| self.is_shadow(e)).collect();
+        render_reporting(
+            &self.inner.headers,
+            self.decided_at(decisions),
+            &items,
+            &shadow,
+        )
     }
 
     /// The headers for `decisions`, the i-th made by the policy at `indexes[i]`, under the
@@ -43,7 +49,16 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 _ => (d, PolicyText::Interned(self.inner.policies[i].text)),
             })
             .collect();
-        render(&self.inner.headers, self.decided_at(decisions), &items)
+        let shadow: SmallVec<[bool; 4]> = indexes
+            .iter()
+            .map(|&i| self.inner.policies[i].http.action == Action::Shadow)
+            .collect();
+        render_reporting(
+            &self.inner.headers,
+            self.decided_at(decisions),
+            &items,
+            &shadow,
+        )
     }
 
     /// What `decisions`' resets count from: the time they were decided at, or now when that

@@ -208,9 +208,27 @@ pub(crate) fn render(
     now: Timestamp,
     items: &[(&Decision, PolicyText)],
 ) -> HeaderList {
+    render_reporting(config, now, items, &[])
+}
+
+/// [`render`], where `shadow[i]` says the i-th decision is a shadow policy's (missing: not).
+/// `RateLimit-Policy` lists every policy, but the numbers (`X-RateLimit-*`, `RateLimit`, and
+/// the `t` that `Retry-After` is never below) are the most restrictive enforcing decision's:
+/// a policy on trial must not change the answer the enforcing ones give, or tell a client that
+/// paces itself by them to slow down. With only shadow policies, theirs are reported: what
+/// would have happened.
+pub(crate) fn render_reporting(
+    config: &HeaderConfig,
+    now: Timestamp,
+    items: &[(&Decision, PolicyText)],
+    shadow: &[bool],
+) -> HeaderList {
+    let is_shadow = |i: usize| shadow.get(i).copied().unwrap_or(false);
+    let enforcing = (0..items.len()).any(|i| !is_shadow(i));
     let Some((at, &(worst, _))) = items
         .iter()
         .enumerate()
+        .filter(|(i, _)| !enforcing || !is_shadow(*i))
         .min_by(|(_, (a, _)), (_, (b, _))| fields::cmp_restrictive(a, b))
     else {
         return HeaderList::new();
