@@ -5,6 +5,7 @@
 mod by_policy;
 mod forward_auth;
 mod lease;
+mod unique;
 mod unseen_status;
 
 use std::net::{IpAddr, SocketAddr};
@@ -72,6 +73,9 @@ fn bad_request(detail: &str) -> Response<Body> {
 async fn json_body(engine: &Generation, req: Request<Incoming>) -> Result<Value, Response<Body>> {
     let within = engine.config().limits.header_read_timeout;
     let body = read_body(req, MAX_BODY, within).await?;
+    if let Some(reason) = unique::repeated_member(&body) {
+        return Err(bad_request(&reason));
+    }
     serde_json::from_slice(&body).map_err(|e| bad_request(&format!("malformed JSON: {e}")))
 }
 
@@ -124,6 +128,9 @@ async fn check_body(engine: &Generation, body: &[u8], trace: Trace<'_>) -> Check
     // anything else (by attributes, or a body the quick reading cannot take) the general way.
     if let Some(asked) = by_policy::Asked::read(body) {
         return by_policy::check(engine, asked, trace).await;
+    }
+    if let Some(reason) = unique::repeated_member(body) {
+        return Checked::Other(bad_request(&reason));
     }
     let value: Value = match serde_json::from_slice(body) {
         Ok(v) => v,

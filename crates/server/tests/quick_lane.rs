@@ -250,7 +250,7 @@ async fn oversized_heads_and_bodies_get_hypers_refusals() {
         "b".repeat(70_000)
     );
     let (head, body) = exchange(s.api, &request(&body, false)).await;
-    assert!(head.starts_with("HTTP/1.1 400"), "{head}");
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
     assert!(String::from_utf8_lossy(&body).contains("64 KiB"));
     s.stop().await;
 }
