@@ -67,7 +67,10 @@ pub(crate) async fn handle(
         return lists::handle(&shared, rest, req).await;
     }
     if !read {
-        return problem(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed", None);
+        let mut res = problem(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed", None);
+        res.headers_mut()
+            .insert(hyper::header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return res;
     }
     match path.as_str() {
         "/metrics" => {

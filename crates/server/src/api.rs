@@ -38,23 +38,15 @@ pub(crate) async fn handle(
     match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/check") => check(&engine, req).await,
         (&Method::POST, "/v1/release") => lease::release(&engine, req).await,
-        (_, "/v1/release") => problem(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "Method not allowed",
-            Some("use POST /v1/release with {\"lease\": \"...\"}"),
-        ),
-        (_, "/v1/check") => problem(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "Method not allowed",
-            Some("use POST /v1/check with a JSON body"),
-        ),
+        (_, "/v1/release") => only_post("use POST /v1/release with {\"lease\": \"...\"}"),
+        (_, "/v1/check") => only_post("use POST /v1/check with a JSON body"),
         (_, "/v1/forward-auth") => {
             forward_auth::handle(&engine, peer, req, forward_auth::Flavor::Standard).await
         }
         (_, "/v1/forward-auth/nginx") => {
             forward_auth::handle(&engine, peer, req, forward_auth::Flavor::Nginx).await
         }
-        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET | &Method::HEAD, "/healthz") => text(StatusCode::OK, "ok\n"),
         _ => problem(
             StatusCode::NOT_FOUND,
             "Not found",
@@ -63,6 +55,20 @@ pub(crate) async fn handle(
             ),
         ),
     }
+}
+
+/// 405 for an endpoint that takes POST only, saying so in `Allow` (RFC 9110 §15.5.6).
+fn only_post(detail: &str) -> Response<Body> {
+    let mut res = problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Method not allowed",
+        Some(detail),
+    );
+    res.headers_mut().insert(
+        hyper::header::ALLOW,
+        hyper::header::HeaderValue::from_static("POST"),
+    );
+    res
 }
 
 fn bad_request(detail: &str) -> Response<Body> {

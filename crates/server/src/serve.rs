@@ -266,12 +266,18 @@ async fn serve_http2<I, H, F>(
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let activity = Arc::new(Activity::default());
     let seen = Arc::clone(&activity);
-    let svc = service_fn(move |req| {
+    let svc = service_fn(move |req: Request<Incoming>| {
         let h = handler.clone();
         let active = Active::new(&seen);
+        let head = req.method() == hyper::Method::HEAD;
         async move {
-            let response = h(peer, req).await;
+            let mut response = h(peer, req).await;
             drop(active);
+            // An answer to HEAD has no content (RFC 9110 §9.3.2). hyper leaves it out over
+            // HTTP/1.1 itself, but sends it over HTTP/2, which strict clients refuse.
+            if head {
+                *response.body_mut() = crate::response::full(Bytes::new());
+            }
             Ok::<_, Infallible>(response)
         }
     });

@@ -288,3 +288,31 @@ async fn shutdown_drains_http2_connections() {
         .expect("stopped within 5 s")
         .unwrap();
 }
+
+/// An answer to HEAD carries no content over HTTP/2 either (strict clients refuse one that
+/// does), and a 405 says which method the endpoint takes.
+#[tokio::test]
+async fn head_answers_have_no_content_and_a_405_names_the_method() {
+    let s = start_text(FIVE_PER_MINUTE).await;
+    let mut sender = h2_connect(s.api).await;
+    for (path, status) in [
+        ("/v1/check", StatusCode::METHOD_NOT_ALLOWED),
+        ("/healthz", StatusCode::OK),
+    ] {
+        let req = Request::head(format!("http://{}{path}", s.api))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        sender.ready().await.unwrap();
+        let res = sender.send_request(req).await.unwrap();
+        assert_eq!(res.status(), status, "{path}");
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            assert_eq!(
+                res.headers().get("allow").and_then(|v| v.to_str().ok()),
+                Some("POST")
+            );
+        }
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert!(body.is_empty(), "{path}: {} bytes", body.len());
+    }
+    s.stop().await;
+}
