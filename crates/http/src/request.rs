@@ -159,7 +159,11 @@ impl<'a> RequestInfo<'a> {
     pub fn resolved_peer(&self) -> Option<IpAddr> {
         self.peer.or_else(|| {
             let (lookup, extensions) = self.peer_lookup.zip(self.extensions)?;
-            lookup(extensions)
+            let found = lookup(extensions);
+            if found.is_none() {
+                no_peer_found();
+            }
+            found
         })
     }
 
@@ -244,5 +248,21 @@ mod tests {
         assert_eq!(query_params(q, "flag").next().as_deref(), Some(&b""[..]));
         assert_eq!(query_params(q, "missing").next(), None);
         assert_eq!(percent_decode(b"%zz%4", false).as_ref(), b"%zz%4");
+    }
+}
+
+/// A layer that found no peer address in a request a key needed it for: warned once per
+/// process. Every such request falls back to the next key, and at the end of the chain to
+/// `anonymous`, one quota that every client shares: one client can then refuse them all.
+#[cold]
+fn no_peer_found() {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "the rate limit layer found no client address in a request: an `ip` key falls back \
+             to the next key, or to `anonymous`, which every client shares. Put the peer's \
+             SocketAddr (or tollgate_http::PeerAddr) in the request's extensions, or read it \
+             with RateLimitLayer::peer_addr (axum: ConnectInfo<SocketAddr>)"
+        );
     }
 }
