@@ -391,7 +391,22 @@ pub(crate) async fn accept_loop<C, F>(
     F: Future<Output = ()> + Send + 'static,
 {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    // When the listener last said it was full: at most once a minute, so a flood of
+    // connections (or a slow-loris attack) is seen in the log without drowning it.
+    let mut said_full: Option<tokio::time::Instant> = None;
     loop {
+        if permits.available_permits() == 0
+            && said_full.is_none_or(|at| at.elapsed() >= Duration::from_secs(60))
+        {
+            said_full = Some(tokio::time::Instant::now());
+            tracing::warn!(
+                listener = name,
+                max_connections = limits.max_connections,
+                "every connection this listener may hold is open: new clients wait in the \
+                 accept queue until one closes (raise [server] max_connections, or look for \
+                 clients that hold connections without sending)"
+            );
+        }
         let permit = tokio::select! {
             p = Arc::clone(&permits).acquire_owned() => match p {
                 Ok(p) => p,

@@ -194,6 +194,15 @@ async fn check_rejects_bad_input_with_problem_json() {
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     let r = get(&s.url("/v1/check"), &[]).await;
     assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+    // Not UTF-8, in a member the quick reading would skip: not JSON, refused.
+    let r = send(
+        "POST",
+        &s.url("/v1/check"),
+        &[("content-type", "application/json")],
+        b"{\"policy\":\"api\",\"key\":\"k\",\"x\":\"\xff\"}".to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
     let r = send("POST", &s.url("/v1/check"), &[], vec![b'{'; 100 * 1024]).await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
     s.stop().await;
@@ -600,4 +609,38 @@ async fn a_body_that_never_ends_is_cut_off() {
     let r = post_json(&format!("http://{}/v1/check", s.api), &big).await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
     s.stop_cleanly().await;
+}
+
+/// A listener holding every connection it may hold says so in the log (once a minute at most):
+/// its new clients wait unseen in the accept queue otherwise.
+#[test]
+fn a_full_listener_says_so() {
+    common::log::with_log(|captured| async move {
+        let mut config = tollgate_server::Config::parse("t.toml", &with_ports("")).unwrap();
+        let limits = tollgate_server::Limits {
+            max_connections: 2,
+            ..Default::default()
+        };
+        config.limits = limits;
+        let s = start_with_limits(config, limits).await;
+        let _held = [
+            tokio::net::TcpStream::connect(s.api).await.unwrap(),
+            tokio::net::TcpStream::connect(s.api).await.unwrap(),
+        ];
+        for _ in 0..200 {
+            if captured.count("every connection this listener may hold is open") > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Once, and only for the API listener: each listener has its own connections.
+        assert_eq!(
+            captured.count("every connection this listener may hold is open"),
+            1,
+            "{}",
+            captured.text()
+        );
+        assert_eq!(captured.count("listener=\"api\" max_connections=2"), 1);
+        s.stop().await;
+    });
 }

@@ -102,6 +102,9 @@ impl<'a> Asked<'a> {
     /// The body read quickly, when it is a JSON object naming a policy (not `null`), whose
     /// fields are each given once; `None` sends it the general way.
     pub(super) fn read(body: &'a [u8]) -> Option<Self> {
+        // JSON is UTF-8 text: a body that is not goes the general way, whose parse refuses it
+        // (skipping an unknown member, this one would not look inside it).
+        std::str::from_utf8(body).ok()?;
         let probe: Probe<'a> = serde_json::from_slice(body).ok()?;
         let policy = Field::raw(probe.policy);
         if matches!(policy, Field::Absent) {
