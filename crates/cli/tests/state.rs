@@ -114,6 +114,26 @@ fn after_a_crash_a_key_has_at_most_what_the_last_snapshot_held() {
             seen = now;
         }
     }
+    // The snapshots are counted, and the last one's time is told, for alerts.
+    let metrics = serve_support::http(server.admin, "GET", "/metrics", "").body;
+    let written = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_state_snapshots_total{result=\"written\"} "))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(written.is_some_and(|n| n >= 2), "{metrics}");
+    assert!(metrics.contains("tollgate_state_snapshots_total{result=\"failed\"} 0"));
+    let last = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_state_last_snapshot_timestamp_seconds "))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    let now = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    assert!(
+        now.abs_diff(last) < 60,
+        "last snapshot at {last}, now {now}"
+    );
     spend(&server, "tenant", 3);
     server.kill();
 

@@ -47,6 +47,10 @@ pub(crate) struct Metrics {
     delayed: AtomicU64,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
+    /// State snapshots (`[store] path`) written and failed, and when the last one was written.
+    snapshots_written: AtomicU64,
+    snapshots_failed: AtomicU64,
+    last_snapshot_unix: AtomicU64,
     upstream_errors: AtomicU64,
     missing_key: AtomicU64,
     /// The top-keys sketches of every policy (`/v1/top`).
@@ -124,6 +128,19 @@ impl Metrics {
         }
     }
 
+    /// Counts a state snapshot, written at `unix` seconds or failed.
+    pub(crate) fn snapshot(&self, written: Option<u64>) {
+        match written {
+            Some(unix) => {
+                self.snapshots_written.fetch_add(1, Relaxed);
+                self.last_snapshot_unix.store(unix, Relaxed);
+            }
+            None => {
+                self.snapshots_failed.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
     /// Counts a proxied request whose upstream failed or timed out.
     pub(crate) fn upstream_error(&self) {
         self.upstream_errors.fetch_add(1, Relaxed);
@@ -146,6 +163,36 @@ impl Metrics {
             .collect();
         list.sort();
         list
+    }
+
+    /// The state snapshots' counts, once there has been one (a server with `[store] path`).
+    fn render_snapshots(&self, out: &mut String) {
+        let written = self.snapshots_written.load(Relaxed);
+        let failed = self.snapshots_failed.load(Relaxed);
+        if written + failed == 0 {
+            return;
+        }
+        out.push_str(
+            "# HELP tollgate_state_snapshots_total State file snapshots ([store] path) by result.\n",
+        );
+        out.push_str("# TYPE tollgate_state_snapshots_total counter\n");
+        let _ = writeln!(
+            out,
+            "tollgate_state_snapshots_total{{result=\"written\"}} {written}"
+        );
+        let _ = writeln!(
+            out,
+            "tollgate_state_snapshots_total{{result=\"failed\"}} {failed}"
+        );
+        out.push_str(
+            "# HELP tollgate_state_last_snapshot_timestamp_seconds When the last state snapshot was written (Unix seconds; 0: none yet).\n",
+        );
+        out.push_str("# TYPE tollgate_state_last_snapshot_timestamp_seconds gauge\n");
+        let _ = writeln!(
+            out,
+            "tollgate_state_last_snapshot_timestamp_seconds {}",
+            self.last_snapshot_unix.load(Relaxed)
+        );
     }
 
     /// Successful and failed reloads so far.
@@ -219,6 +266,7 @@ impl Metrics {
             out,
             "tollgate_config_reloads_total{{result=\"failed\"}} {failed}"
         );
+        self.render_snapshots(&mut out);
         render_leases(&mut out, leases);
         self.abuse.render(&mut out);
         self.render_queues(&mut out);

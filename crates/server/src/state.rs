@@ -252,7 +252,11 @@ pub(crate) async fn keep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             return;
         }
         let started = Instant::now();
-        match save(&shared).await {
+        let saved = save(&shared).await;
+        if let Some(result) = &saved {
+            shared.metrics.snapshot(result.is_ok().then(unix_secs));
+        }
+        match saved {
             Some(Ok(w)) => tracing::debug!(
                 keys = w.keys,
                 overrides = w.overrides,
@@ -273,7 +277,11 @@ pub(crate) async fn keep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
 /// did.
 pub(crate) async fn save_at_stop(shared: &Shared) -> Result<(), String> {
     let started = Instant::now();
-    match save(shared).await {
+    let saved = save(shared).await;
+    if let Some(result) = &saved {
+        shared.metrics.snapshot(result.is_ok().then(unix_secs));
+    }
+    match saved {
         Some(Ok(w)) => tracing::info!(
             keys = w.keys,
             overrides = w.overrides,
