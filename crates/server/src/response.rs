@@ -133,14 +133,27 @@ where
 {
     // HTTP/2 ends a stream, not the connection, and has no Connection header.
     let http1 = req.version() < hyper::Version::HTTP_2;
-    let read = http_body_util::Limited::new(req.into_body(), limit).collect();
-    match tokio::time::timeout(within, read).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(problem(
+    let too_large = || {
+        problem(
             StatusCode::PAYLOAD_TOO_LARGE,
             "Content too large",
             Some(&format!("the body exceeds {} KiB", limit / 1024)),
-        )),
+        )
+    };
+    // A length announced past the limit is refused before any of the body is read (and before
+    // an `Expect: 100-continue` client is told to send it).
+    let announced = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let read = http_body_util::Limited::new(req.into_body(), limit).collect();
+    match tokio::time::timeout(within, read).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
         Ok(Err(_)) => Err(problem(
             StatusCode::BAD_REQUEST,
             "Bad request",

@@ -608,6 +608,19 @@ async fn a_body_that_never_ends_is_cut_off() {
     let big = format!("{{\"policy\":\"x\",\"key\":\"{}\"}}", "k".repeat(70 * 1024));
     let r = post_json(&format!("http://{}/v1/check", s.api), &big).await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    // Announced past it, with Expect: 100-continue: refused at once, never invited to send.
+    let mut c = tokio::net::TcpStream::connect(s.api).await.unwrap();
+    c.write_all(
+        b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\
+          Expect: 100-continue\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "answered at once");
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
     s.stop_cleanly().await;
 }
 
