@@ -6,8 +6,11 @@
 mod generate;
 mod logging;
 mod replay;
+mod stdout;
 mod systemd;
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -66,20 +69,34 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Validate { file } => return validate(&file),
-        Command::Replay(args) => return replay::run(*args),
+    let (program, result) = match cli.command {
+        Command::Validate { file } => ("tollgate", validate(&file)),
+        Command::Replay(args) => ("tollgate replay", success(replay::run(*args))),
         Command::Serve {
             config,
             envoy_config,
-        } => serve(config, envoy_config),
-        Command::Completions { shell } => generate::completions(shell),
-        Command::Man { dir } => generate::man(dir.as_deref()),
+        } => ("tollgate", success(serve(config, envoy_config))),
+        Command::Completions { shell } => ("tollgate", success(generate::completions(shell))),
+        Command::Man { dir } => ("tollgate", success(generate::man(dir.as_deref()))),
     };
+    exit(program, result)
+}
+
+/// A command's `Ok(())` as the status of success.
+fn success(result: anyhow::Result<()>) -> anyhow::Result<ExitCode> {
+    result.map(|()| ExitCode::SUCCESS)
+}
+
+/// The exit status of a command that ended with `result`: its error printed on standard error
+/// after `program` (each cause once, see [`chain`]), status 1; a closed standard output ends
+/// it quietly with status 0 (see `stdout.rs`).
+fn exit(program: &str, result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
+        Err(e) if stdout::closed(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tollgate: {}", chain(&e));
+            // Not eprintln!, which panics when standard error cannot be written either.
+            let _ = writeln!(std::io::stderr(), "{program}: {}", chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -102,62 +119,68 @@ fn chain(error: &anyhow::Error) -> String {
     text
 }
 
-fn validate(file: &std::path::Path) -> ExitCode {
-    match Config::load(file) {
-        Ok(config) => {
-            for p in config.policies.iter() {
-                println!("{p}");
-            }
-            if config.policies.is_empty() {
-                println!("(no policies: every request is admitted)");
-            }
-            for l in &config.lists {
-                let n = l.entries.len();
-                println!(
-                    "list {:?}: {}, {n} {}",
-                    l.name,
-                    l.action.as_str(),
-                    if n == 1 { "entry" } else { "entries" }
-                );
-            }
-            if let Some(envoy) = &config.envoy {
-                for d in &envoy.domains {
-                    println!(
-                        "envoy domain {:?} from {}",
-                        d.name(),
-                        envoy.config_dir.display()
-                    );
-                }
-            }
-            let proxy_tls = config.proxy.as_ref().and_then(|p| p.tls.as_ref());
-            for (table, tls) in [
-                ("[server]", config.tls.as_ref()),
-                ("[admin]", config.admin_tls.as_ref()),
-                ("[proxy]", proxy_tls),
-            ] {
-                if let Some(tls) = tls {
-                    println!("{table} over TLS: {}", tls_text(tls));
-                }
-            }
-            ExitCode::SUCCESS
-        }
+/// `tollgate validate FILE`: the effective configuration on standard output, status 0; or
+/// every error on standard error, status 1.
+fn validate(file: &Path) -> anyhow::Result<ExitCode> {
+    let config = match Config::load(file) {
+        Ok(config) => config,
         Err(ConfigError::Invalid(d)) => {
-            for e in &d.0 {
-                eprintln!("{e}");
-            }
-            eprintln!(
-                "{}: {} error{}",
-                file.display(),
-                d.0.len(),
-                if d.0.len() == 1 { "" } else { "s" }
-            );
-            ExitCode::FAILURE
+            let n = d.0.len();
+            let s = if n == 1 { "" } else { "s" };
+            let _ = writeln!(std::io::stderr(), "{d}\n{}: {n} error{s}", file.display());
+            return Ok(ExitCode::FAILURE);
         }
         Err(e) => {
-            eprintln!("{e}");
-            ExitCode::FAILURE
+            let _ = writeln!(std::io::stderr(), "{e}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    stdout::write(effective(&config)).context("cannot write the effective configuration")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `validate` prints of a valid configuration: its policies, lists, Envoy domains and
+/// listeners over TLS, one a line.
+fn effective(config: &Config) -> String {
+    // Writing to a String cannot fail: the results are left unused.
+    let mut text = String::new();
+    for p in config.policies.iter() {
+        let _ = writeln!(text, "{p}");
+    }
+    if config.policies.is_empty() {
+        text.push_str("(no policies: every request is admitted)\n");
+    }
+    for l in &config.lists {
+        let n = l.entries.len();
+        let _ = writeln!(
+            text,
+            "list {:?}: {}, {n} {}",
+            l.name,
+            l.action.as_str(),
+            if n == 1 { "entry" } else { "entries" }
+        );
+    }
+    if let Some(envoy) = &config.envoy {
+        for d in &envoy.domains {
+            let _ = writeln!(
+                text,
+                "envoy domain {:?} from {}",
+                d.name(),
+                envoy.config_dir.display()
+            );
         }
     }
+    let proxy_tls = config.proxy.as_ref().and_then(|p| p.tls.as_ref());
+    for (table, tls) in [
+        ("[server]", config.tls.as_ref()),
+        ("[admin]", config.admin_tls.as_ref()),
+        ("[proxy]", proxy_tls),
+    ] {
+        if let Some(tls) = tls {
+            let _ = writeln!(text, "{table} over TLS: {}", tls_text(tls));
+        }
+    }
+    text
 }
 
 /// A listener's TLS files, as `validate` lists them.
@@ -225,9 +248,16 @@ async fn run(path: Option<PathBuf>, envoy: Option<PathBuf>, config: Config) -> a
         (None, Some(dir)) => format!("envoyproxy/ratelimit files in {}", dir.display()),
         (None, None) => "the built-in default".to_owned(),
     };
-    println!("tollgate {} serving {source}", env!("CARGO_PKG_VERSION"));
+    // The banner, written whole; a reader that went away (`tollgate serve | head -1`) does not
+    // stop the server (println! would panic), and writing to a String cannot fail.
+    let mut banner = String::new();
+    let _ = writeln!(
+        banner,
+        "tollgate {} serving {source}",
+        env!("CARGO_PKG_VERSION")
+    );
     for p in config.policies.iter() {
-        println!("  policy {p}");
+        let _ = writeln!(banner, "  policy {p}");
     }
     let (api_s, admin_s) = (
         scheme(config.tls.is_some()),
@@ -240,27 +270,41 @@ async fn run(path: Option<PathBuf>, envoy: Option<PathBuf>, config: Config) -> a
         "grpc"
     };
     if let Some(a) = api {
-        println!("  decision API  {api_s}://{a}  (POST /v1/check, /v1/forward-auth)");
+        let _ = writeln!(
+            banner,
+            "  decision API  {api_s}://{a}  (POST /v1/check, /v1/forward-auth)"
+        );
     }
     if let Some(a) = admin {
-        println!("  admin         {admin_s}://{a}  (/metrics /healthz /readyz /v1/policies)");
+        let _ = writeln!(
+            banner,
+            "  admin         {admin_s}://{a}  (/metrics /healthz /readyz /v1/policies)"
+        );
     }
     if let Some(a) = proxy {
-        println!("  proxy         {proxy_s}://{a}");
+        let _ = writeln!(banner, "  proxy         {proxy_s}://{a}");
     }
     if let Some(a) = addrs.grpc {
-        println!("  envoy RLS     {grpc_s}://{a}  (envoy.service.ratelimit.v3.RateLimitService)");
+        let _ = writeln!(
+            banner,
+            "  envoy RLS     {grpc_s}://{a}  (envoy.service.ratelimit.v3.RateLimitService)"
+        );
     }
     if let Some(a) = addrs.resp {
-        println!("  redis proto   redis://{a}  (TOLLGATE.CHECK, CL.THROTTLE)");
+        let _ = writeln!(
+            banner,
+            "  redis proto   redis://{a}  (TOLLGATE.CHECK, CL.THROTTLE)"
+        );
     }
     // With --envoy-config alone there are no HTTP policies to try.
     if let (Some(a), Some(policy)) = (api, config.policies.first()) {
-        println!(
+        let _ = writeln!(
+            banner,
             "try:\n  curl -i -X POST {api_s}://{a}/v1/check -H 'content-type: application/json' -d '{{\"policy\":\"{}\",\"key\":\"customer-42\",\"cost\":1}}'",
             policy.name()
         );
     }
+    let _ = stdout::write(banner);
     systemd::ready();
     tollgate_server::run(config, listeners, async {
         shutdown.await;

@@ -3,7 +3,6 @@
 
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Args;
@@ -11,6 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tollgate_replay::sweep::Dimension;
 use tollgate_replay::{Format, JsonFields, Options, Progress, Sweep};
 use tollgate_server::{Config, ConfigError};
+
+use crate::stdout;
 
 /// `tollgate replay --config FILE LOG...`.
 #[derive(Args, Debug)]
@@ -102,17 +103,9 @@ mod http_name {
     }
 }
 
-pub(crate) fn run(args: ReplayArgs) -> ExitCode {
-    match replay(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("tollgate replay: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+/// Runs the replay; `main` prints its error (each cause once) and ends it quietly when the
+/// reader of standard output has gone.
+pub(crate) fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let config = match Config::load(&args.config) {
         Ok(c) => c,
         Err(ConfigError::Invalid(d)) => anyhow::bail!("invalid configuration:\n{d}"),
@@ -152,12 +145,17 @@ fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let summary = tollgate_replay::replay(&options, &mut on_progress);
     bar.finish_and_clear();
     let summary = summary?;
-    print!("{}", tollgate_replay::table::render(&summary));
+    let table =
+        stdout::write(tollgate_replay::table::render(&summary)).context("cannot write the table");
+    // The report --out asked for is written even when the table's reader has gone
+    // (`tollgate replay --out DIR ... | head`): what was replayed is not lost for it.
     if let Some(dir) = &args.out {
         tollgate_replay::report::write(&summary, dir)?;
-        println!("\nreport: {}", dir.join("report.html").display());
+        table?;
+        let report = format!("\nreport: {}\n", dir.join("report.html").display());
+        return stdout::write(report).context("cannot write the report's path");
     }
-    Ok(())
+    table
 }
 
 /// A bar on a terminal; nothing when stderr is piped or redirected.

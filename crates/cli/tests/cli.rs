@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
+mod closed_stdout_support;
+
 fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/examples/tollgate.toml")
 }
@@ -498,4 +500,147 @@ fn serve_refuses_to_start_when_it_cannot_run_as_configured() {
         "{text}"
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `tollgate validate FILE | head -1`, `tollgate man | head`, `tollgate completions bash |
+/// head`: a reader that goes away ends the command quietly (status 0, nothing on stderr); it
+/// was a panic ("failed printing to stdout: Broken pipe") for validate and an error (status 1)
+/// for man and completions.
+#[test]
+fn a_closed_stdout_ends_the_printing_commands_quietly() {
+    let dir = temp_dir("closed-stdout");
+    let config = dir.join("t.toml");
+    std::fs::write(&config, config_text(5)).unwrap();
+    let config = config.to_str().unwrap();
+    // Each command's problem, so that one failing does not hide another's.
+    let problems: Vec<String> = [
+        &["validate", config][..],
+        &["man"],
+        &["completions", "bash"],
+        &["completions", "zsh"],
+    ]
+    .into_iter()
+    .filter_map(|args| {
+        let out = closed_stdout_support::run(BIN, &dir, args);
+        closed_stdout_support::not_quiet(args, &out)
+    })
+    .collect();
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `tollgate serve | head -1`: the banner's reader going away does not take the server down
+/// (println! panicked there); it serves, and stops cleanly on SIGTERM.
+#[cfg(unix)]
+#[test]
+fn serve_keeps_serving_when_its_stdout_is_closed() {
+    let dir = temp_dir("serve-closed-stdout");
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let file = dir.join("tollgate.toml");
+    std::fs::write(
+        &file,
+        config_text(5).replace(
+            "[admin]\nlisten = \"127.0.0.1:0\"",
+            &format!("[admin]\nlisten = \"{admin}\""),
+        ),
+    )
+    .unwrap();
+    let child =
+        closed_stdout_support::spawn(BIN, &dir, &["serve", "--config", file.to_str().unwrap()]);
+    let mut server = Server {
+        child,
+        api: admin,
+        admin,
+        log: std::sync::Arc::default(),
+    };
+    // The listener is bound before the banner is written, and served only after: an answer
+    // to /healthz means the banner's write to the closed pipe is behind it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(admin).is_err() {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            if let Some(mut e) = server.child.stderr.take() {
+                let _ = e.read_to_string(&mut stderr);
+            }
+            panic!("serve exited, {status:?}: {stderr}");
+        }
+        assert!(Instant::now() < deadline, "serve did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, _) = http(admin, "GET", "/healthz", "");
+    assert_eq!(status, 200);
+    assert!(server.child.try_wait().unwrap().is_none(), "serve exited");
+    terminate(&mut server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `tollgate man` names only pages `tollgate man --dir` writes (it named a tollgate-help(1)
+/// that none was written for), prints the same tollgate.1 as the folder gets, and tells the
+/// server's signals and the exit statuses as docs/server.md has them.
+#[test]
+fn the_man_pages_name_only_written_pages_and_tell_signals_and_exit_status() {
+    let dir = temp_dir("man");
+    let out = Command::new(BIN)
+        .args(["man", "--dir"])
+        .arg(dir.join("man"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written: Vec<String> = std::fs::read_dir(dir.join("man"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(written.contains(&"tollgate.1".to_owned()), "{written:?}");
+    let page = Command::new(BIN).arg("man").output().unwrap();
+    assert!(page.status.success());
+    let page = String::from_utf8(page.stdout).unwrap();
+    assert_eq!(
+        page,
+        std::fs::read_to_string(dir.join("man/tollgate.1")).unwrap(),
+        "tollgate man and tollgate man --dir disagree"
+    );
+    for name in &written {
+        let text = std::fs::read_to_string(dir.join("man").join(name)).unwrap();
+        // Every "tollgate\-NAME(1)" a page names (roff writes "-" as "\-").
+        for (at, _) in text.match_indices("tollgate\\-") {
+            let rest = &text[at + "tollgate\\-".len()..];
+            let Some(end) = rest.find("(1)") else {
+                continue;
+            };
+            let sub = &rest[..end];
+            if sub.chars().all(|c| c.is_ascii_lowercase()) {
+                let file = format!("tollgate-{sub}.1");
+                assert!(
+                    written.contains(&file),
+                    "{name} names {file}, not written: {written:?}"
+                );
+            }
+        }
+    }
+    assert!(!page.contains("tollgate\\-help(1)"), "{page}");
+    for name in ["tollgate.1", "tollgate-serve.1"] {
+        let text = std::fs::read_to_string(dir.join("man").join(name)).unwrap();
+        for needle in [
+            ".SH SIGNALS",
+            "SIGHUP",
+            "re\\-reads its \\-\\-config file",
+            "SIGTERM, SIGINT",
+            "up to 30 seconds",
+            ".SH \"EXIT STATUS\"",
+            "bad configuration or could not start",
+        ] {
+            assert!(text.contains(needle), "{name} lacks {needle:?}:\n{text}");
+        }
+    }
+    // `tollgate help` itself still works.
+    let help = Command::new(BIN).args(["help", "serve"]).output().unwrap();
+    assert!(help.status.success());
+    let _ = std::fs::remove_dir_all(&dir);
 }

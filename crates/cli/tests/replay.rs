@@ -6,6 +6,8 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+mod closed_stdout_support;
+
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -113,6 +115,49 @@ fn replay_refuses_bad_input_clearly() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} succeeded");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A system error is printed once, through the same printing as the other commands' errors:
+/// it came twice, "... (os error 2): No such file or directory (os error 2)".
+#[test]
+fn a_missing_configuration_is_one_line_with_its_cause_once() {
+    let dir = temp_dir("missing");
+    let out = run(&dir, &["--config", "missing.toml", "some.log"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "tollgate replay: missing.toml: cannot read the configuration: No such file or directory \
+         (os error 2)"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `tollgate replay ... | head -1`: the reader goes away and the replay ends quietly (status
+/// 0, see crates/cli/src/stdout.rs), never a panic ("failed printing to stdout: Broken pipe");
+/// the report --out asked for is written all the same.
+#[test]
+fn a_closed_stdout_ends_the_replay_quietly_and_the_report_is_still_written() {
+    let dir = temp_dir("closed");
+    std::fs::write(dir.join("t.toml"), CONFIG).unwrap();
+    std::fs::write(dir.join("access.log"), LOG).unwrap();
+    let bare = ["replay", "--config", "t.toml", "access.log"];
+    let out = closed_stdout_support::run(BIN, &dir, &bare);
+    closed_stdout_support::assert_quiet(&bare, &out);
+    let with_out = [
+        "replay",
+        "--config",
+        "t.toml",
+        "access.log",
+        "--out",
+        "report",
+    ];
+    let out = closed_stdout_support::run(BIN, &dir, &with_out);
+    closed_stdout_support::assert_quiet(&with_out, &out);
+    for f in ["report.html", "summary.json"] {
+        assert!(dir.join("report").join(f).is_file(), "{f} missing");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -533,6 +533,19 @@ pub(crate) struct Errors<'a> {
     text: &'a str,
     list: Vec<Diagnostic>,
     suppressed: Vec<String>,
+    /// Integers past the 64 bits TOML holds, which the shape check replaced by the nearest
+    /// that fit so that each field's own check reports its range (see [`Errors::too_large`]).
+    too_large: Vec<TooLarge>,
+}
+
+/// An integer written past the 64 bits TOML holds, e.g. `limit = 99999999999999999999`.
+struct TooLarge {
+    /// Where the value is written.
+    at: usize,
+    /// The value as written (underscores left out).
+    written: String,
+    /// The diagnostic when no check of the field reports one at `at`.
+    message: String,
 }
 
 impl<'a> Errors<'a> {
@@ -543,6 +556,7 @@ impl<'a> Errors<'a> {
             text,
             list: Vec::new(),
             suppressed: Vec::new(),
+            too_large: Vec::new(),
         }
     }
 
@@ -559,7 +573,39 @@ impl<'a> Errors<'a> {
         self.suppressed.push(prefix);
     }
 
+    /// Records that the integer at `at`, `written` in the file, does not fit 64 bits and was
+    /// replaced by the nearest one that does: the field's check then refuses it with its range
+    /// (and [`Errors::shown`] puts `written` in that message); `message` is reported instead
+    /// when no check does.
+    pub(crate) fn too_large(&mut self, at: usize, written: String, message: String) {
+        self.too_large.push(TooLarge {
+            at,
+            written,
+            message,
+        });
+    }
+
+    /// An integer field's value at `at` for a message: as written when it was too large for 64
+    /// bits (what the field holds is then a stand-in), else `value`.
+    pub(crate) fn shown(&self, at: usize, value: impl fmt::Display) -> String {
+        match self.too_large.iter().find(|t| t.at == at) {
+            Some(t) => t.written.clone(),
+            None => value.to_string(),
+        }
+    }
+
     fn finish(&mut self) -> Diagnostics {
+        // A too-large integer no check refused still refuses the file, naming the field.
+        for t in std::mem::take(&mut self.too_large) {
+            let (line, column) = self.position(t.at);
+            if !self
+                .list
+                .iter()
+                .any(|d| (d.line, d.column) == (line, column))
+            {
+                self.at(t.at, t.message);
+            }
+        }
         let suppressed = std::mem::take(&mut self.suppressed);
         let mut list = std::mem::take(&mut self.list);
         list.retain(|d| !suppressed.iter().any(|p| d.message.starts_with(p.as_str())));
@@ -568,17 +614,23 @@ impl<'a> Errors<'a> {
     }
 
     pub(crate) fn at(&mut self, offset: usize, message: String) {
-        let offset = offset.min(self.text.len());
-        let before = self.text.get(..offset).unwrap_or(self.text);
-        let line = before.matches('\n').count() + 1;
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        let column = before.get(line_start..).map_or(0, |s| s.chars().count()) + 1;
+        let (line, column) = self.position(offset);
         self.list.push(Diagnostic {
             file: self.file.to_owned(),
             line,
             column,
             message,
         });
+    }
+
+    /// The 1-based line and column (in characters) of byte `offset`.
+    fn position(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.text.len());
+        let before = self.text.get(..offset).unwrap_or(self.text);
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let column = before.get(line_start..).map_or(0, |s| s.chars().count()) + 1;
+        (line, column)
     }
 }
 
@@ -600,5 +652,7 @@ pub(crate) fn make_policy(name: &str, quota: Quota) -> Result<Policy, String> {
 mod tests;
 #[cfg(test)]
 mod tests_calendar;
+#[cfg(test)]
+mod tests_numbers;
 #[cfg(test)]
 mod tests_state;

@@ -155,9 +155,10 @@ fn int(
     if (min..=max).contains(&n) {
         return Some(Some(n));
     }
+    let shown = errs.shown(v.span().start, n);
     errs.at(
         v.span().start,
-        format!("{ctx}field \"{name}\" must be from {min} to {max}, not {n}"),
+        format!("{ctx}field \"{name}\" must be from {min} to {max}, not {shown}"),
     );
     None
 }

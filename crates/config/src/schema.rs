@@ -2,7 +2,7 @@
 //! field and every value of the wrong type at once (serde stops at the first).
 
 use toml::Spanned;
-use toml::de::{DeTable, DeValue};
+use toml::de::{DeInteger, DeTable, DeValue};
 
 use super::Errors;
 
@@ -212,9 +212,13 @@ fn check_value(
         );
     };
     match (ty, v.get_mut()) {
-        (Ty::Str, DeValue::String(_)) | (Ty::Int, DeValue::Integer(_)) => {}
+        (Ty::Int | Ty::Num, DeValue::Integer(i)) => {
+            let example = if matches!(ty, Ty::Num) { "0.5" } else { "100" };
+            return saturate(name, i, at, ctx, example, errs);
+        }
+        (Ty::Str, DeValue::String(_)) => {}
         (Ty::Bool, DeValue::Boolean(_)) => {}
-        (Ty::Num, DeValue::Integer(_) | DeValue::Float(_)) => {}
+        (Ty::Num, DeValue::Float(_)) => {}
         (Ty::Num, _) => {
             wrong(errs, "a number", &format!("{name} = 0.5"));
             return false;
@@ -257,6 +261,45 @@ fn check_value(
         }
     }
     true
+}
+
+/// An integer past the 64 bits TOML holds (serde would refuse it in its own words, "invalid
+/// type: integer `99999999999999999999` as i128, expected i64", naming no field) becomes the
+/// nearest one that fits, which every integer field's range refuses: its check then says the
+/// field and the range, with the number as written ([`Errors::shown`]). `false` (drop the
+/// field) should the stand-in not be made: the message naming the field is reported then.
+fn saturate(
+    name: &str,
+    i: &mut DeInteger<'_>,
+    at: usize,
+    ctx: &str,
+    example: &str,
+    errs: &mut Errors<'_>,
+) -> bool {
+    if i64::from_str_radix(i.as_str(), i.radix()).is_ok() {
+        return true;
+    }
+    // Text, so that the stand-in lives as long as the document (`i64::MIN` and `i64::MAX`).
+    let (size, nearest) = if i.as_str().starts_with('-') {
+        ("small", "-9223372036854775808")
+    } else {
+        ("large", "9223372036854775807")
+    };
+    errs.too_large(
+        at,
+        i.to_string(),
+        format!(
+            "field \"{name}\" in {ctx} is {i}, a number too {size} for it (past 64 bits); \
+             write e.g. {name} = {example}"
+        ),
+    );
+    match DeValue::parse(nearest).map(Spanned::into_inner) {
+        Ok(DeValue::Integer(n)) => {
+            *i = n;
+            true
+        }
+        _ => false,
+    }
 }
 
 /// Every item of a string array is a string; each one that is not is reported.

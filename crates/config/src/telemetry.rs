@@ -79,10 +79,11 @@ pub(super) fn validate(
         if (0.0..=1.0).contains(&value) {
             config.sample_ratio = value;
         } else {
+            let shown = errs.shown(ratio.span().start, value);
             errs.at(
                 ratio.span().start,
                 format!(
-                    "[telemetry] field \"sample_ratio\" = {value} must be from 0 to 1 (the share of decisions traced); write e.g. sample_ratio = 0.01"
+                    "[telemetry] field \"sample_ratio\" = {shown} must be from 0 to 1 (the share of decisions traced); write e.g. sample_ratio = 0.01"
                 ),
             );
             ok = false;

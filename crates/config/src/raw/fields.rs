@@ -97,10 +97,11 @@ pub(super) fn count(
 ) -> Option<u32> {
     let n = *v.get_ref();
     if n < min || n > i64::from(u32::MAX) {
+        let shown = errs.shown(v.span().start, n);
         errs.at(
             v.span().start,
             format!(
-                "{ctx}field \"{field}\" must be between {min} and {}, not {n}",
+                "{ctx}field \"{field}\" must be between {min} and {}, not {shown}",
                 u32::MAX
             ),
         );

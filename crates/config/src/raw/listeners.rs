@@ -40,7 +40,8 @@ pub(super) fn validate(
     let ipv6_prefix = match &server.ipv6_prefix {
         Some(v) if (0..=128).contains(v.get_ref()) => u8::try_from(*v.get_ref()).ok(),
         Some(v) => {
-            errs.at(v.span().start, format!("[server] field \"ipv6_prefix\" must be 0 to 128, not {}; write e.g. ipv6_prefix = 64", v.get_ref()));
+            let shown = errs.shown(v.span().start, v.get_ref());
+            errs.at(v.span().start, format!("[server] field \"ipv6_prefix\" must be 0 to 128, not {shown}; write e.g. ipv6_prefix = 64"));
             None
         }
         None => Some(64),
@@ -180,9 +181,10 @@ fn validate_limits(
         if (min..=max).contains(&n) {
             usize::try_from(n).ok()
         } else {
+            let shown = errs.shown(v.span().start, n);
             errs.at(
                 v.span().start,
-                format!("[server] field \"{field}\" must be {min} to {max}, not {n}; write e.g. {field} = {example}"),
+                format!("[server] field \"{field}\" must be {min} to {max}, not {shown}; write e.g. {field} = {example}"),
             );
             None
         }
