@@ -37,7 +37,9 @@ pub trait Algorithm {
     /// Decides whether a request of `cost` at `now` is admitted, without consuming anything.
     ///
     /// It may normalise `state` (roll windows over, forget expired entries); normalising never
-    /// changes any later decision. A `cost` of zero is a read-only peek: always admitted.
+    /// changes any later decision. A `cost` of zero is a read-only peek: admitted unless the
+    /// key is already past its quota at `now` (a [`charge`](Self::charge) can take it there),
+    /// and then denied with the time until it is back within it.
     fn evaluate(&self, state: &mut Self::State, now: Timestamp, cost: u32) -> Verdict;
 
     /// Consumes `cost` at `now`. Call it only after [`evaluate`](Self::evaluate) admitted the
@@ -109,6 +111,11 @@ impl Divisor {
         if n - q * self.d >= self.d { q + 1 } else { q }
     }
 }
+
+/// The longest a bucket may take to refill (token) or drain (leaky) when full: 100 years.
+/// Capacity × interval stays within it, so every sum of times is exact in a Lua double (the
+/// Redis scripts') as well as in a `u64`.
+pub(crate) const MAX_HORIZON: u64 = 100 * 365 * 86_400 * 1_000_000;
 
 /// The latest time a bucket's state may hold (year 292,277): a charge past the limit is
 /// capped here, far below the memory store's marker word (`u64::MAX`).

@@ -17,13 +17,19 @@ use crate::error::QuotaError;
 /// capacity × refill interval) inside the range where the Redis scripts' doubles are exact.
 pub const MAX_PERIOD: Duration = Duration::from_secs(400 * 86_400);
 
-/// Parses a duration of the configuration: a whole number followed by `ms`, `s`, `m`, `h` or `d`
-/// (`"250ms"`, `"1s"`, `"5m"`, `"1h"`, `"1d"`), or several such parts (`"1h30m"`).
+/// Parses a duration of the configuration: a whole number followed by `us` (or `µs`), `ms`,
+/// `s`, `m`, `h` or `d` (`"250ms"`, `"1s"`, `"5m"`, `"1h"`, `"1d"`), or several such parts
+/// (`"1h30m"`).
+///
+/// Microseconds are read because they are the store's resolution, and so what
+/// [`format_duration`] writes for a duration that is no whole number of milliseconds: every
+/// duration it formats reads back here.
 ///
 /// ```
 /// use std::time::Duration;
 /// assert_eq!(tollgate::parse_duration("1m")?, Duration::from_secs(60));
 /// assert_eq!(tollgate::parse_duration("1h30m")?, Duration::from_secs(5400));
+/// assert_eq!(tollgate::parse_duration("1500us")?, Duration::from_micros(1500));
 /// assert!(tollgate::parse_duration("10 parsecs").is_err());
 /// # Ok::<(), tollgate::QuotaError>(())
 /// ```
@@ -53,10 +59,17 @@ pub fn parse_duration(input: &str) -> Result<Duration, QuotaError> {
                 "use whole numbers in a smaller unit: \"1500ms\" rather than \"1.5s\"",
             ));
         }
-        let unit_len = rest.bytes().take_while(|b| b.is_ascii_alphabetic()).count();
+        // The unit: ASCII letters, or the micro sign (U+00B5, or the Greek mu U+03BC that some
+        // keyboards give for it) of "µs". Measured in bytes, so the slices stay on char
+        // boundaries.
+        let unit_len = rest
+            .char_indices()
+            .find(|&(_, c)| !(c.is_ascii_alphabetic() || c == 'µ' || c == 'μ'))
+            .map_or(rest.len(), |(at, _)| at);
         let unit = &rest[..unit_len];
         rest = &rest[unit_len..];
         let part = match unit {
+            "us" | "µs" | "μs" => Duration::from_micros(number),
             "ms" => Duration::from_millis(number),
             "s" => Duration::from_secs(number),
             "m" => Duration::from_secs(number.saturating_mul(60)),
@@ -64,12 +77,12 @@ pub fn parse_duration(input: &str) -> Result<Duration, QuotaError> {
             "d" => Duration::from_secs(number.saturating_mul(86_400)),
             "" => {
                 return Err(err(
-                    "missing unit; write \"ms\", \"s\", \"m\", \"h\" or \"d\" after the number",
+                    "missing unit; write \"us\", \"ms\", \"s\", \"m\", \"h\" or \"d\" after the number",
                 ));
             }
             _ => {
                 return Err(err(
-                    "unknown unit; use \"ms\", \"s\", \"m\", \"h\" or \"d\"",
+                    "unknown unit; use \"us\", \"ms\", \"s\", \"m\", \"h\" or \"d\"",
                 ));
             }
         };
@@ -79,7 +92,16 @@ pub fn parse_duration(input: &str) -> Result<Duration, QuotaError> {
 }
 
 /// Formats a duration in the configuration notation, choosing the largest exact unit: what
-/// [`parse_duration`] reads back.
+/// [`parse_duration`] reads back, to the microsecond (the store's resolution: a fraction of a
+/// microsecond is dropped, and a duration past `u64::MAX` microseconds is written as that).
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(tollgate::format_duration(Duration::from_secs(5400)), "90m");
+/// assert_eq!(tollgate::format_duration(Duration::from_nanos(1500)), "1us");
+/// assert_eq!(tollgate::parse_duration("1us")?, Duration::from_micros(1));
+/// # Ok::<(), tollgate::QuotaError>(())
+/// ```
 pub fn format_duration(d: Duration) -> String {
     let micros = crate::clock::duration_micros(d);
     const UNITS: [(u64, &str); 5] = [

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tollgate::{
-    Ban, Check, Clock, Error, ErrorKind, Limiter, ManualClock, MemoryStore, Policy, Quota, Rate,
-    Timestamp,
+    Ban, BanStatus, Check, Clock, Error, ErrorKind, Limiter, ManualClock, MemoryStore, Policy,
+    Quota, Rate, Timestamp,
 };
 
 const START: Timestamp = Timestamp::from_secs(1_800_000_000);
@@ -363,5 +363,59 @@ async fn check_policy_and_the_synchronous_checks_decide_as_check_by_name()
         }
     }
     assert!(lockouts > 0, "the traffic never reached a lockout");
+    Ok(())
+}
+
+/// What `docs/algorithms.md` says of peeks (cost 0): admitted while the key is within its
+/// quota; refused once a charge took it past its quota, until it is back; refused while the
+/// key is banned, with the ban's end as the retry time, counted in the ban's denials without
+/// extending it.
+#[tokio::test]
+async fn peeks_are_refused_past_the_quota_and_under_a_ban() -> Result<(), Box<dyn std::error::Error>>
+{
+    let clock = ManualClock::new(START);
+    let limiter = limiter(&clock)?;
+    let login = limiter.policy("login").ok_or("login")?;
+    assert!(limiter.check_now("login", "k", 0)?.allowed);
+
+    // Charged 5 of 2 in a 10 s window: a peek is denied until the window ends.
+    limiter
+        .store()
+        .charge_now(START, &[Check::new(login, b"charged", 5)]);
+    let peek = limiter.check_now("login", "charged", 0)?;
+    assert!(!peek.allowed && !peek.ban.is_ban(), "{peek:?}");
+    assert_eq!(
+        (peek.remaining, peek.retry_after),
+        (0, Some(Duration::from_secs(10)))
+    );
+
+    // Two denials ban "k" for 5 s.
+    for _ in 0..2 {
+        assert!(limiter.check_now("login", "k", 1)?.allowed);
+    }
+    assert!(!limiter.check_now("login", "k", 1)?.ban.is_ban());
+    assert_eq!(limiter.check_now("login", "k", 1)?.ban, BanStatus::Started);
+    let denials = |limiter: &Limiter<MemoryStore, ManualClock>| {
+        let bans = limiter.store().bans_now(clock.now());
+        bans.iter().map(|b| (b.denials, b.until)).next()
+    };
+    let before = denials(&limiter).ok_or("no ban")?;
+    clock.advance(Duration::from_secs(2));
+    let peek = limiter.check_now("login", "k", 0)?;
+    assert!(!peek.allowed, "{peek:?}");
+    assert_eq!(peek.ban, BanStatus::Active);
+    assert_eq!(
+        (peek.remaining, peek.retry_after),
+        (0, Some(Duration::from_secs(3)))
+    );
+    assert_eq!(
+        denials(&limiter),
+        Some((before.0 + 1, before.1)),
+        "counted, not extended"
+    );
+    // Once the ban is over, a peek reads the whole quota again.
+    clock.advance(Duration::from_secs(10));
+    let peek = limiter.check_now("login", "k", 0)?;
+    assert!(peek.allowed && peek.remaining == 2, "{peek:?}");
     Ok(())
 }

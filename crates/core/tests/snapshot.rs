@@ -230,3 +230,38 @@ fn lockouts_and_running_streaks_survive_a_restore() {
         MemoryStore::restore_snapshot(MemoryStore::builder(), later, &mut &bytes[..]).unwrap();
     assert_eq!(counts.bans, 0, "{counts:?}");
 }
+
+#[test]
+fn a_restore_into_a_smaller_store_counts_what_it_kept() {
+    let policy = Policy::new(
+        "fw",
+        Quota::fixed_window(5, Duration::from_secs(3600)).unwrap(),
+    )
+    .unwrap();
+    let store = MemoryStore::new();
+    for i in 0..5_001u32 {
+        // Key i spends i % 5 + 1: the keys differ in what they have at stake.
+        store.apply_now(T0, &[Check::new(&policy, &i.to_le_bytes(), i % 5 + 1)]);
+    }
+    let mut bytes = Vec::new();
+    assert_eq!(store.write_snapshot(T0, &mut bytes).unwrap(), 5_001);
+    for shards in [1, 8, 32] {
+        let builder = MemoryStore::builder().max_keys(100).shards(shards);
+        let (small, counts) = MemoryStore::restore_snapshot(builder, T0, &mut &bytes[..]).unwrap();
+        // The bound is an equal share per shard, rounded down: 100 over 32 shards is 96.
+        assert_eq!(small.max_keys(), 100 / shards * shards);
+        assert_eq!(counts.restored, small.len() as u64, "{counts:?}");
+        assert!(small.len() <= small.max_keys(), "{counts:?}");
+        assert!(
+            small.len() * 10 >= small.max_keys() * 9,
+            "kept {}",
+            small.len()
+        );
+        assert_eq!(counts.restored + counts.evicted, 5_001, "{counts:?}");
+        assert_eq!((counts.expired, counts.unreadable), (0, 0), "{counts:?}");
+    }
+    // A store large enough keeps every key, and evicts none.
+    let (_, counts) =
+        MemoryStore::restore_snapshot(MemoryStore::builder(), T0, &mut &bytes[..]).unwrap();
+    assert_eq!((counts.restored, counts.evicted), (5_001, 0));
+}

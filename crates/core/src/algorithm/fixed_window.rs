@@ -73,13 +73,22 @@ impl FixedWindow {
         self.calendar.as_ref()
     }
 
-    /// The end (µs) of the window that contains `now`.
+    /// The end (µs) of the window that contains `now`; `u64::MAX` for the last window, which
+    /// the end of `u64` cuts short.
     pub fn window_end(&self, now: Timestamp) -> u64 {
         let now = now.as_micros();
         match &self.calendar {
-            None => (self.per_window.div(now) + 1) * self.window,
+            None => self.aligned_end(now),
             Some(calendar) => calendar.period(now).end,
         }
+    }
+
+    /// The end of the window aligned to the epoch that contains `now` (µs). The start is at
+    /// most `now`; adding the window saturates, so the last window ends at `u64::MAX` instead
+    /// of overflowing (`(now / window + 1) × window` did, near the end of `u64`).
+    #[inline]
+    fn aligned_end(&self, now: u64) -> u64 {
+        (self.per_window.div(now) * self.window).saturating_add(self.window)
     }
 
     /// The limit per window.
@@ -104,7 +113,7 @@ impl FixedWindow {
     #[inline]
     fn normalize(&self, state: &mut FixedWindowState, now: Timestamp) {
         let end = match &self.calendar {
-            None => (self.per_window.div(now.as_micros()) + 1) * self.window,
+            None => self.aligned_end(now.as_micros()),
             // A window not over yet is the current period (or a later one, when the clock
             // stepped back): the zone's rules are consulted once per key and period.
             Some(_) if state.window_end > now.as_micros() => return,
@@ -164,6 +173,19 @@ impl Algorithm for FixedWindow {
     fn commit(&self, state: &mut FixedWindowState, now: Timestamp, cost: u32) {
         self.normalize(state, now);
         state.count = state.count.saturating_add(cost);
+    }
+
+    /// [`evaluate`](Algorithm::evaluate) and, when admitted, the count: the window was
+    /// normalised by `evaluate` at this very `now`, so it is not normalised again as
+    /// [`commit`](Algorithm::commit) would (a division, a multiplication and the saturating
+    /// end of the window, per admitted request).
+    #[inline(always)]
+    fn check(&self, state: &mut FixedWindowState, now: Timestamp, cost: u32) -> Verdict {
+        let verdict = self.evaluate(state, now, cost);
+        if verdict.allowed {
+            state.count = state.count.saturating_add(cost);
+        }
+        verdict
     }
 
     fn refund(&self, state: &mut FixedWindowState, now: Timestamp, cost: u32) {

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use super::{Algorithm, Divisor, never};
+use super::{Algorithm, Divisor, MAX_HORIZON, never};
 use crate::clock::duration_micros;
 use crate::quota::Rate;
 use crate::{QuotaError, Timestamp, Verdict};
@@ -34,11 +34,20 @@ pub struct LeakyBucketState {
 
 impl LeakyBucket {
     /// Departures at `rate`, at most `queue` requests waiting.
+    ///
+    /// A full bucket (`queue + 1` slots) must drain within 100 years, as a token bucket must
+    /// refill: the Redis scripts add these spans to times in doubles, exact only that far.
     pub fn new(rate: Rate, queue: u32) -> Result<Self, QuotaError> {
         let input = format!("rate={rate} queue={queue}");
         let interval = rate.interval_micros(&input)?;
         if queue == u32::MAX {
             return Err(QuotaError::new(&input, "queue must be below 4294967295"));
+        }
+        if (u64::from(queue) + 1).saturating_mul(interval) > MAX_HORIZON {
+            return Err(QuotaError::new(
+                &input,
+                "the bucket would take over 100 years to drain; use a smaller queue or a faster rate",
+            ));
         }
         Ok(LeakyBucket {
             rate,
@@ -81,11 +90,10 @@ impl LeakyBucket {
         self.interval
     }
 
-    /// How many more unit requests fit when the bucket's last slot ends at `end`.
+    /// How many more unit requests fit when the bucket's last slot ends `backlog` after now.
     #[inline]
-    fn room(&self, end: u64, now: u64) -> u64 {
+    fn room(&self, backlog: u64) -> u64 {
         let depth = u64::from(self.burst()) * self.interval;
-        let backlog = end.saturating_sub(now);
         let by_queue = self.per_interval.div(depth.saturating_sub(backlog));
         match self.max_delay {
             // The k-th more request would start at end + (k − 1) × interval.
@@ -103,36 +111,39 @@ impl Algorithm for LeakyBucket {
     // otherwise call it (about 20 instructions more per check, callgrind).
     #[inline(always)]
     fn evaluate(&self, state: &mut LeakyBucketState, now: Timestamp, cost: u32) -> Verdict {
-        let now = now.as_micros();
-        let start = state.next_free.max(now);
-        let wait = start - now;
+        // Measured from `now` (`wait` is `start − now`, `backlog` is `end − now`), never as
+        // absolute times, so no sum passes the end of `u64` however late the clock reads: an
+        // absolute `start + cost × interval` overflowed at timestamps near `u64::MAX`.
+        let wait = state.next_free.saturating_sub(now.as_micros());
         if cost > self.burst() {
-            return never(self.burst(), self.room(start, now), wait);
+            return never(self.burst(), self.room(wait), wait);
         }
         let depth = u64::from(self.burst()) * self.interval;
-        let end = start + u64::from(cost) * self.interval;
-        let fits_queue = end - now <= depth;
+        // At most `depth` is added (cost ≤ burst); saturating, so a state implausibly far ahead
+        // is refused rather than wrapped round to an admission.
+        let backlog = wait.saturating_add(u64::from(cost) * self.interval);
+        let fits_queue = backlog <= depth;
         let fits_delay = self.max_delay.is_none_or(|max| wait <= max);
         if fits_queue && fits_delay {
             Verdict {
                 allowed: true,
                 limit: u64::from(self.burst()),
-                remaining: self.room(end, now),
-                reset_micros: end - now,
+                remaining: self.room(backlog),
+                reset_micros: backlog,
                 retry_after_micros: None,
                 delay_micros: wait,
             }
         } else {
             // Denied means a backlog (start == next_free > now): wait until the last slot fits
             // and, with a bound, until the wait is short enough.
-            let by_queue = end.saturating_sub(depth);
-            let by_delay = self.max_delay.map_or(0, |max| start.saturating_sub(max));
+            let by_queue = backlog.saturating_sub(depth);
+            let by_delay = self.max_delay.map_or(0, |max| wait.saturating_sub(max));
             Verdict {
                 allowed: false,
                 limit: u64::from(self.burst()),
-                remaining: self.room(start, now),
+                remaining: self.room(wait),
                 reset_micros: wait,
-                retry_after_micros: Some(by_queue.max(by_delay).saturating_sub(now)),
+                retry_after_micros: Some(by_queue.max(by_delay)),
                 delay_micros: 0,
             }
         }
@@ -150,7 +161,9 @@ impl Algorithm for LeakyBucket {
     }
 
     fn refund(&self, state: &mut LeakyBucketState, now: Timestamp, cost: u32) {
-        let back = u64::from(cost) * self.interval;
+        // Saturating: a refund's cost is not bounded by the burst, and u32::MAX intervals of
+        // up to 400 days overflow a u64.
+        let back = u64::from(cost).saturating_mul(self.interval);
         let now = now.as_micros();
         if state.next_free > now {
             state.next_free = state.next_free.saturating_sub(back).max(now);

@@ -62,7 +62,7 @@ impl SlidingWindowLog {
     /// (an admission does not), so an admitted request does not touch the newest entry twice.
     fn newest_expiry(&self, log: &impl LogEntries, now: u64) -> u64 {
         log.newest_time()
-            .map_or(0, |t| (t + self.window).saturating_sub(now))
+            .map_or(0, |t| t.saturating_add(self.window).saturating_sub(now))
     }
 
     /// [`Algorithm::evaluate`] on any log storage.
@@ -104,7 +104,7 @@ impl SlidingWindowLog {
         for (t, c) in log.entries() {
             freed += u64::from(c);
             if freed >= must_free {
-                retry = (t + self.window).saturating_sub(now_us);
+                retry = t.saturating_add(self.window).saturating_sub(now_us);
                 break;
             }
         }
@@ -189,11 +189,21 @@ impl LogEntries for SlidingWindowLogState {
     }
 
     fn push(&mut self, t: u64, cost: u32) {
-        match self.entries.back_mut() {
-            Some((newest, c)) if *newest == t => *c = c.saturating_add(cost),
-            _ => self.entries.push_back((t, cost)),
-        }
-        self.total += u64::from(cost);
+        // The total grows by what the entries gained: a merged cost saturates at u32::MAX, and
+        // a total counting more than its entries hold kept a key refused (with a retry time of
+        // zero) once a refund had emptied the log.
+        let added = match self.entries.back_mut() {
+            Some((newest, c)) if *newest == t => {
+                let before = *c;
+                *c = c.saturating_add(cost);
+                *c - before
+            }
+            _ => {
+                self.entries.push_back((t, cost));
+                cost
+            }
+        };
+        self.total += u64::from(added);
     }
 
     fn take_newest(&mut self, cost: u32) {
@@ -238,5 +248,32 @@ impl Algorithm for SlidingWindowLog {
 
     fn max_cost(&self) -> u32 {
         self.limit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_merged_cost_that_saturates_keeps_the_total_true() -> Result<(), QuotaError> {
+        let alg = SlidingWindowLog::new(3, Duration::from_secs(1))?;
+        let mut state = SlidingWindowLogState::default();
+        let now = Timestamp::from_secs(1_800_000_000);
+        assert!(alg.check(&mut state, now, 3).allowed);
+        // Merged into the entry of the same microsecond, which saturates at u32::MAX.
+        alg.charge(&mut state, now, u32::MAX);
+        assert_eq!(state.entries, [(now.as_micros(), u32::MAX)]);
+        assert_eq!(
+            state.total,
+            u64::from(u32::MAX),
+            "the total its entries hold"
+        );
+        alg.refund(&mut state, now, u32::MAX);
+        assert!(state.entries.is_empty());
+        assert_eq!(state.total, 0);
+        let v = alg.check(&mut state, now, 1);
+        assert!(v.allowed, "an empty log admits: {v:?}");
+        Ok(())
     }
 }

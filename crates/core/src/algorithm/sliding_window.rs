@@ -64,11 +64,14 @@ impl SlidingWindowCounter {
         self.per_window
     }
 
+    /// Rolls the windows over to the one that contains `now`. Its end saturates: the last
+    /// window, cut short by the end of `u64`, ends at `u64::MAX` (`(now / window + 1) × window`
+    /// overflowed there), and it still follows the window before it.
     #[inline]
     fn normalize(&self, state: &mut SlidingWindowCounterState, now: Timestamp) {
-        let end = (self.per_window.div(now.as_micros()) + 1) * self.window;
+        let end = (self.per_window.div(now.as_micros()) * self.window).saturating_add(self.window);
         if state.window_end < end {
-            let previous = if state.window_end + self.window == end {
+            let previous = if state.window_end.saturating_add(self.window) == end {
                 state.current
             } else {
                 0
@@ -85,7 +88,10 @@ impl SlidingWindowCounter {
     #[inline]
     fn reset_micros(&self, state: &SlidingWindowCounterState, now: u64) -> u64 {
         if state.current > 0 {
-            (state.window_end + self.window).saturating_sub(now)
+            state
+                .window_end
+                .saturating_add(self.window)
+                .saturating_sub(now)
         } else if state.previous > 0 {
             state.window_end.saturating_sub(now)
         } else {

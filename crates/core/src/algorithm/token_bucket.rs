@@ -6,7 +6,7 @@
 //! `max(tat, now) + c × interval − now ≤ capacity × interval`; admitting it moves `tat` by
 //! `c × interval`. One integer per key, and the same decisions as counting tokens.
 
-use super::{Algorithm, Divisor, never};
+use super::{Algorithm, Divisor, MAX_HORIZON, never};
 use crate::quota::Rate;
 use crate::{QuotaError, Timestamp, Verdict};
 
@@ -27,10 +27,6 @@ pub struct TokenBucketState {
     /// When the bucket is full again, microseconds since the epoch.
     pub tat: u64,
 }
-
-/// Capacity × interval stays under this (about 100 years), so every sum of times is exact in a
-/// Lua double as well as in a `u64`.
-const MAX_HORIZON: u64 = 100 * 365 * 86_400 * 1_000_000;
 
 impl TokenBucket {
     /// A bucket of `capacity` tokens refilled at `refill`.
@@ -81,24 +77,28 @@ impl Algorithm for TokenBucket {
     // otherwise call it (about 20 instructions more per check, callgrind).
     #[inline(always)]
     fn evaluate(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) -> Verdict {
-        let now = now.as_micros();
-        let tat = state.tat.max(now);
+        // Everything is measured from `now` (`ahead` is `max(tat, now) − now`), never as an
+        // absolute time, so no sum can pass the end of `u64` however late the clock reads: an
+        // absolute `tat + cost × interval` overflowed at timestamps near `u64::MAX`.
+        let ahead = state.tat.saturating_sub(now.as_micros());
         let horizon = self.horizon;
         // Whole tokens in the bucket before this request (a division: computed only when the
         // answer reports them, not on the admitted path). None when the state is further ahead
         // than a full bucket: it was written at a later instant than `now` (a clock stepped
         // back, or a sweep reading every key at its own instant).
-        let tokens = || self.per_interval.div((now + horizon).saturating_sub(tat));
+        let tokens = || self.per_interval.div(horizon.saturating_sub(ahead));
         if cost > self.capacity {
-            return never(self.capacity, tokens(), tat - now);
+            return never(self.capacity, tokens(), ahead);
         }
-        let new_tat = tat + u64::from(cost) * self.interval;
-        if new_tat - now <= horizon {
+        // At most `horizon` is added (cost ≤ capacity); saturating, so a state implausibly far
+        // ahead is refused rather than wrapped round to an admission.
+        let after = ahead.saturating_add(u64::from(cost) * self.interval);
+        if after <= horizon {
             Verdict {
                 allowed: true,
                 limit: u64::from(self.capacity),
-                remaining: self.per_interval.div(now + horizon - new_tat),
-                reset_micros: new_tat - now,
+                remaining: self.per_interval.div(horizon - after),
+                reset_micros: after,
                 retry_after_micros: None,
                 delay_micros: 0,
             }
@@ -109,8 +109,8 @@ impl Algorithm for TokenBucket {
                 // Refused, fewer tokens than the cost are left: none for a cost of one, the
                 // common case, which then needs no division.
                 remaining: if cost <= 1 { 0 } else { tokens() },
-                reset_micros: tat - now,
-                retry_after_micros: Some(new_tat - horizon - now),
+                reset_micros: ahead,
+                retry_after_micros: Some(after - horizon),
                 delay_micros: 0,
             }
         }
@@ -118,13 +118,16 @@ impl Algorithm for TokenBucket {
 
     /// [`evaluate`](Algorithm::evaluate) and, when admitted, [`commit`](Algorithm::commit) in
     /// one: an admission's new time is the one `evaluate` just computed (`now` plus the reset),
-    /// so it is not computed again with commit's saturating arithmetic, which an admission
-    /// never needs (its new time is within a bucket's span of `now`).
+    /// so it is not computed again with commit's arithmetic. Saturating all the same: `now`
+    /// itself may be within a bucket's span of the end of `u64` (a clock gone wrong).
     #[inline(always)]
     fn check(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) -> Verdict {
         let verdict = self.evaluate(state, now, cost);
         if verdict.allowed {
-            state.tat = (now.as_micros() + verdict.reset_micros).min(super::MAX_TIME);
+            state.tat = now
+                .as_micros()
+                .saturating_add(verdict.reset_micros)
+                .min(super::MAX_TIME);
         }
         verdict
     }
@@ -141,7 +144,9 @@ impl Algorithm for TokenBucket {
     }
 
     fn refund(&self, state: &mut TokenBucketState, now: Timestamp, cost: u32) {
-        let back = u64::from(cost) * self.interval;
+        // Saturating: a refund's cost is not bounded by the capacity, and u32::MAX intervals
+        // of up to 400 days overflow a u64.
+        let back = u64::from(cost).saturating_mul(self.interval);
         state.tat = state
             .tat
             .saturating_sub(back)

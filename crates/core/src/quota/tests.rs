@@ -1,5 +1,7 @@
 //! Tests of the configuration notation: durations, rates, algorithm names and quotas.
 
+use proptest::prelude::*;
+
 use super::*;
 
 #[test]
@@ -11,6 +13,91 @@ fn durations_in_every_unit() -> Result<(), QuotaError> {
     assert_eq!(parse_duration("1d")?, Duration::from_secs(86_400));
     assert_eq!(parse_duration(" 1m30s ")?, Duration::from_secs(90));
     Ok(())
+}
+
+#[test]
+fn microseconds_in_every_spelling() -> Result<(), QuotaError> {
+    assert_eq!(parse_duration("1us")?, Duration::from_micros(1));
+    // The micro sign, and the Greek mu that some keyboards give for it.
+    assert_eq!(parse_duration("250µs")?, Duration::from_micros(250));
+    assert_eq!(parse_duration("250μs")?, Duration::from_micros(250));
+    assert_eq!(parse_duration("1ms500us")?, Duration::from_micros(1_500));
+    assert_eq!(parse_duration("0us")?, Duration::ZERO);
+    assert_eq!("3/1500us".parse::<Rate>()?.period_micros(), 1_500);
+    assert_eq!("1/us".parse::<Rate>()?.period_micros(), 1);
+    for (input, needle) in [("5µ", "unknown unit"), ("5 us", "missing unit")] {
+        let text = parse_duration(input)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(text.contains(needle), "{input:?}: {text}");
+    }
+    Ok(())
+}
+
+/// A duration as `format_duration` writes it reads back as the same whole microseconds.
+fn round_trips(d: Duration) -> Result<(), TestCaseError> {
+    let micros = crate::clock::duration_micros(d);
+    let text = format_duration(d);
+    let back = parse_duration(&text).map_err(|e| TestCaseError::fail(format!("{d:?}: {e}")))?;
+    prop_assert_eq!(back, Duration::from_micros(micros), "{:?} as {}", d, text);
+    prop_assert_eq!(format_duration(back), text);
+    Ok(())
+}
+
+#[test]
+fn formatted_durations_parse_back_at_the_edges() -> Result<(), TestCaseError> {
+    for d in [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::from_nanos(999),
+        Duration::from_nanos(1_500),
+        Duration::from_micros(1),
+        Duration::from_micros(999_999),
+        Duration::from_millis(1_001),
+        Duration::from_secs(86_400 * 400),
+        Duration::from_micros(u64::MAX),
+        Duration::from_micros(u64::MAX / 86_400_000_000 * 86_400_000_000),
+        Duration::MAX,
+    ] {
+        round_trips(d)?;
+    }
+    Ok(())
+}
+
+/// Any duration: nanoseconds at random, any microseconds, and whole numbers of each unit (the
+/// unit `format_duration` picks) with a few microseconds added or not.
+fn durations() -> impl Strategy<Value = Duration> {
+    let units = vec![
+        1u64,
+        1_000,
+        1_000_000,
+        60_000_000,
+        3_600_000_000,
+        86_400_000_000,
+    ];
+    let whole = (
+        prop::sample::select(units),
+        0u64..1_000_000_000,
+        prop::sample::select(vec![0u64, 1, 999, 1_000]),
+    )
+        .prop_map(|(unit, k, extra)| {
+            Duration::from_micros(unit.saturating_mul(k).saturating_add(extra))
+        });
+    prop_oneof![
+        (any::<u64>(), 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+        any::<u64>().prop_map(Duration::from_micros),
+        whole,
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+    #[test]
+    fn formatted_durations_parse_back(d in durations()) {
+        round_trips(d)?;
+    }
 }
 
 #[test]
@@ -68,6 +155,47 @@ fn bad_rates_are_rejected_with_reasons() {
         assert!(text.contains(needle), "{input:?}: {text}");
         assert!(text.contains(input), "{input:?} should be named in: {text}");
     }
+}
+
+/// Both buckets are held to the horizon the Redis scripts' doubles stay exact within: a full
+/// token bucket refills, a full leaky bucket (`queue + 1` slots) drains, within 100 years.
+#[test]
+fn buckets_past_a_hundred_years_are_refused() -> Result<(), QuotaError> {
+    let century = Duration::from_secs(100 * 365 * 86_400);
+    for (quota, needle) in [
+        (
+            Quota::leaky_bucket("1/400d".parse()?, 1_000),
+            "take over 100 years to drain",
+        ),
+        (
+            Quota::leaky_bucket("1/s".parse()?, u32::MAX - 1),
+            "take over 100 years to drain",
+        ),
+        (
+            Quota::leaky_bucket("1/1d".parse()?, 36_500),
+            "take over 100 years to drain",
+        ),
+        (
+            Quota::token_bucket(u32::MAX, "1/s".parse()?),
+            "take over 100 years to refill",
+        ),
+    ] {
+        let text = quota.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains(needle), "{text}");
+        assert!(text.contains("use a smaller"), "says what to do: {text}");
+    }
+    // The bound itself is allowed: 36,500 slots of a day, a capacity of 36,500 days.
+    let leaky = Quota::leaky_bucket("1/1d".parse()?, 36_499)?;
+    assert_eq!(leaky.window(), century);
+    let token = Quota::token_bucket(36_500, "1/1d".parse()?)?;
+    assert_eq!(token.window(), century);
+    // The queue's own bound still comes first.
+    let text = Quota::leaky_bucket("1000000/s".parse()?, u32::MAX)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(text.contains("queue must be below"), "{text}");
+    Ok(())
 }
 
 #[test]

@@ -114,6 +114,14 @@ impl MemoryStoreBuilder {
     }
 
     /// The most keys the store tracks (default 1,000,000); it evicts to stay within it.
+    ///
+    /// Each shard holds an equal share, `max_keys / shards` rounded down (so that the shares
+    /// never add up to more than was asked, the point of a memory bound): the store may hold
+    /// up to `shards − 1` keys fewer than asked. `max_keys(100)` over 32 shards (the default
+    /// on two CPUs) holds 96; a bound that is a multiple of the shard count, as the default
+    /// is of every power of two up to 64, holds just that. A bound below the shard count
+    /// halves the shards until each holds a key. [`MemoryStore::max_keys`] says the bound in
+    /// force.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
         self
@@ -188,7 +196,8 @@ impl MemoryStore {
         }
     }
 
-    /// The bound on tracked keys.
+    /// The bound on tracked keys in force: the builder's, rounded down to a multiple of the
+    /// shard count (see [`MemoryStoreBuilder::max_keys`]).
     pub fn max_keys(&self) -> usize {
         self.inner.limits.keys * self.inner.shards.len()
     }

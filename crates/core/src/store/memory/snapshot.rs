@@ -30,11 +30,16 @@ const CHUNK: u8 = 2;
 const END: u8 = 3;
 const BANS: u8 = 4;
 
-/// What a restore found.
+/// What a restore found. Every key of the snapshot is counted once, in one of `restored`,
+/// `evicted`, `expired` or `unreadable`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RestoreCounts {
-    /// Keys restored.
+    /// Keys restored: the keys the new store holds, all of them from the snapshot.
     pub restored: u64,
+    /// Keys read but not kept for want of room: the store was built with a smaller
+    /// [`max_keys`](MemoryStoreBuilder::max_keys) than the snapshot's keys need, and evicted
+    /// as it does at any time (the least at stake first) to stay within it.
+    pub evicted: u64,
     /// Keys whose state had expired by the time of the restore (nothing to restore).
     pub expired: u64,
     /// Keys of a quota this build cannot make (a time zone it does not know).
@@ -87,9 +92,10 @@ impl MemoryStore {
     }
 
     /// A store as `builder` makes it, holding the keys of the snapshot `input` whose states have
-    /// not expired by `now`. Reads up to the snapshot's end frame and no further. An error (a
-    /// checksum that does not match, a cut stream, another format version) returns no store at
-    /// all: a snapshot is restored whole or not at all.
+    /// not expired by `now`, as many as its `max_keys` holds (see [`RestoreCounts`]). Reads up
+    /// to the snapshot's end frame and no further. An error (a checksum that does not match, a
+    /// cut stream, another format version) returns no store at all: a snapshot is restored
+    /// whole or not at all.
     pub fn restore_snapshot(
         builder: MemoryStoreBuilder,
         now: Timestamp,
@@ -127,6 +133,12 @@ impl MemoryStore {
                              holds {seen} and {seen_bans}"
                         )));
                     }
+                    // Each key added may have evicted one added before it (a store smaller
+                    // than the snapshot): what is left is what was restored. The store is new,
+                    // so every key it holds came from the snapshot.
+                    let kept = store.len() as u64;
+                    counts.evicted = counts.restored.saturating_sub(kept);
+                    counts.restored = kept;
                     return Ok((store, counts));
                 }
                 Some(kind) => return Err(corrupt(format!("a frame of kind {kind} in the store"))),
