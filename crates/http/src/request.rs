@@ -236,21 +236,6 @@ pub(crate) fn hex(b: &u8) -> Option<u8> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn query_params_are_decoded() {
-        let q = "a=1&api%5Fkey=s%20e+c&api_key=second&flag";
-        let all: Vec<_> = query_params(q, "api_key").collect();
-        assert_eq!(all, [&b"s e c"[..], &b"second"[..]]);
-        assert_eq!(query_params(q, "flag").next().as_deref(), Some(&b""[..]));
-        assert_eq!(query_params(q, "missing").next(), None);
-        assert_eq!(percent_decode(b"%zz%4", false).as_ref(), b"%zz%4");
-    }
-}
-
 /// A layer that found no peer address in a request a key needed it for: warned once per
 /// process. Every such request falls back to the next key, and at the end of the chain to
 /// `anonymous`, one quota that every client shares: one client can then refuse them all.
@@ -264,5 +249,20 @@ fn no_peer_found() {
              SocketAddr (or tollgate_http::PeerAddr) in the request's extensions, or read it \
              with RateLimitLayer::peer_addr (axum: ConnectInfo<SocketAddr>)"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_params_are_decoded() {
+        let q = "a=1&api%5Fkey=s%20e+c&api_key=second&flag";
+        let all: Vec<_> = query_params(q, "api_key").collect();
+        assert_eq!(all, [&b"s e c"[..], &b"second"[..]]);
+        assert_eq!(query_params(q, "flag").next().as_deref(), Some(&b""[..]));
+        assert_eq!(query_params(q, "missing").next(), None);
+        assert_eq!(percent_decode(b"%zz%4", false).as_ref(), b"%zz%4");
     }
 }

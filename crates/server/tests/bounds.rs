@@ -1,0 +1,114 @@
+//! The bounds every listener keeps against clients that hold it: a head or a body that never
+//! ends is cut off after `header_read_timeout`, a head or a body past its size is refused, and
+//! a listener holding every connection it may says so.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use hyper::StatusCode;
+
+#[tokio::test]
+async fn slow_loris_and_huge_headers_are_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = tollgate_server::Config::parse("t.toml", &with_ports("")).unwrap();
+    let limits = tollgate_server::Limits {
+        header_read_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let s = start_with_limits(config, limits).await;
+    let api = s.api;
+    // Slow loris: half a request line, then silence → the server closes the connection.
+    let mut c = tokio::net::TcpStream::connect(api).await.unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(3), c.read_to_end(&mut buf)).await;
+    assert!(n.is_ok(), "connection closed by the header read timeout");
+    // Huge headers → 431, no panic.
+    let big = "a".repeat(100 * 1024);
+    let r = get(&format!("http://{api}/healthz"), &[("x-big", big.as_str())]).await;
+    assert_eq!(r.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    s.stop_cleanly().await;
+}
+
+/// A body that starts and never ends is answered 408 within header_read_timeout, on the paths
+/// the quick lane leaves to hyper (chunked here): it used to hold its connection for ever, and
+/// enough such clients held every connection.
+#[tokio::test]
+async fn a_body_that_never_ends_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut config = tollgate_server::Config::parse("t.toml", &with_ports("")).unwrap();
+    let limits = tollgate_server::Limits {
+        header_read_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    config.limits = limits;
+    let s = start_with_limits(config, limits).await;
+    let mut c = tokio::net::TcpStream::connect(s.api).await.unwrap();
+    c.write_all(
+        b"POST /v1/check HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the connection was closed");
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    // A body over the limit is a 413.
+    let big = format!("{{\"policy\":\"x\",\"key\":\"{}\"}}", "k".repeat(70 * 1024));
+    let r = post_json(&format!("http://{}/v1/check", s.api), &big).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    // Announced past it, with Expect: 100-continue: refused at once, never invited to send.
+    let mut c = tokio::net::TcpStream::connect(s.api).await.unwrap();
+    c.write_all(
+        b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\
+          Expect: 100-continue\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "answered at once");
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    s.stop_cleanly().await;
+}
+
+/// A listener holding every connection it may hold says so in the log (once a minute at most):
+/// its new clients wait unseen in the accept queue otherwise.
+#[test]
+fn a_full_listener_says_so() {
+    common::log::with_log(|captured| async move {
+        let mut config = tollgate_server::Config::parse("t.toml", &with_ports("")).unwrap();
+        let limits = tollgate_server::Limits {
+            max_connections: 2,
+            ..Default::default()
+        };
+        config.limits = limits;
+        let s = start_with_limits(config, limits).await;
+        let _held = [
+            tokio::net::TcpStream::connect(s.api).await.unwrap(),
+            tokio::net::TcpStream::connect(s.api).await.unwrap(),
+        ];
+        for _ in 0..200 {
+            if captured.count("every connection this listener may hold is open") > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Once, and only for the API listener: each listener has its own connections.
+        assert_eq!(
+            captured.count("every connection this listener may hold is open"),
+            1,
+            "{}",
+            captured.text()
+        );
+        assert_eq!(captured.count("listener=\"api\" max_connections=2"), 1);
+        s.stop().await;
+    });
+}
