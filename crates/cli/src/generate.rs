@@ -120,7 +120,8 @@ fn extra_sections() -> String {
         &mut roff,
         "SIGTERM, SIGINT",
         "tollgate serve stops taking connections, lets the requests in flight finish for up to \
-         30 seconds, saves its state when [store] path is set, and exits.",
+         30 seconds, saves its state when [store] path is set, and exits. A second signal \
+         during that drain stops it at once, with status 1, and saves nothing.",
     );
     roff.control("SH", ["EXIT STATUS"]);
     entry(
@@ -133,7 +134,8 @@ fn extra_sections() -> String {
         &mut roff,
         "1",
         "An error, printed on standard error: serve was given a bad configuration or could not \
-         start (e.g. the address of a listener is taken), or could not save its state at the stop; \
+         start (e.g. the address of a listener is taken), could not save its state at the stop, or \
+         was stopped by a second signal during its drain; \
          validate found errors in the file; replay could not read its configuration or logs or \
          write its report.",
     );

@@ -355,6 +355,10 @@ fn raise_open_file_limit(_needed: u64) {}
 /// Completes on SIGINT or SIGTERM. The handlers are installed when this is called, not when
 /// the future is first polled: a SIGTERM that arrives while the server starts is then a clean
 /// shutdown, not the signal's default (an exit that drains nothing and tells systemd nothing).
+///
+/// A second signal during the drain stops the process at once, with status 1: an operator who
+/// presses Ctrl-C twice, or a supervisor that asks again, means now. What was decided since the
+/// last snapshot of `[store] path` is then not saved.
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
@@ -368,6 +372,14 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
                         _ = interrupt.recv() => {}
                         _ = term.recv() => {}
                     }
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            _ = interrupt.recv() => {}
+                            _ = term.recv() => {}
+                        }
+                        tracing::warn!("a second signal: stopping now, without draining");
+                        std::process::exit(1);
+                    });
                 }
                 _ => {
                     let _ = tokio::signal::ctrl_c().await;

@@ -644,3 +644,55 @@ fn the_man_pages_name_only_written_pages_and_tell_signals_and_exit_status() {
     assert!(help.status.success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SIGTERM drains; a second signal during the drain stops the server at once, with status 1.
+#[cfg(unix)]
+#[test]
+fn a_second_signal_stops_the_drain() {
+    let dir = temp_dir("second-signal");
+    let config = dir.join("tollgate.toml");
+    std::fs::write(
+        &config,
+        "[server]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"30s\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let mut server = serve(&config);
+    // A request whose body never ends keeps the drain waiting (for header_read_timeout).
+    let mut held = TcpStream::connect(server.api).unwrap();
+    held.write_all(
+        b"POST /v1/check HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = server.child.id().to_string();
+    let kill = || {
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    kill();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "still draining after one signal"
+    );
+    kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "no exit after a second SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(log.contains("a second signal"), "{log}");
+    drop(held);
+    std::fs::remove_dir_all(&dir).ok();
+}
