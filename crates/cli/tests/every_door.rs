@@ -7,8 +7,9 @@
 //!
 //! A concurrency limit is held to each door's way of seeing a request end: the proxy and the
 //! layer give the slot back when the exchange ends, forward-auth leaves it to its lease_ttl,
-//! `/v1/check` answers a lease to give back, replay holds it for the logged duration; the
-//! Redis-protocol door refuses it (Envoy's refuses it in its configuration).
+//! `/v1/check` answers a lease to give back, the library's `take_slot` a slot to release, replay
+//! holds it for the logged duration; the Redis-protocol door refuses it (Envoy's refuses it in
+//! its configuration).
 //!
 //! Allow and deny lists are decided before any policy at every door too: a client on a deny
 //! list is refused with the same 403, a partner on an allow list passes uncounted.
@@ -592,6 +593,33 @@ async fn a_concurrency_limit_is_held_to_each_doors_view_of_the_end() {
     assert!(
         reply.starts_with("-ERR") && reply.contains("requests in flight"),
         "{reply}"
+    );
+    // The library: a slot taken with Limiter::take_slot is held until it is released (or
+    // dropped); a plain check of the policy is refused, naming take_slot.
+    let limiter = tollgate::Limiter::builder()
+        .policies(server.config.policies.iter().map(|p| p.policy.clone()))
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let slot = limiter
+        .take_slot("exports", "lb")
+        .await
+        .unwrap_or_else(|e| panic!("the library: {e}"));
+    assert_eq!(slot.decision().limit, 1);
+    let refused = limiter.take_slot("exports", "lb").await.err();
+    assert!(
+        refused.is_some_and(|e| matches!(e.kind(), tollgate::ErrorKind::Refused(_))),
+        "the library, again"
+    );
+    assert!(
+        slot.release().await.unwrap_or(false),
+        "the library, released"
+    );
+    let again = limiter.take_slot("exports", "lb").await;
+    assert!(again.is_ok(), "the library, after the release");
+    let checked = limiter.check("exports", "lb", 1).await.err();
+    assert!(
+        checked.is_some_and(|e| e.to_string().contains("take_slot")),
+        "the library, a plain check"
     );
     // Replay: without a logged duration, each request ends as it starts.
     let replay = replayed(&server.config, dir.path(), &[request("rp"), request("rp")]);
