@@ -82,7 +82,23 @@ impl FromStr for Cidr {
                 ConfigError::new(input, "the prefix length after '/' must be a whole number")
             })?,
         };
-        Cidr::new(addr, prefix).map_err(|e| ConfigError::new(input, e.reason()))
+        let net = Cidr::new(addr, prefix).map_err(|e| ConfigError::new(input, e.reason()))?;
+        // `10.0.0.1/8` is `10.0.0.0/8` with its host bits set: most likely a typo for one
+        // address or for another network, which would widen or miss what was meant unseen.
+        if net.addr != addr {
+            let one = match addr {
+                IpAddr::V4(_) => 32,
+                IpAddr::V6(_) => 128,
+            };
+            return Err(ConfigError::new(
+                input,
+                format!(
+                    "the address has bits set past the prefix: write \"{net}\" for the network, \
+                     or \"{addr}/{one}\" for the one address"
+                ),
+            ));
+        }
+        Ok(net)
     }
 }
 
@@ -170,8 +186,24 @@ mod tests {
 
     #[test]
     fn parses_and_contains() -> Result<(), ConfigError> {
-        let net: Cidr = "10.1.2.3/8".parse()?;
+        let net: Cidr = "10.0.0.0/8".parse()?;
         assert_eq!(net.to_string(), "10.0.0.0/8");
+        // Host bits past the prefix are a typo: refused, saying what to write.
+        for (typo, says) in [
+            (
+                "10.1.2.3/8",
+                "write \"10.0.0.0/8\" for the network, or \"10.1.2.3/32\"",
+            ),
+            ("2001:db8::1/32", "\"2001:db8::/32\""),
+        ] {
+            let e = typo.parse::<Cidr>().map(|_| ()).err();
+            assert!(e.is_some_and(|e| e.reason().contains(says)), "{typo}");
+        }
+        // `Cidr::new` masks (the network an address is in).
+        assert_eq!(
+            Cidr::new(IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)), 8)?.to_string(),
+            "10.0.0.0/8"
+        );
         assert!(net.contains("10.200.0.1".parse().map_err(|_| ConfigError::new("", ""))?));
         assert!(!net.contains(IpAddr::V4(Ipv4Addr::new(11, 0, 0, 1))));
         let mapped: IpAddr = "::ffff:10.9.9.9"
