@@ -470,15 +470,19 @@ fn ten_thousand_idle_connections_do_not_take_the_server_down() {
 /// written to (it used to start and lose the state at every restart).
 #[test]
 fn serve_refuses_to_start_when_it_cannot_run_as_configured() {
+    // `serve --config <config>`, which must fail at start: what it said.
+    let refused = |config: &Path| -> String {
+        let out = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(config)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        text
+    };
     let dir = temp_dir("refuse");
-    let missing = dir.join("missing.toml");
-    let out = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&missing)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{text}");
+    let text = refused(&dir.join("missing.toml"));
     assert_eq!(text.matches("(os error 2)").count(), 1, "{text}");
 
     let file = dir.join("unwritable.toml");
@@ -488,13 +492,7 @@ fn serve_refuses_to_start_when_it_cannot_run_as_configured() {
          [store]\npath = \"/proc/tollgate-state\"\n",
     )
     .unwrap();
-    let out = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{text}");
+    let text = refused(&file);
     assert!(
         text.contains("[store] path: cannot write the state file's folder /proc"),
         "{text}"

@@ -241,8 +241,11 @@ pub(crate) fn hex(b: &u8) -> Option<u8> {
 /// `anonymous`, one quota that every client shares: one client can then refuse them all.
 #[cold]
 fn no_peer_found() {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    // Read first: once warned, every later request without a peer only reads the flag, rather
+    // than write a line all threads share.
+    if !WARNED.load(Relaxed) && !WARNED.swap(true, Relaxed) {
         tracing::warn!(
             "the rate limit layer found no client address in a request: an `ip` key falls back \
              to the next key, or to `anonymous`, which every client shares. Put the peer's \

@@ -11,7 +11,7 @@ use std::fmt;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// Why `body` is not a JSON text whose objects (at any depth) name each member once: the first
-/// repeated member. `Ok` for a body that is not JSON at all: its parse says why.
+/// repeated member. `None` for a body that is not JSON at all: its parse says why.
 pub(super) fn repeated_member(body: &[u8]) -> Option<String> {
     match serde_json::from_slice::<Unique>(body) {
         Err(e) if e.is_data() => Some(e.to_string()),
@@ -70,12 +70,11 @@ impl<'de> Visitor<'de> for UniqueVisitor {
         let mut seen = HashSet::new();
         while let Some(name) = map.next_key::<String>()? {
             map.next_value::<Unique>()?;
-            if seen.contains(&name) {
+            if let Some(name) = seen.replace(name) {
                 return Err(de::Error::custom(format!(
                     "the member {name:?} is given twice; give each member once"
                 )));
             }
-            seen.insert(name);
         }
         Ok(Unique)
     }
