@@ -5,7 +5,7 @@
 mod by_policy;
 mod forward_auth;
 mod lease;
-mod unique;
+pub(crate) mod unique;
 mod unseen_status;
 
 use std::net::{IpAddr, SocketAddr};

@@ -79,6 +79,55 @@ async fn a_body_that_never_ends_is_cut_off() {
     s.stop_cleanly().await;
 }
 
+/// The admin endpoints that take a body read it as the decision API does: 408 when it stalls
+/// past header_read_timeout (it held the connection for ever), 413 on an announced length past
+/// 16 KiB before any is read, and a member named twice refused.
+#[tokio::test]
+async fn admin_bodies_are_bounded_as_the_decision_apis() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let text = with_ports(
+        r#"
+[[policy]]
+name = "api"
+algorithm = "fixed_window"
+limit = 5
+window = "1m"
+key = ["ip"]
+"#,
+    );
+    let mut config = tollgate_server::Config::parse("t.toml", &text).unwrap();
+    let limits = tollgate_server::Limits {
+        header_read_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    config.limits = limits;
+    let s = start_with_limits(config, limits).await;
+    let raw = |request: &'static [u8]| async move {
+        let mut c = tokio::net::TcpStream::connect(s.admin).await.unwrap();
+        c.write_all(request).await.unwrap();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "the connection was closed");
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    let stalled = raw(b"PUT /v1/overrides/api/ip:192.0.2.1 HTTP/1.1\r\nHost: localhost\r\n\
+        Content-Length: 40\r\n\r\n{\"limit\": 1").await;
+    assert!(stalled.starts_with("HTTP/1.1 408"), "{stalled}");
+    let huge = raw(b"PUT /v1/overrides/api/ip:192.0.2.1 HTTP/1.1\r\nHost: localhost\r\n\
+        Content-Length: 10000000000\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n").await;
+    assert!(huge.starts_with("HTTP/1.1 413"), "{huge}");
+    let url = s.admin_url("/v1/overrides/api/ip:192.0.2.1");
+    let twice = r#"{"limit": 1000, "window": "1h", "reason": "a", "limit": 1}"#;
+    let twice = send("PUT", &url, &[], twice).await;
+    assert_eq!(twice.status, StatusCode::BAD_REQUEST, "{twice:?}");
+    let said = String::from_utf8_lossy(&twice.body);
+    assert!(said.contains(r#"\"limit\" is given twice"#), "{said}");
+    let fine = r#"{"limit": 1000, "window": "1h", "reason": "a partner's batch"}"#;
+    let fine = send("PUT", &url, &[], fine).await;
+    assert!(fine.status.is_success(), "{fine:?}");
+    s.stop_cleanly().await;
+}
+
 /// A listener holding every connection it may hold says so in the log (once a minute at most):
 /// its new clients wait unseen in the accept queue otherwise.
 #[test]

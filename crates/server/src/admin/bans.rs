@@ -6,7 +6,6 @@
 //!   `reason`, logged): lifts it at once, on every instance sharing the store; 404 when the key
 //!   is not banned.
 
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
@@ -90,22 +89,16 @@ async fn lift(shared: &Shared, policy: &str, key: &str, req: Request<Incoming>) 
         .uri()
         .query()
         .and_then(|q| form_urlencoded_value(q, "reason"));
-    let body = match Limited::new(req.into_body(), 16 * 1024).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return bad_field("body", "could not be read, or exceeds 16 KiB"),
-    };
-    let from_body = if body.iter().all(u8::is_ascii_whitespace) {
-        None
-    } else {
-        match serde_json::from_slice::<Value>(&body) {
-            Ok(Value::Object(o)) => match o.get("reason") {
-                None | Some(Value::Null) => None,
-                Some(Value::String(s)) => Some(s.trim().chars().take(500).collect::<String>()),
-                Some(_) => return bad_field("reason", "must be a string"),
-            },
-            Ok(_) => return bad_field("body", "expected a JSON object like {\"reason\": \"...\"}"),
-            Err(e) => return bad_field("body", &format!("malformed JSON: {e}")),
-        }
+    let within = shared.engine().config().limits.header_read_timeout;
+    let example = "{\"reason\": \"...\"}";
+    let from_body = match super::fields::json_object(req, within, example).await {
+        Ok(None) => None,
+        Ok(Some(o)) => match o.get("reason") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.trim().chars().take(500).collect::<String>()),
+            Some(_) => return bad_field("reason", "must be a string"),
+        },
+        Err(res) => return res,
     };
     let reason = from_body.or(from_query);
     let now = SystemClock::new().now();

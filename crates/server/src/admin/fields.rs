@@ -12,7 +12,11 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use tollgate::parse_duration;
 
-use crate::response::{Body, full};
+use crate::api::unique::repeated_member;
+use crate::response::{Body, full, read_body};
+
+/// The largest admin request body, in bytes.
+const MAX_BODY: usize = 16 * 1024;
 
 /// The longest path segment (a policy name, a key, a list entry), in bytes.
 const MAX_SEGMENT: usize = 512;
@@ -34,6 +38,38 @@ impl BadField {
 
     pub(crate) fn response(&self) -> Response<Body> {
         bad_field(&self.field, &self.detail)
+    }
+}
+
+/// An admin request's body as a JSON object; `None` for an empty (or all-blank) body. Read as
+/// the decision API reads its bodies ([`read_body`]): within the listener's
+/// `header_read_timeout` (408 after it, so a stalled body cannot hold a connection), at most
+/// 16 KiB (413, refused on an announced length before any is read). A member named twice is
+/// refused, as everywhere: the audit log would name one value and the store keep another.
+/// `example` shows the object expected.
+pub(crate) async fn json_object<B>(
+    req: hyper::Request<B>,
+    within: Duration,
+    example: &str,
+) -> Result<Option<serde_json::Map<String, Value>>, Response<Body>>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let body = read_body(req, MAX_BODY, within).await?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    if let Some(reason) = repeated_member(&body) {
+        return Err(bad_field("body", &reason));
+    }
+    match serde_json::from_slice::<Value>(&body) {
+        Ok(Value::Object(o)) => Ok(Some(o)),
+        Ok(_) => Err(bad_field(
+            "body",
+            &format!("expected a JSON object like {example}"),
+        )),
+        Err(e) => Err(bad_field("body", &format!("malformed JSON: {e}"))),
     }
 }
 

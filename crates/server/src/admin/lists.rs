@@ -15,7 +15,6 @@
 
 pub(crate) mod registry;
 
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Map, Value, json};
@@ -28,7 +27,6 @@ use crate::response::{Body, full, json_response, problem};
 use registry::{ChangeError, Record};
 
 /// The largest body accepted.
-const MAX_BODY: usize = 16 * 1024;
 
 /// The longest reason accepted, in bytes.
 const MAX_REASON: usize = 500;
@@ -147,26 +145,12 @@ fn list(shared: &Shared, name: Option<&str>) -> Response<Body> {
 }
 
 /// The body as a JSON object (an empty body is an empty object).
-async fn body_object(req: Request<Incoming>) -> Result<Map<String, Value>, Refused> {
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return Err(Box::new(bad_field(
-                "body",
-                "could not be read, or exceeds 16 KiB",
-            )));
-        }
-    };
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
-    }
-    match serde_json::from_slice::<Value>(&body) {
-        Ok(Value::Object(o)) => Ok(o),
-        Ok(_) => Err(Box::new(bad_field(
-            "body",
-            "expected a JSON object like {\"reason\": \"...\", \"expires\": \"2030-01-01T00:00:00Z\"}",
-        ))),
-        Err(e) => Err(Box::new(bad_field("body", &format!("malformed JSON: {e}")))),
+async fn body_object(shared: &Shared, req: Request<Incoming>) -> Result<Map<String, Value>, Refused> {
+    let within = shared.engine().config().limits.header_read_timeout;
+    let example = "{\"reason\": \"...\", \"expires\": \"2030-01-01T00:00:00Z\"}";
+    match super::fields::json_object(req, within, example).await {
+        Ok(obj) => Ok(obj.unwrap_or_default()),
+        Err(res) => Err(Box::new(res)),
     }
 }
 
@@ -217,7 +201,7 @@ async fn put(
         Ok(e) => e,
         Err(res) => return *res,
     };
-    let obj = match body_object(req).await {
+    let obj = match body_object(shared, req).await {
         Ok(o) => o,
         Err(res) => return *res,
     };
@@ -299,7 +283,7 @@ async fn delete(
         .uri()
         .query()
         .and_then(|q| form_urlencoded_value(q, "reason"));
-    let obj = match body_object(req).await {
+    let obj = match body_object(shared, req).await {
         Ok(o) => o,
         Err(res) => return *res,
     };

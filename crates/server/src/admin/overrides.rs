@@ -13,7 +13,6 @@ pub(crate) mod registry;
 
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Map, Value, json};
@@ -27,7 +26,6 @@ use crate::response::{Body, full, json_response, problem};
 use registry::{ChangeError, Record};
 
 /// The largest override body accepted.
-const MAX_BODY: usize = 16 * 1024;
 
 /// The longest reason accepted, in bytes.
 const MAX_REASON: usize = 500;
@@ -162,23 +160,16 @@ async fn put(
     key: String,
     req: Request<Incoming>,
 ) -> Response<Body> {
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return bad_field("body", "could not be read, or exceeds 16 KiB"),
-    };
-    let value: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => return bad_field("body", &format!("malformed JSON: {e}")),
-    };
-    let Some(obj) = value.as_object() else {
-        return bad_field(
-            "body",
-            "expected a JSON object like {\"limit\": 1000, \"window\": \"1h\", \"reason\": \"...\"}",
-        );
+    let within = shared.engine().config().limits.header_read_timeout;
+    let example = "{\"limit\": 1000, \"window\": \"1h\", \"reason\": \"...\"}";
+    let obj = match super::fields::json_object(req, within, example).await {
+        Ok(Some(obj)) => obj,
+        Ok(None) => return bad_field("body", &format!("expected a JSON object like {example}")),
+        Err(res) => return res,
     };
     let exact = unix_now();
     let now = exact.as_secs();
-    let record = match parse_record(policy, key, obj, exact) {
+    let record = match parse_record(policy, key, &obj, exact) {
         Ok(r) => r,
         Err(bad) => return bad.response(),
     };

@@ -12,7 +12,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// Why `body` is not a JSON text whose objects (at any depth) name each member once: the first
 /// repeated member. `None` for a body that is not JSON at all: its parse says why.
-pub(super) fn repeated_member(body: &[u8]) -> Option<String> {
+pub(crate) fn repeated_member(body: &[u8]) -> Option<String> {
     match serde_json::from_slice::<Unique>(body) {
         Err(e) if e.is_data() => Some(e.to_string()),
         _ => None,

@@ -105,6 +105,7 @@ pub async fn start_text(text: &str) -> Running {
     start(config).await
 }
 
+#[derive(Debug)]
 pub struct Reply {
     pub status: StatusCode,
     pub headers: HeaderMap,
