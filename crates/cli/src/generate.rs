@@ -120,7 +120,8 @@ fn extra_sections() -> String {
         &mut roff,
         "SIGTERM, SIGINT",
         "tollgate serve stops taking connections, lets the requests in flight finish for up to \
-         30 seconds, saves its state when [store] path is set, and exits. A second signal \
+         [server] drain_timeout (30 seconds by default) while /readyz on the admin listener \
+         answers 503, saves its state when [store] path is set, and exits. A second signal \
          during that drain stops it at once, with status 1, and saves nothing.",
     );
     roff.control("SH", ["EXIT STATUS"]);

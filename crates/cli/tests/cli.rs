@@ -630,7 +630,7 @@ fn the_man_pages_name_only_written_pages_and_tell_signals_and_exit_status() {
             "SIGHUP",
             "re\\-reads its \\-\\-config file",
             "SIGTERM, SIGINT",
-            "up to 30 seconds",
+            "drain_timeout (30 seconds by default)",
             ".SH \"EXIT STATUS\"",
             "bad configuration or could not start",
         ] {

@@ -89,6 +89,7 @@ pub(super) struct RawServer {
     header_read_timeout: Option<S<String>>,
     max_header_bytes: Option<S<i64>>,
     max_connections: Option<S<i64>>,
+    drain_timeout: Option<S<String>>,
     tls_cert: Option<S<String>>,
     tls_key: Option<S<String>>,
     client_ca: Option<S<String>>,

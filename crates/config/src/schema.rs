@@ -27,6 +27,7 @@ const SERVER: &[(&str, Ty)] = &[
     ("header_read_timeout", Ty::Str),
     ("max_header_bytes", Ty::Int),
     ("max_connections", Ty::Int),
+    ("drain_timeout", Ty::Str),
     ("tls_cert", Ty::Str),
     ("tls_key", Ty::Str),
     ("client_ca", Ty::Str),

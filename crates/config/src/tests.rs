@@ -133,6 +133,12 @@ fn listener_limits_default_and_set() {
         )),
         Some((Duration::from_secs(3), 16384, 500, Duration::from_secs(20)))
     );
+    for (written, drain) in [("5s", 5), ("0s", 0)] {
+        let text = format!("[server]\ndrain_timeout = \"{written}\"\n");
+        let c = Config::parse("t.toml", &text).map(|c| c.limits.drain);
+        assert_eq!(c.ok(), Some(Duration::from_secs(drain)), "{written}");
+    }
+    assert_eq!(d.drain, Duration::from_secs(30));
 }
 
 #[test]
@@ -165,6 +171,15 @@ fn bad_listener_limits_name_the_field_and_the_fix() {
     );
     // A string where a number belongs is caught by the shape check, with its position.
     let e = errors("[server]\nmax_connections = \"many\"\n");
+    assert!(e.iter().any(|m| m.starts_with("t.toml:2:")), "{e:?}");
+    // The drain: zero (stop without waiting) up to an hour.
+    let e = errors("[server]\ndrain_timeout = \"2h\"\n");
+    assert!(
+        e.iter().any(|m| m.starts_with("t.toml:2:")
+            && m.contains("[server] field \"drain_timeout\" must be at most 1h; write e.g. drain_timeout = \"30s\"")),
+        "{e:?}"
+    );
+    let e = errors("[server]\ndrain_timeout = \"later\"\n");
     assert!(e.iter().any(|m| m.starts_with("t.toml:2:")), "{e:?}");
 }
 

@@ -41,7 +41,7 @@ pub(crate) async fn handle(
     // header without writing it into the manifest).
     match (read, req.uri().path()) {
         (true, "/healthz") => return text(StatusCode::OK, "ok\n"),
-        (true, "/readyz") => return readiness(&engine).await,
+        (true, "/readyz") => return readiness(&shared, &engine).await,
         _ => {}
     }
     if let Some(refused) = authorize(&engine, &req, read) {
@@ -158,8 +158,12 @@ fn authorize(engine: &Generation, req: &Request<Incoming>, read: bool) -> Option
     None
 }
 
-/// `/readyz`: whether the store answers.
-async fn readiness(engine: &Generation) -> Response<Body> {
+/// `/readyz`: whether the store answers, and the server is not shutting down (while it drains,
+/// a load balancer that reads this sends new traffic elsewhere).
+async fn readiness(shared: &Shared, engine: &Generation) -> Response<Body> {
+    if shared.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "draining\n");
+    }
     match engine.store().ready().await {
         Ok(()) => text(StatusCode::OK, "ready\n"),
         Err(e) => text(

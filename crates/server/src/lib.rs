@@ -197,6 +197,9 @@ pub(crate) struct Shared {
     upstream: Arc<dyn queue::Deliver>,
     /// Where decisions' spans go ([telemetry]; fixed at start).
     telemetry: Arc<telemetry::Telemetry>,
+    /// Set when shutdown begins: `/readyz` answers 503 while the other listeners drain, and
+    /// the admin listener stays up until they have.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -362,6 +365,7 @@ pub async fn run_with(
         lists,
         upstream: Arc::new(relay::Upstream::default()),
         telemetry,
+        draining: std::sync::atomic::AtomicBool::new(false),
     });
     let _ = running.set(Arc::downgrade(&shared));
     queue::open_configured(&shared).await;
@@ -373,13 +377,11 @@ pub async fn run_with(
     #[cfg(not(unix))]
     let hup: Option<()> = None;
 
-    let mut tasks = spawn_listeners(
-        &shared,
-        (listeners.api, listeners.admin),
-        &tls,
-        &stop_rx,
-        limits,
-    );
+    // The admin listener stops last, on a signal of its own: its probes and metrics answer
+    // while the other listeners drain.
+    let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
+    let admin = spawn_admin(&shared, listeners.admin, &tls, admin_stop_rx, limits);
+    let mut tasks = spawn_listeners(&shared, listeners.api, &tls, &stop_rx, limits);
     if let Some(l) = listeners.proxy {
         let s = Arc::clone(&shared);
         let t = tls.proxy.clone();
@@ -414,9 +416,17 @@ pub async fn run_with(
     ));
 
     shutdown.await;
-    tracing::info!("shutting down: draining in-flight requests");
+    tracing::info!(
+        drain_timeout = ?limits.drain,
+        "shutting down: draining in-flight requests"
+    );
+    shared
+        .draining
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = stop_tx.send(true);
     while tasks.join_next().await.is_some() {}
+    let _ = admin_stop_tx.send(true);
+    let _ = admin.await;
     // Every listener has drained: hand the unspent units of hot-key leases back to Redis, so
     // they do not stay taken from the other instances until the leases end.
     if let Err(e) = shared.store.return_leases(SystemClock::new().now()).await {
@@ -430,11 +440,32 @@ pub async fn run_with(
     saved.map_err(ServerError::State)
 }
 
-/// The API and admin listeners and the queue supervisor, each a task that ends when `stop`
+/// The admin listener, a task that ends when `stop` turns true and its connections have
+/// drained.
+fn spawn_admin(
+    shared: &Arc<Shared>,
+    admin: tokio::net::TcpListener,
+    tls: &tls::ListenerTls,
+    stop: watch::Receiver<bool>,
+    limits: Limits,
+) -> tokio::task::JoinHandle<()> {
+    let s = Arc::clone(shared);
+    tokio::spawn(serve::serve(
+        "admin",
+        admin,
+        move |peer, req| admin::handle(Arc::clone(&s), peer, req),
+        stop,
+        limits,
+        tls.admin.clone(),
+        None::<Arc<serve::quick::Never>>,
+    ))
+}
+
+/// The decision API's listener and the queue supervisor, each a task that ends when `stop`
 /// turns true and its connections have drained.
 fn spawn_listeners(
     shared: &Arc<Shared>,
-    (api, admin): (tokio::net::TcpListener, tokio::net::TcpListener),
+    api: tokio::net::TcpListener,
     tls: &tls::ListenerTls,
     stop: &watch::Receiver<bool>,
     limits: Limits,
@@ -449,16 +480,6 @@ fn spawn_listeners(
         limits,
         tls.api.clone(),
         Some(Arc::new(api::QuickCheck(Arc::clone(shared)))),
-    ));
-    let s = Arc::clone(shared);
-    tasks.spawn(serve::serve(
-        "admin",
-        admin,
-        move |peer, req| admin::handle(Arc::clone(&s), peer, req),
-        stop.clone(),
-        limits,
-        tls.admin.clone(),
-        None::<Arc<serve::quick::Never>>,
     ));
     tasks.spawn(queue::supervise(
         Arc::clone(shared),
@@ -551,6 +572,7 @@ fn same_limits(a: &Limits, b: &Limits) -> bool {
         && a.max_header_bytes == b.max_header_bytes
         && a.max_connections == b.max_connections
         && a.idle_timeout == b.idle_timeout
+        && a.drain == b.drain
 }
 
 /// Envoy's rate limit service over the server's store.

@@ -544,6 +544,15 @@ async fn shutdown_drains_in_flight_requests() {
     let inflight = tokio::spawn(async move { get(&url, &[]).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     s.trigger_stop();
+    // While the request drains, the admin listener still answers: live, not ready (a load
+    // balancer that reads /readyz sends new traffic elsewhere), metrics still served.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!inflight.is_finished(), "the slow request is still in flight");
+    let ready = get(&s.admin_url("/readyz"), &[]).await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(&ready.body[..], b"draining\n");
+    assert_eq!(get(&s.admin_url("/healthz"), &[]).await.status, StatusCode::OK);
+    assert_eq!(get(&s.admin_url("/metrics"), &[]).await.status, StatusCode::OK);
     let r = inflight.await.unwrap();
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(&r.body[..], b"slow");
@@ -551,6 +560,36 @@ async fn shutdown_drains_in_flight_requests() {
         .await
         .unwrap()
         .unwrap();
-    // New connections are refused once it has stopped.
+    // New connections are refused once it has stopped, the admin listener's too.
     assert!(tokio::net::TcpStream::connect(s.api).await.is_err());
+    assert!(tokio::net::TcpStream::connect(s.admin).await.is_err());
+}
+
+/// `[server] drain_timeout` bounds the wait: a request still in flight when it ends is cut off,
+/// and the server stops.
+#[tokio::test]
+async fn the_drain_ends_at_drain_timeout() {
+    let up = upstream().await;
+    let text = with_ports(&proxy_config(up, "").replace("timeout = \"1s\"", "timeout = \"10s\""))
+        .replace("[server]\n", "[server]\ndrain_timeout = \"200ms\"\n");
+    let config = tollgate_server::Config::parse("test.toml", &text).expect("valid config");
+    assert_eq!(config.limits.drain, Duration::from_millis(200));
+    let mut s = start(config).await;
+    let url = s.proxy_url("/slow");
+    let inflight = tokio::spawn(async move {
+        let client: hyper_util::client::legacy::Client<_, http_body_util::Empty<bytes::Bytes>> =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http();
+        client.get(url.parse().unwrap()).await.map(|r| r.status())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.trigger_stop();
+    // The server ends while the upstream still holds the request (it answers after 3 s)...
+    tokio::time::timeout(Duration::from_secs(10), &mut s.task)
+        .await
+        .unwrap()
+        .unwrap();
+    // ...and its client never got an answer.
+    let answered = inflight.await.unwrap();
+    assert!(answered.is_err(), "{answered:?}");
 }

@@ -141,8 +141,12 @@ fn resp_password(v: &S<String>, door: bool, errs: &mut Errors<'_>) -> Option<cra
     }
 }
 
+/// The longest `[server] drain_timeout`: a shutdown that waits longer is a stuck one.
+const MAX_DRAIN: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// The listener bounds: `[server] header_read_timeout`, `max_header_bytes`, `max_connections`,
-/// and `[proxy] idle_timeout`; each unset one keeps its default.
+/// `drain_timeout` (zero: stop without waiting), and `[proxy] idle_timeout`; each unset one
+/// keeps its default.
 fn validate_limits(
     server: &RawServer,
     proxy: Option<&RawProxy>,
@@ -173,6 +177,21 @@ fn validate_limits(
     if let Some(v) = proxy.and_then(|p| p.idle_timeout.as_ref()) {
         match positive(v, "[proxy] ", "idle_timeout", "75s") {
             Some(d) => out.idle_timeout = d,
+            None => ok = false,
+        }
+    }
+    if let Some(v) = &server.drain_timeout {
+        match duration(v, "drain_timeout", "[server] ", errs) {
+            Some(d) if d <= MAX_DRAIN => out.drain = d,
+            Some(_) => {
+                errs.at(
+                    v.span().start,
+                    "[server] field \"drain_timeout\" must be at most 1h; write e.g. \
+                     drain_timeout = \"30s\""
+                        .to_owned(),
+                );
+                ok = false;
+            }
             None => ok = false,
         }
     }
