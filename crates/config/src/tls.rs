@@ -49,6 +49,22 @@ impl TlsError {
 }
 
 impl TlsConfig {
+    /// When the listener's own certificate (the first of `tls_cert`) stops being valid, in
+    /// Unix seconds (its `notAfter`). A server does not check its own certificate's dates, and
+    /// its clients refuse it once they pass: the server warns ahead and exports this as a
+    /// metric to alert on.
+    pub fn not_after(&self) -> Result<i64, TlsError> {
+        let certs = certificates(&self.cert, "tls_cert")?;
+        let first = certs.first().ok_or_else(|| TlsError::new("tls_cert", "no certificate".to_owned()))?;
+        match x509_parser::parse_x509_certificate(first) {
+            Ok((_, cert)) => Ok(cert.validity().not_after.timestamp()),
+            Err(e) => Err(TlsError::new(
+                "tls_cert",
+                format!("{}: its first certificate does not parse: {e}", self.cert.display()),
+            )),
+        }
+    }
+
     /// The files read and parsed into a rustls server configuration (TLS 1.2 and 1.3, ring's
     /// algorithms, no ALPN protocols yet: the listener sets those it speaks).
     ///

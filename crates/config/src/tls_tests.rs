@@ -173,3 +173,26 @@ fn the_redis_door_follows_the_servers_tls_on_any_address() {
         assert!(errors(&text).is_empty(), "{listen}: {:?}", errors(&text));
     }
 }
+
+#[test]
+fn the_certificates_end_is_read_from_its_first_certificate() {
+    let d = files("not-after");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    params.not_after = rcgen::date_time_ymd(2031, 7, 1);
+    std::fs::write(d.join("dated.pem"), params.self_signed(&key).unwrap().pem()).unwrap();
+    // The chain's other certificates (the CA after it) do not count.
+    let chain = std::fs::read_to_string(d.join("dated.pem")).unwrap()
+        + &std::fs::read_to_string(d.join("ca.pem")).unwrap();
+    std::fs::write(d.join("chain.pem"), chain).unwrap();
+    let tls = |cert: &str| crate::TlsConfig {
+        cert: d.join(cert),
+        key: d.join("key.pem"),
+        client_ca: None,
+    };
+    // 2031-07-01T00:00:00Z
+    assert_eq!(tls("dated.pem").not_after().unwrap(), 1_940_630_400);
+    assert_eq!(tls("chain.pem").not_after().unwrap(), 1_940_630_400);
+    let e = tls("junk.pem").not_after().unwrap_err().to_string();
+    assert!(e.contains("tls_cert"), "{e}");
+}

@@ -82,6 +82,7 @@ pub(crate) async fn handle(
             crate::metrics::render_usage_fallbacks(&mut body, engine.http().usage_fallbacks());
             crate::metrics::render_slots(&mut body, engine.http().slot_counts());
             crate::metrics::render_bans_active(&mut body, &engine.store().ban_counts().await);
+            crate::metrics::render_certificates(&mut body, &shared.certificates);
             let mut res = text(StatusCode::OK, body);
             res.headers_mut().insert(
                 CONTENT_TYPE,

@@ -200,6 +200,8 @@ pub(crate) struct Shared {
     /// Set when shutdown begins: `/readyz` answers 503 while the other listeners drain, and
     /// the admin listener stays up until they have.
     draining: std::sync::atomic::AtomicBool,
+    /// The TLS listeners, for their certificates' expiry on `/metrics`.
+    certificates: Vec<Arc<tls::Tls>>,
 }
 
 impl Shared {
@@ -366,6 +368,7 @@ pub async fn run_with(
         upstream: Arc::new(relay::Upstream::default()),
         telemetry,
         draining: std::sync::atomic::AtomicBool::new(false),
+        certificates: tls.all(),
     });
     let _ = running.set(Arc::downgrade(&shared));
     queue::open_configured(&shared).await;

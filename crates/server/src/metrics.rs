@@ -340,6 +340,30 @@ pub(crate) fn escape_label(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// `tollgate_tls_certificate_expiry_timestamp_seconds`, by TLS listener: when each one's
+/// certificate stops being valid, to alert on before its clients start refusing it (e.g.
+/// `tollgate_tls_certificate_expiry_timestamp_seconds - time() < 7 * 86400`). Nothing without
+/// TLS; a listener whose certificate's dates could not be read is left out.
+pub(crate) fn render_certificates(out: &mut String, listeners: &[Arc<crate::tls::Tls>]) {
+    if listeners.is_empty() {
+        return;
+    }
+    out.push_str(
+        "# HELP tollgate_tls_certificate_expiry_timestamp_seconds When the listener's TLS \
+         certificate expires (its notAfter, Unix seconds).\n\
+         # TYPE tollgate_tls_certificate_expiry_timestamp_seconds gauge\n",
+    );
+    for tls in listeners {
+        if let Some(end) = tls.not_after() {
+            let _ = writeln!(
+                out,
+                "tollgate_tls_certificate_expiry_timestamp_seconds{{listener=\"{}\"}} {end}",
+                tls.listener()
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -26,6 +27,12 @@ use crate::config::{Config, TlsConfig, TlsError};
 
 /// How often the certificate files are looked at.
 const POLL: Duration = Duration::from_secs(1);
+
+/// How long before its certificate expires a listener starts warning, at each load.
+const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
+
+/// A certificate's end that could not be read.
+const UNKNOWN: i64 = i64::MIN;
 
 /// The first byte of a TLS connection: a handshake record.
 const HANDSHAKE: u8 = 0x16;
@@ -73,6 +80,10 @@ pub(crate) struct Tls {
     /// How a plaintext client is refused.
     plaintext: Plaintext,
     current: ArcSwap<rustls::ServerConfig>,
+    /// When the current certificate expires (Unix seconds; [`UNKNOWN`] if unreadable).
+    not_after: AtomicI64,
+    /// Whether the current certificate's passing its end has been logged.
+    expiry_logged: AtomicBool,
 }
 
 impl std::fmt::Debug for Tls {
@@ -99,7 +110,31 @@ impl Tls {
             alpn,
             plaintext,
             current: ArcSwap::from_pointee(config),
+            not_after: AtomicI64::new(certificate_end(listener, files)),
+            expiry_logged: AtomicBool::new(false),
         }))
+    }
+
+    /// The listener's name (`api`, `admin`, `proxy`, `grpc`, `resp`).
+    pub(crate) fn listener(&self) -> &'static str {
+        self.listener
+    }
+
+    /// When the listener's current certificate expires, in Unix seconds.
+    pub(crate) fn not_after(&self) -> Option<i64> {
+        Some(self.not_after.load(Ordering::Relaxed)).filter(|&t| t != UNKNOWN)
+    }
+
+    /// Logs, once per certificate, that the current one has expired: clients refuse it now.
+    fn log_if_expired(&self, now: i64) {
+        let Some(end) = self.not_after() else { return };
+        if now >= end && !self.expiry_logged.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                listener = self.listener,
+                not_after = %rfc3339(end),
+                "TLS certificate expired: clients refuse it until a new one is written"
+            );
+        }
     }
 
     /// The TLS side of `stream`, once its handshake completes within `limit`; `None` when it
@@ -146,8 +181,59 @@ impl Tls {
     fn reload(&self, files: &TlsConfig) -> Result<(), TlsError> {
         let config = build(files, &self.alpn)?;
         self.current.store(Arc::new(config));
+        self.not_after
+            .store(certificate_end(self.listener, files), Ordering::Relaxed);
+        self.expiry_logged.store(false, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// When the certificate of `files` expires ([`UNKNOWN`] if it cannot be read), with a warning
+/// when that is past or less than [`EXPIRY_WARNING`] away: a server does not check its own
+/// certificate's dates, and its clients would fail their handshakes without a word here.
+fn certificate_end(listener: &'static str, files: &TlsConfig) -> i64 {
+    let end = match files.not_after() {
+        Ok(end) => end,
+        Err(e) => {
+            tracing::warn!(listener, "TLS: the certificate's expiry could not be read: {e}");
+            return UNKNOWN;
+        }
+    };
+    let left = end.saturating_sub(unix_now());
+    if left <= 0 {
+        tracing::warn!(
+            listener,
+            cert = %files.cert.display(),
+            not_after = %rfc3339(end),
+            "TLS certificate has expired: clients will refuse it"
+        );
+    } else if left < EXPIRY_WARNING.as_secs() as i64 {
+        tracing::warn!(
+            listener,
+            cert = %files.cert.display(),
+            not_after = %rfc3339(end),
+            "TLS certificate expires in {} days",
+            left / 86_400
+        );
+    }
+    end
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Unix seconds as RFC 3339, for the logs.
+fn rfc3339(t: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(t)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| t.to_string())
 }
 
 /// The rustls configuration of `files` with `alpn`.
@@ -228,7 +314,9 @@ pub(crate) async fn watch_files<F>(
             _ = crate::serve::stopped(&mut stop) => return,
         }
         let running = config();
+        let now = unix_now();
         for ((tls, files_of), (files, seen)) in listeners.iter().zip(state.iter_mut()) {
+            tls.log_if_expired(now);
             // A configuration without TLS here keeps the files this listener started with:
             // turning TLS off takes a restart.
             let wanted = files_of(running.config()).unwrap_or_else(|| files.clone());
@@ -307,6 +395,11 @@ impl ListenerTls {
                 None => None,
             },
         })
+    }
+
+    /// Each TLS listener.
+    pub(crate) fn all(&self) -> Vec<Arc<Tls>> {
+        self.watched().into_iter().map(|(tls, _)| tls).collect()
     }
 
     /// Each TLS listener with where its files come from, for [`watch_files`].

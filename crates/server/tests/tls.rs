@@ -448,3 +448,60 @@ async fn bad_certificates_fail_the_start_and_a_reload_keeps_the_running_configur
     }
     s.stop().await;
 }
+
+/// Every TLS listener exports when its certificate expires, a rotation moves it, and one near
+/// its end (or past it) is warned about when loaded: a server never checks its own
+/// certificate's dates, and its clients would just fail their handshakes.
+#[test]
+fn certificate_expiry_is_exported_and_warned_about() {
+    with_log(|log| async move {
+        let dir = temp_dir("expiry");
+        let ca = Ca::new("server CA");
+        let soon = time::OffsetDateTime::now_utc() + time::Duration::hours(3 * 24 + 12);
+        let soon = soon.replace_nanosecond(0).unwrap();
+        install(&dir, &ca.server_until("soon", soon));
+        let s = start_tls(&dir, false).await;
+        wait_for(|| async { log.count("TLS certificate expires in 3 days") >= 5 }).await;
+        let http = client_config(&ca, None, HTTP1);
+        let admin = s.admin;
+        let metrics = || {
+            let http = Arc::clone(&http);
+            // Empty while the admin listener serves a certificate the client refuses.
+            async move {
+                https(admin, http, "GET", "/metrics", "")
+                    .await
+                    .map_or_else(|_| String::new(), |(_, body)| body)
+            }
+        };
+        let text = metrics().await;
+        for listener in ["api", "admin", "proxy", "grpc", "resp"] {
+            let line = format!(
+                "tollgate_tls_certificate_expiry_timestamp_seconds{{listener=\"{listener}\"}} {}\n",
+                soon.unix_timestamp()
+            );
+            assert!(text.contains(&line), "{line}in\n{text}");
+        }
+        // Rotated to one that has already expired: warned at load, and an error once the
+        // watcher sees it has passed, once per listener.
+        let past = time::OffsetDateTime::now_utc() - time::Duration::days(1);
+        install(&dir, &ca.server_until("past", past));
+        wait_for(|| async { log.count("TLS certificate has expired") >= 5 }).await;
+        wait_for(|| async { log.count("TLS certificate expired: clients refuse it") >= 5 }).await;
+        // And to a fresh one: the metric follows.
+        let later = (time::OffsetDateTime::now_utc() + time::Duration::days(90))
+            .replace_nanosecond(0)
+            .unwrap();
+        install(&dir, &ca.server_until("later", later));
+        let want = format!(
+            "tollgate_tls_certificate_expiry_timestamp_seconds{{listener=\"api\"}} {}\n",
+            later.unix_timestamp()
+        );
+        wait_for(|| {
+            let (metrics, want) = (metrics.clone(), want.clone());
+            async move { metrics().await.contains(&want) }
+        })
+        .await;
+        assert_eq!(log.count("TLS certificate expired: clients refuse it"), 5);
+        s.stop().await;
+    });
+}

@@ -66,6 +66,16 @@ impl Ca {
         self.leaf(params)
     }
 
+    /// [`server`](Self::server), valid until `not_after`.
+    pub fn server_until(&self, name: &str, not_after: time::OffsetDateTime) -> Leaf {
+        let mut params =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.not_after = not_after;
+        self.leaf(params)
+    }
+
     /// A client certificate named `name`.
     pub fn client(&self, name: &str) -> Leaf {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
