@@ -55,12 +55,17 @@ impl TlsConfig {
     /// metric to alert on.
     pub fn not_after(&self) -> Result<i64, TlsError> {
         let certs = certificates(&self.cert, "tls_cert")?;
-        let first = certs.first().ok_or_else(|| TlsError::new("tls_cert", "no certificate".to_owned()))?;
+        let first = certs
+            .first()
+            .ok_or_else(|| TlsError::new("tls_cert", "no certificate".to_owned()))?;
         match x509_parser::parse_x509_certificate(first) {
             Ok((_, cert)) => Ok(cert.validity().not_after.timestamp()),
             Err(e) => Err(TlsError::new(
                 "tls_cert",
-                format!("{}: its first certificate does not parse: {e}", self.cert.display()),
+                format!(
+                    "{}: its first certificate does not parse: {e}",
+                    self.cert.display()
+                ),
             )),
         }
     }

@@ -195,7 +195,10 @@ fn certificate_end(listener: &'static str, files: &TlsConfig) -> i64 {
     let end = match files.not_after() {
         Ok(end) => end,
         Err(e) => {
-            tracing::warn!(listener, "TLS: the certificate's expiry could not be read: {e}");
+            tracing::warn!(
+                listener,
+                "TLS: the certificate's expiry could not be read: {e}"
+            );
             return UNKNOWN;
         }
     };

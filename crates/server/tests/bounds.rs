@@ -110,11 +110,17 @@ key = ["ip"]
         assert!(read.is_ok(), "the connection was closed");
         String::from_utf8_lossy(&buf).into_owned()
     };
-    let stalled = raw(b"PUT /v1/overrides/api/ip:192.0.2.1 HTTP/1.1\r\nHost: localhost\r\n\
-        Content-Length: 40\r\n\r\n{\"limit\": 1").await;
+    let stalled = raw(
+        b"PUT /v1/overrides/api/ip:192.0.2.1 HTTP/1.1\r\nHost: localhost\r\n\
+        Content-Length: 40\r\n\r\n{\"limit\": 1",
+    )
+    .await;
     assert!(stalled.starts_with("HTTP/1.1 408"), "{stalled}");
-    let huge = raw(b"PUT /v1/overrides/api/ip:192.0.2.1 HTTP/1.1\r\nHost: localhost\r\n\
-        Content-Length: 10000000000\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n").await;
+    let huge = raw(
+        b"PUT /v1/overrides/api/ip:192.0.2.1 HTTP/1.1\r\nHost: localhost\r\n\
+        Content-Length: 10000000000\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+    )
+    .await;
     assert!(huge.starts_with("HTTP/1.1 413"), "{huge}");
     let url = s.admin_url("/v1/overrides/api/ip:192.0.2.1");
     let twice = r#"{"limit": 1000, "window": "1h", "reason": "a", "limit": 1}"#;

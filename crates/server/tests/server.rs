@@ -547,12 +547,21 @@ async fn shutdown_drains_in_flight_requests() {
     // While the request drains, the admin listener still answers: live, not ready (a load
     // balancer that reads /readyz sends new traffic elsewhere), metrics still served.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!inflight.is_finished(), "the slow request is still in flight");
+    assert!(
+        !inflight.is_finished(),
+        "the slow request is still in flight"
+    );
     let ready = get(&s.admin_url("/readyz"), &[]).await;
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(&ready.body[..], b"draining\n");
-    assert_eq!(get(&s.admin_url("/healthz"), &[]).await.status, StatusCode::OK);
-    assert_eq!(get(&s.admin_url("/metrics"), &[]).await.status, StatusCode::OK);
+    assert_eq!(
+        get(&s.admin_url("/healthz"), &[]).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&s.admin_url("/metrics"), &[]).await.status,
+        StatusCode::OK
+    );
     let r = inflight.await.unwrap();
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(&r.body[..], b"slow");

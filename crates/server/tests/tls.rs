@@ -497,7 +497,7 @@ fn certificate_expiry_is_exported_and_warned_about() {
             later.unix_timestamp()
         );
         wait_for(|| {
-            let (metrics, want) = (metrics.clone(), want.clone());
+            let (metrics, want) = (metrics, want.clone());
             async move { metrics().await.contains(&want) }
         })
         .await;

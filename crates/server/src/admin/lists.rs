@@ -26,8 +26,6 @@ use crate::admin::top::{unix_now, unix_secs};
 use crate::response::{Body, full, json_response, problem};
 use registry::{ChangeError, Record};
 
-/// The largest body accepted.
-
 /// The longest reason accepted, in bytes.
 const MAX_REASON: usize = 500;
 
@@ -145,7 +143,10 @@ fn list(shared: &Shared, name: Option<&str>) -> Response<Body> {
 }
 
 /// The body as a JSON object (an empty body is an empty object).
-async fn body_object(shared: &Shared, req: Request<Incoming>) -> Result<Map<String, Value>, Refused> {
+async fn body_object(
+    shared: &Shared,
+    req: Request<Incoming>,
+) -> Result<Map<String, Value>, Refused> {
     let within = shared.engine().config().limits.header_read_timeout;
     let example = "{\"reason\": \"...\", \"expires\": \"2030-01-01T00:00:00Z\"}";
     match super::fields::json_object(req, within, example).await {

@@ -25,8 +25,6 @@ use crate::admin::top::{unix_now, unix_secs};
 use crate::response::{Body, full, json_response, problem};
 use registry::{ChangeError, Record};
 
-/// The largest override body accepted.
-
 /// The longest reason accepted, in bytes.
 const MAX_REASON: usize = 500;
 
