@@ -493,8 +493,10 @@ impl<S: Store, C: Clock> Engine<S, C> {
             return self.evaluation(Decisions::new(), HeaderList::new(), Disposition::Pass);
         }
         let entries = &prepared.entries;
-        let decided = if self.must_line_up(entries) {
-            // Others wait for this key's slots: behind them, without asking first.
+        // Others wait for this key's slots: behind them, without asking first. That wait is
+        // the request's whole `max_delay`: it does not wait again once it is over.
+        let lined_up = self.must_line_up(entries);
+        let decided = if lined_up {
             self.wait_for_slot(entries, None).await.map(|(d, _)| d)
         } else {
             self.check_all(&self.checks(entries)).await
@@ -504,7 +506,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             Ok(_) => return self.failed(miscounted(), entries),
             Err(e) => return self.failed(e, entries),
         };
-        if !decisions.allowed() && self.only_slots_missing(&decisions, entries) {
+        if !lined_up && !decisions.allowed() && self.only_slots_missing(&decisions, entries) {
             decisions = match self.wait_for_slot(entries, Some(decisions)).await {
                 Ok((d, _)) if d.len() == entries.len() => d,
                 Ok(_) => return self.failed(miscounted(), entries),

@@ -41,7 +41,10 @@ impl http_body::Body for ChannelBody {
 
 /// An app whose `/export` answers at once with a body that streams what the test sends down
 /// the channel handed over on `senders`, ending when the test drops it.
-fn streaming_app(engine: Engine, inner_body: bool) -> (Router, mpsc::UnboundedReceiver<Chunks>) {
+fn streaming_app<C: tollgate::Clock>(
+    engine: Engine<tollgate::MemoryStore, C>,
+    inner_body: bool,
+) -> (Router, mpsc::UnboundedReceiver<Chunks>) {
     let (tx, rx) = mpsc::unbounded_channel::<Chunks>();
     let handler = move || {
         let tx = tx.clone();
@@ -62,14 +65,17 @@ fn streaming_app(engine: Engine, inner_body: bool) -> (Router, mpsc::UnboundedRe
 }
 
 fn engine(limit: u32, action: Action) -> Engine {
+    Engine::builder().policy(exports(limit, action)).build().unwrap()
+}
+
+fn exports(limit: u32, action: Action) -> tollgate_http::HttpPolicy {
     let quota = Quota::concurrency(limit, Duration::from_secs(3600)).unwrap();
-    let p = policy(
+    policy(
         Policy::new("exports", quota).unwrap(),
         &["header:x-api-key"],
         None,
     )
-    .action(action);
-    Engine::builder().policy(p).build().unwrap()
+    .action(action)
 }
 
 fn export() -> axum::http::Request<Body> {
@@ -136,6 +142,39 @@ async fn with_delay_a_request_is_refused_after_max_delay() {
     let second = app.clone().oneshot(export()).await.unwrap();
     assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(header(&second, "retry-after").is_some());
+}
+
+/// Every request in a line waits at most `max_delay` from its arrival, not only the head: one
+/// that lined up behind others (without asking first) used to wait its `max_delay` in line,
+/// then as long again as if it had just been denied. On tokio's paused clock, so the times are
+/// exact.
+#[tokio::test(start_paused = true)]
+async fn with_delay_every_request_in_line_is_refused_at_its_max_delay() {
+    let max_delay = Duration::from_millis(1000);
+    let engine = Engine::builder()
+        .clock(tollgate::TokioClock::new())
+        .policy(exports(1, Action::Delay { max_delay }))
+        .build()
+        .unwrap();
+    let (app, mut bodies) = streaming_app(engine, false);
+    let _first = app.clone().oneshot(export()).await.unwrap();
+    let _chunks = bodies.recv().await.unwrap();
+    let mut line = Vec::new();
+    for _ in 0..4 {
+        let app = app.clone();
+        line.push(tokio::spawn(async move {
+            let arrived = tokio::time::Instant::now();
+            let answer = app.oneshot(export()).await.unwrap();
+            (answer.status(), arrived.elapsed())
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for waiter in line {
+        let (status, waited) = waiter.await.unwrap();
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(waited >= max_delay, "{waited:?}");
+        assert!(waited < max_delay + Duration::from_millis(100), "{waited:?}");
+    }
 }
 
 /// `inner_body()` keeps the inner service's body type, which the layer cannot wrap: the slot
