@@ -28,6 +28,7 @@ mod bans;
 mod builder;
 mod evaluation;
 mod lists;
+mod outage;
 pub(crate) mod overrides;
 mod permits;
 mod policy;
@@ -110,6 +111,8 @@ struct Inner<S, C> {
     lease_tag: tollgate::key_digest::KeyDigest,
     /// Allow and deny lists, applied before any policy.
     lists: lists::Lists,
+    /// The log of store failures: rate-limited, and told when they end.
+    outage: outage::Outage,
 }
 
 impl<S, C> fmt::Debug for Inner<S, C> {
@@ -688,9 +691,12 @@ impl<S: Store, C: Clock> Engine<S, C> {
         let now = self.inner.limiter.clock().now();
         if let [check] = checks {
             let decision = self.inner.limiter.store().apply_one(now, *check).await?;
+            self.inner.outage.answered();
             return Ok(Decisions::from_iter([decision]).at(now));
         }
-        Ok(self.inner.limiter.check_all_at(now, checks).await?.at(now))
+        let decisions = self.inner.limiter.check_all_at(now, checks).await?;
+        self.inner.outage.answered();
+        Ok(decisions.at(now))
     }
 
     fn check<'e>(&'e self, entry: &'e Entry) -> Check<'e> {

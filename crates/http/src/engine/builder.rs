@@ -229,6 +229,7 @@ impl<S, C> EngineBuilder<S, C> {
                 lines: Default::default(),
                 lease_tag: super::slot_lease::tag_key(&self.key_secret),
                 lists,
+                outage: Default::default(),
             }),
         })
     }

@@ -166,7 +166,9 @@ impl<S: Store, C: Clock> Engine<S, C> {
                     .iter()
                     .map(|e| self.inner.policies[e.index].http.policy.name())
                     .collect();
-                tracing::warn!(%error, policies = ?names, on_error = ?self.inner.on_error, "rate limit store failed");
+                self.inner
+                    .outage
+                    .failed(&error, &names, self.inner.on_error);
                 let mut evaluation = if self.inner.on_error.admits() {
                     // Fail open: no quota was counted, so none is reported.
                     self.evaluation(Decisions::new(), HeaderList::new(), Disposition::Pass)
