@@ -160,13 +160,19 @@ fn authorize(engine: &Generation, req: &Request<Incoming>, read: bool) -> Option
 }
 
 /// `/readyz`: whether the store answers, and the server is not shutting down (while it drains,
-/// a load balancer that reads this sends new traffic elsewhere).
+/// a load balancer that reads this sends new traffic elsewhere). With `on_error = "local"` an
+/// instance whose store is away still decides every request, from its own memory: it stays
+/// ready (that is what `local` is chosen for), and says why.
 async fn readiness(shared: &Shared, engine: &Generation) -> Response<Body> {
     if shared.draining.load(std::sync::atomic::Ordering::Relaxed) {
         return text(StatusCode::SERVICE_UNAVAILABLE, "draining\n");
     }
     match engine.store().ready().await {
         Ok(()) => text(StatusCode::OK, "ready\n"),
+        Err(e) if engine.config().store.on_error == tollgate::OnError::Local => text(
+            StatusCode::OK,
+            format!("ready: deciding locally (on_error = \"local\"); store unreachable: {e}\n"),
+        ),
         Err(e) => text(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("store unreachable: {e}\n"),

@@ -60,3 +60,44 @@ async fn two_instances_share_one_redis_count() {
     a.stop().await;
     b.stop().await;
 }
+
+/// With `on_error = "local"` an instance whose Redis is away still decides every request, from
+/// its own memory: `/readyz` keeps it in its Service, saying why, and the quota still holds.
+#[tokio::test]
+async fn on_error_local_stays_ready_without_redis() {
+    let Some(mut redis) = common::redis::redis() else {
+        panic!("redis-server could not be started: install redis-server (scripts/test.sh does)");
+    };
+    let text = format!(
+        "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout = \"100ms\"\non_error = \"local\"\n\n[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"\nkey = [\"header:x-api-key\"]\n",
+        redis.port
+    );
+    let s = start_text(&text).await;
+    let ready = get(&s.admin_url("/readyz"), &[]).await;
+    assert_eq!(
+        (ready.status, &ready.body[..]),
+        (StatusCode::OK, &b"ready\n"[..])
+    );
+    redis.kill();
+    let ready = get(&s.admin_url("/readyz"), &[]).await;
+    assert_eq!(ready.status, StatusCode::OK);
+    let said = String::from_utf8_lossy(&ready.body);
+    assert!(
+        said.starts_with("ready: deciding locally (on_error = \"local\"); store unreachable:"),
+        "{said}"
+    );
+    let req = r#"{"policy":"api","key":"k"}"#;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(post_json(&s.url("/v1/check"), req).await.status);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    s.stop().await;
+}
