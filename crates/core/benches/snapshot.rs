@@ -102,7 +102,7 @@ fn main() {
     };
     let t = Instant::now();
     let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(&path).unwrap());
-    let written = store.write_snapshot(T0, &mut out).unwrap();
+    let written = store.write_snapshot(T0, &mut out).unwrap().keys;
     out.flush().unwrap();
     out.into_inner().unwrap().sync_all().unwrap();
     let took = t.elapsed();

@@ -259,6 +259,7 @@ pub(crate) async fn keep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         match saved {
             Some(Ok(w)) => tracing::debug!(
                 keys = w.keys,
+                bans = w.bans,
                 overrides = w.overrides,
                 list_entries = w.list_entries,
                 queued_requests = w.requests,
@@ -284,6 +285,7 @@ pub(crate) async fn save_at_stop(shared: &Shared) -> Result<(), String> {
     match saved {
         Some(Ok(w)) => tracing::info!(
             keys = w.keys,
+            bans = w.bans,
             overrides = w.overrides,
             list_entries = w.list_entries,
             queued_requests = w.requests,

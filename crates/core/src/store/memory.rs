@@ -66,7 +66,7 @@ mod shard_lock;
 mod snapshot;
 mod table;
 
-pub use snapshot::{RestoreCounts, STORE_FORMAT};
+pub use snapshot::{RestoreCounts, STORE_FORMAT, SnapshotCounts};
 
 use immediate::{ApplyOne, Immediate};
 use key_hash::{Hashed, KeyHasher};

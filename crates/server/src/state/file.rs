@@ -56,6 +56,7 @@ pub(crate) struct Extras {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Written {
     pub(crate) keys: u64,
+    pub(crate) bans: u64,
     pub(crate) overrides: u64,
     pub(crate) requests: u64,
     pub(crate) list_entries: u64,
@@ -73,7 +74,7 @@ pub(crate) fn write(
     header.put_u32(FORMAT);
     header.put_u64(now.as_micros());
     write_frame(out, HEADER, &header)?;
-    let keys = store.write_snapshot(now, out)?;
+    let counts = store.write_snapshot(now, out)?;
     if let Some(secret) = &extras.secret {
         write_frame(out, SECRET, secret)?;
     }
@@ -114,7 +115,8 @@ pub(crate) fn write(
     end.put_u64(list_entries);
     write_frame(out, END, &end)?;
     Ok(Written {
-        keys,
+        keys: counts.keys,
+        bans: counts.bans,
         overrides,
         requests,
         list_entries,

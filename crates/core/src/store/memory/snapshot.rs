@@ -30,6 +30,15 @@ const CHUNK: u8 = 2;
 const END: u8 = 3;
 const BANS: u8 = 4;
 
+/// What a snapshot holds, as [`MemoryStore::write_snapshot`] wrote it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotCounts {
+    /// Keys written (their states had not expired).
+    pub keys: u64,
+    /// Lockout records written (bans in force and denial streaks still running).
+    pub bans: u64,
+}
+
 /// What a restore found. Every key of the snapshot is counted once, in one of `restored`,
 /// `evicted`, `expired` or `unreadable`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,12 +59,13 @@ pub struct RestoreCounts {
 
 impl MemoryStore {
     /// Writes every key whose state has not expired by `now` to `out` (the frames above); how
-    /// many keys. Concurrency permits are not written: their requests end with the process.
+    /// many keys and lockout records. Concurrency permits are not written: their requests end
+    /// with the process.
     pub fn write_snapshot(
         &self,
         now: Timestamp,
         out: &mut impl Write,
-    ) -> Result<u64, SnapshotError> {
+    ) -> Result<SnapshotCounts, SnapshotError> {
         let mut header = Vec::with_capacity(32);
         header.put_u16(STORE_FORMAT);
         header.put_u64(self.inner.hash_key.0);
@@ -88,7 +98,7 @@ impl MemoryStore {
         end.put_u64(total);
         end.put_u64(bans);
         write_frame(out, END, &end)?;
-        Ok(total)
+        Ok(SnapshotCounts { keys: total, bans })
     }
 
     /// A store as `builder` makes it, holding the keys of the snapshot `input` whose states have
