@@ -65,7 +65,10 @@ fn streaming_app<C: tollgate::Clock>(
 }
 
 fn engine(limit: u32, action: Action) -> Engine {
-    Engine::builder().policy(exports(limit, action)).build().unwrap()
+    Engine::builder()
+        .policy(exports(limit, action))
+        .build()
+        .unwrap()
 }
 
 fn exports(limit: u32, action: Action) -> tollgate_http::HttpPolicy {
@@ -173,7 +176,10 @@ async fn with_delay_every_request_in_line_is_refused_at_its_max_delay() {
         let (status, waited) = waiter.await.unwrap();
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
         assert!(waited >= max_delay, "{waited:?}");
-        assert!(waited < max_delay + Duration::from_millis(100), "{waited:?}");
+        assert!(
+            waited < max_delay + Duration::from_millis(100),
+            "{waited:?}"
+        );
     }
 }
 
