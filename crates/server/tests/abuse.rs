@@ -89,9 +89,18 @@ async fn a_hammering_client_is_banned_past_its_window_until_lifted() {
     assert_eq!(bans[0]["policy"], "login");
     assert_eq!(bans[0]["key"], format!("ip:{ip}"));
     assert!(bans[0]["denials"].as_u64().unwrap() >= 3, "{listed}");
-    for field in ["since", "until"] {
-        assert!(bans[0][field].as_str().unwrap().ends_with('Z'), "{listed}");
-    }
+    // To the millisecond, so the ban's length is its `for` exactly.
+    let at = |field: &str| {
+        let text = bans[0][field].as_str().unwrap();
+        assert!(text.ends_with('Z'), "{listed}");
+        let format = time::format_description::well_known::Rfc3339;
+        time::OffsetDateTime::parse(text, &format).unwrap()
+    };
+    assert_eq!(
+        at("until") - at("since"),
+        time::Duration::seconds(3),
+        "{listed}"
+    );
     let lift = send_json(
         "DELETE",
         &s.admin_url("/v1/bans/login/ip%3A192.0.2.77"),

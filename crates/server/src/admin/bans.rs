@@ -9,10 +9,10 @@
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
-use tollgate::{BanRecord, Clock, Store, SystemClock, Timestamp};
+use tollgate::{BanRecord, Clock, Store, SystemClock};
 
 use crate::Shared;
-use crate::admin::fields::{bad_field, decode, form_urlencoded_value, rfc3339};
+use crate::admin::fields::{bad_field, decode, form_urlencoded_value, rfc3339_millis};
 use crate::response::{Body, full, json_response, problem};
 
 /// `/v1/bans...`: `rest` is what follows `/v1/bans`.
@@ -50,17 +50,13 @@ fn usage() -> Response<Body> {
     )
 }
 
-fn secs(t: Timestamp) -> u64 {
-    t.as_micros().div_ceil(1_000_000)
-}
-
 /// One ban as the API shows it.
 pub(crate) fn ban_json(b: &BanRecord) -> Value {
     json!({
         "policy": b.policy,
         "key": crate::admin::key_text(&b.key),
-        "since": rfc3339(b.since.as_micros() / 1_000_000),
-        "until": rfc3339(secs(b.until)),
+        "since": rfc3339_millis(b.since.as_micros()),
+        "until": rfc3339_millis(b.until.as_micros()),
         "denials": b.denials,
     })
 }

@@ -100,6 +100,17 @@ pub(crate) fn rfc3339(unix_secs: u64) -> Value {
         .map_or(Value::Null, Value::from)
 }
 
+/// Unix microseconds as RFC 3339 to the millisecond (`2026-12-05T00:02:03.481Z`): a ban's start
+/// and end, shown as they are (whole seconds, one rounded down and the other up, made a
+/// three-second ban look four seconds long).
+pub(crate) fn rfc3339_millis(unix_micros: u64) -> Value {
+    i128::try_from(unix_micros / 1_000)
+        .ok()
+        .and_then(|ms| OffsetDateTime::from_unix_timestamp_nanos(ms * 1_000_000).ok())
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .map_or(Value::Null, Value::from)
+}
+
 /// A path segment, percent-decoded; it must be UTF-8 without control characters.
 pub(crate) fn decode(field: &str, raw: &str) -> Result<String, BadField> {
     let text = percent_decode_str(raw)
