@@ -1,6 +1,8 @@
 //! The long-key rule, defined once for every way into Tollgate: a key longer than
 //! [`MAX_RAW_KEY`] bytes is stored as a fixed-length keyed hash of itself, so a client cannot
-//! make the store hold (or the server copy) arbitrarily long keys. [`KeyDigest::write_key`]
+//! make the store hold (or the server copy) arbitrarily long keys. So is a key that is not
+//! UTF-8 (the Redis-protocol door takes any bytes): every key a store counts is then text,
+//! which `/v1/top` shows and `/v1/overrides` takes as it is. [`KeyDigest::write_key`]
 //! writes every key a caller names the way stores count it (and `/v1/top` shows it).
 //!
 //! The hash is HMAC-SHA256 (RFC 2104, the `hmac` crate) cut to 128 bits: keyed, so with a
@@ -60,12 +62,15 @@ impl KeyDigest {
         out
     }
 
-    /// Appends the key a store counts `value` under: `value` itself when it is at most
+    /// Appends the key a store counts `value` under: `value` itself when it is UTF-8, at most
     /// [`MAX_RAW_KEY`] bytes long and does not begin with `#`; otherwise `#` and the 32 hex
     /// digits of its [`digest`](Self::digest). A value written as itself never begins with
     /// `#`, so no value can pass for another's digest.
     pub fn write_key(&self, value: &[u8], out: &mut impl Extend<u8>) {
-        if value.len() <= MAX_RAW_KEY && value.first() != Some(&b'#') {
+        if value.len() <= MAX_RAW_KEY
+            && value.first() != Some(&b'#')
+            && std::str::from_utf8(value).is_ok()
+        {
             out.extend(value.iter().copied());
         } else {
             out.extend([b'#']);
@@ -105,6 +110,13 @@ mod tests {
         // A value that looks like a digest is hashed too, so it never shares the long key's count.
         assert_ne!(key(&hashed), hashed);
         assert_eq!(key(&hashed)[0], b'#');
+        // Bytes that are not UTF-8 are hashed: every stored key is text, and none can be shown
+        // under the same name as another.
+        let binary = key(b"bin\xff\x00");
+        assert_eq!((binary.len(), binary[0]), (33, b'#'));
+        assert!(std::str::from_utf8(&binary).is_ok());
+        assert_ne!(key(b"\xff"), key(b"\xfe"));
+        assert_eq!(key("caf\u{e9}".as_bytes()), "caf\u{e9}".as_bytes());
     }
 
     fn hex(value: &[u8], secret: &[u8]) -> String {

@@ -318,17 +318,12 @@ fn top_json(policy: &str, view: &top::TopView) -> Value {
     })
 }
 
-/// A store key as text: as it is when it is UTF-8 (every key the HTTP engine makes is:
-/// credentials already appear as their keyed hash), else `sha256:<hex>` (a `/v1/check` key of
-/// more than 256 bytes, which the store keeps as its SHA-256).
+/// A store key as text. Every key the server's doors make is UTF-8: credentials appear as
+/// their keyed hash, and a value longer than 256 bytes, beginning with `#` or not UTF-8 as
+/// `#` and its digest (`tollgate::key_digest`). A key that is not (from a store shared with
+/// other code) is shown with its bad bytes replaced.
 pub(crate) fn key_text(key: &[u8]) -> String {
-    match std::str::from_utf8(key) {
-        Ok(s) => s.to_owned(),
-        Err(_) => {
-            let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-            format!("sha256:{hex}")
-        }
-    }
+    String::from_utf8_lossy(key).into_owned()
 }
 
 /// `GET /v1/stats`: what the dashboard polls: decision counters per policy (with the requests
