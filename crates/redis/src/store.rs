@@ -232,16 +232,28 @@ impl RedisStore {
         &self.inner.config
     }
 
-    /// Sends `PING` (bounded by `timeout`); success also closes the circuit.
+    /// Sends `PING` (bounded by `timeout`); success also closes the circuit. For a Cluster it
+    /// also asks a node for `CLUSTER INFO`, within the same bound, and fails unless the
+    /// Cluster is serving (`cluster_state:ok`): a Cluster that lost a master without a replica
+    /// still answers `PING` on its live nodes while it refuses every script (`CLUSTERDOWN`).
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.ping_with(self.inner.config.timeout).await
     }
 
     async fn ping_with(&self, limit: Duration) -> Result<(), StoreError> {
+        let cluster = self.inner.config.cluster;
         let result = tokio::time::timeout(limit, async {
             let mut conn = self.inner.connection.get().await?;
             let reply: Result<Value, RedisError> = redis::cmd("PING").query_async(&mut conn).await;
-            reply.map(|_| ()).map_err(classify)
+            reply.map_err(classify)?;
+            if cluster {
+                let info: Result<Value, RedisError> = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut conn)
+                    .await;
+                cluster_serving(&info.map_err(classify)?)?;
+            }
+            Ok(())
         })
         .await
         .unwrap_or(Err(StoreError::Timeout { after: limit }));
@@ -611,4 +623,33 @@ fn ban_key_of(prefix: &str, mac: &[u8], check: &Check<'_>) -> Option<String> {
         .policy
         .ban()
         .map(|_| crate::keys::ban_key(prefix, mac, check.policy.name()))
+}
+
+/// Whether a `CLUSTER INFO` reply says the Cluster serves (`cluster_state:ok`); if not, why.
+fn cluster_serving(info: &Value) -> Result<(), StoreError> {
+    let text = match info {
+        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        Value::VerbatimString { text, .. } => text.clone(),
+        Value::SimpleString(text) => text.clone(),
+        other => {
+            return Err(StoreError::Protocol {
+                reason: format!("CLUSTER INFO answered {other:?}"),
+            });
+        }
+    };
+    let state = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("cluster_state:"))
+        .map(str::trim);
+    match state {
+        Some("ok") => Ok(()),
+        Some(state) => Err(StoreError::Unavailable {
+            reason: format!(
+                "the Redis Cluster is not serving: CLUSTER INFO says cluster_state:{state}"
+            ),
+        }),
+        None => Err(StoreError::Protocol {
+            reason: "CLUSTER INFO has no cluster_state".to_owned(),
+        }),
+    }
 }

@@ -103,8 +103,9 @@ pub async fn ban_needs_denials_within_the_streak<S: Store>(store: &S) {
     );
 }
 
-/// `bans` lists a ban in force with its policy, key, start, end and denials; `lift_ban` ends
-/// it at once (the key starts afresh), and says whether there was one.
+/// `bans` lists a ban in force with its policy, key, start, end and denials (a peek while
+/// banned is refused but not counted); `lift_ban` ends it at once (the key starts afresh), and
+/// says whether there was one.
 pub async fn bans_are_listed_and_lifted<S: Store>(store: &S) {
     let policy = banning("ban-list", 1, 2, 10, 30);
     let key = unique("ban-list-key");
@@ -119,6 +120,22 @@ pub async fn bans_are_listed_and_lifted<S: Store>(store: &S) {
         one(store, at(1, 0), &policy, key, 1).await.ban,
         BanStatus::Active
     );
+    // Peeks (cost 0) at the banned key, alone and in a request with another policy: refused
+    // until the ban ends, but no denial, so a dashboard that peeks does not inflate the count.
+    let other = banning("ban-list-other", 5, 2, 10, 30);
+    for _ in 0..3 {
+        let peek = one(store, at(1, 5), &policy, key, 0).await;
+        assert!(!peek.allowed, "a banned key's peek is refused: {peek:?}");
+        assert_eq!(peek.ban, BanStatus::Active, "{peek:?}");
+        assert_eq!(peek.retry_after, Some(Duration::from_secs(29)), "{peek:?}");
+        let both = [Check::new(&other, key, 0), Check::new(&policy, key, 0)];
+        let d = match store.apply(at(1, 5), &both).await {
+            Ok(d) => d,
+            Err(e) => panic!("store failed: {e}"),
+        };
+        assert!(!d.allowed(), "{d:?}");
+        assert_eq!(d.as_slice()[1].ban, BanStatus::Active, "{d:?}");
+    }
     let listed = match store.bans(at(2, 0)).await {
         Ok(list) => list,
         Err(e) => panic!("bans failed: {e}"),
@@ -133,7 +150,7 @@ pub async fn bans_are_listed_and_lifted<S: Store>(store: &S) {
     assert_eq!(mine[0].until, at(30, 5));
     assert_eq!(
         mine[0].denials, 3,
-        "two denials and one refusal while banned"
+        "two denials and one refusal while banned; the peeks are not denials"
     );
     let lifted = store.lift_ban(at(2, 0), policy.name(), key).await;
     assert!(matches!(lifted, Ok(true)), "{lifted:?}");

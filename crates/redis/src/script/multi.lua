@@ -28,8 +28,9 @@
 -- Lockouts (crates/core/src/ban.rs has the state machine; the caller replays it on what this
 -- script reports and refuses a reply that disagrees): after the checks, per record j: the index
 -- of its check, after, within_us, for_us, the key as the caller names it (kept for listing).
--- A check whose key is banned (now < until) is refused without its quota being asked; a check
--- its own quota refuses (cost above 0) counts a denial, which may start a ban. In modes 0 and 1.
+-- A check whose key is banned (now < until) is refused without its quota being asked, and
+-- counted in the ban's denials unless it is a peek (cost 0); a check its own quota refuses (cost
+-- above 0) counts a denial, which may start a ban. In modes 0 and 1.
 -- The reply then ends with, per record: its state before (streak start, denials, since, until)
 -- and what was done: 0 nothing, 1 refused while banned, 2 a denial counted, 3 a ban started.
 local m = tonumber(ARGV[2])
@@ -273,7 +274,8 @@ for j = 1, m do
   local st = ban.st
   for _, x in ipairs(st) do out[#out + 1] = x end
   if ban.banned then
-    redis.call('HINCRBY', ban.key, 'd', 1)
+    -- Refused; counted in the ban's denials unless a peek (cost 0), which is no denial.
+    if costs[i] > 0 then redis.call('HINCRBY', ban.key, 'd', 1) end
     ban.code = 1
   elseif denied[i] and costs[i] > 0 then
     local s0, d, since, untl = st[1], st[2], st[3], st[4]

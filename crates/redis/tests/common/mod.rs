@@ -104,7 +104,8 @@ impl RedisServer {
         std::fs::create_dir_all(&self.dir).unwrap();
         // The wrapper also removes the server's directory, which a `static` server never
         // gets to do in `Drop`.
-        let script = r#"redis-server "$@" & R=$!; echo $R; read _; kill -9 $R 2>/dev/null; wait $R 2>/dev/null; rm -rf "$TG_REDIS_DIR""#;
+        // A `keep` file in it keeps the directory (a Cluster node's nodes.conf) for a restart.
+        let script = r#"redis-server "$@" & R=$!; echo $R; read _; kill -9 $R 2>/dev/null; wait $R 2>/dev/null; [ -e "$TG_REDIS_DIR/keep" ] || rm -rf "$TG_REDIS_DIR""#;
         let mut child = Command::new("bash")
             .arg("-c")
             .arg(script)
@@ -221,6 +222,24 @@ impl RedisServer {
         self.kill();
         self.spawn();
     }
+
+    /// Kills the server (SIGKILL) but keeps its directory, so [`revive`](Self::revive) starts
+    /// it again as the same Cluster node (its `nodes.conf`: its id, epoch and slots).
+    pub fn kill_keeping_config(&mut self) {
+        std::fs::write(self.dir.join("keep"), b"").unwrap();
+        self.kill();
+    }
+
+    /// Starts a server killed by [`kill_keeping_config`](Self::kill_keeping_config) again.
+    pub fn revive(&mut self) {
+        let _ = std::fs::remove_file(self.dir.join("keep"));
+        self.spawn();
+    }
+
+    /// Whether this server's process is running (not killed).
+    pub fn alive(&self) -> bool {
+        self.pid.is_some()
+    }
 }
 
 impl Drop for RedisServer {
@@ -237,8 +256,14 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
+        Self::start_with_replicas(1)
+    }
+
+    /// A Cluster of 3 masters with `replicas` replicas each (0: a master lost is its slots
+    /// lost, and the Cluster goes to `cluster_state:fail`).
+    pub fn start_with_replicas(replicas: usize) -> Self {
         require_redis();
-        let nodes: Vec<RedisServer> = (0..6)
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
                 RedisServer::start_with(
                     free_port(true),
@@ -262,7 +287,7 @@ impl RedisCluster {
             create.arg(format!("127.0.0.1:{}", n.port));
         }
         let out = create
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli");
         assert!(

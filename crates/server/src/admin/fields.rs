@@ -104,9 +104,9 @@ pub(crate) fn rfc3339(unix_secs: u64) -> Value {
 /// and end, shown as they are (whole seconds, one rounded down and the other up, made a
 /// three-second ban look four seconds long).
 pub(crate) fn rfc3339_millis(unix_micros: u64) -> Value {
-    i128::try_from(unix_micros / 1_000)
+    let ms = i128::from(unix_micros / 1_000);
+    OffsetDateTime::from_unix_timestamp_nanos(ms * 1_000_000)
         .ok()
-        .and_then(|ms| OffsetDateTime::from_unix_timestamp_nanos(ms * 1_000_000).ok())
         .and_then(|t| t.format(&Rfc3339).ok())
         .map_or(Value::Null, Value::from)
 }

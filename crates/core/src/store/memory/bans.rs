@@ -3,9 +3,9 @@
 //!
 //! A check of a policy without a ban never looks here. One with a ban reads its record under the
 //! shard's shared lock (a lookup in an empty map while nobody is denied): a banned key is
-//! refused there, its refusal counted in an atomic. A denial by the quota is counted under the
-//! exclusive lock, which every denial that may start a ban takes; admissions stay on the shared
-//! path.
+//! refused there, its refusal counted in an atomic (a peek's is not). A denial by the quota is
+//! counted under the exclusive lock, which every denial that may start a ban takes; admissions
+//! stay on the shared path.
 //!
 //! Bounded like the keys: at most the shard's share of `max_keys` records. Past it, records
 //! that have expired go first, then streaks that have not banned anyone; when every record left
@@ -78,9 +78,11 @@ impl BanTable {
         self.records.get(&hash)?.iter().find(|r| r.policy == policy)
     }
 
-    /// When `policy` bans `hash` at `now`, its end; the refusal is counted.
+    /// When `policy` bans `hash` at `now`, its end. The refusal of a check of `cost` is counted
+    /// in the ban's denials, except a peek's (cost 0): a peek is refused but is no denial, so a
+    /// dashboard that peeks does not inflate them.
     #[inline]
-    pub(super) fn refuse(&self, policy: &str, hash: u64, now: u64) -> Option<u64> {
+    pub(super) fn refuse(&self, policy: &str, hash: u64, now: u64, cost: u32) -> Option<u64> {
         if self.records.is_empty() {
             return None;
         }
@@ -88,7 +90,9 @@ impl BanTable {
         if now >= record.until {
             return None;
         }
-        record.denials.fetch_add(1, Ordering::Relaxed);
+        if cost > 0 {
+            record.denials.fetch_add(1, Ordering::Relaxed);
+        }
         Some(record.until)
     }
 
@@ -223,7 +227,7 @@ impl MemoryStore {
         let limits = self.inner.limits;
         let decided = {
             let shard = lock.read();
-            if let Some(until) = shard.bans.refuse(name, hash, now_us) {
+            if let Some(until) = shard.bans.refuse(name, hash, now_us, check.cost) {
                 return Ban::banned_decision(name, limit, now_us, until);
             }
             match shard.try_shared(check.policy, hashed, now, check.cost, check.permit, &limits) {
@@ -245,7 +249,7 @@ impl MemoryStore {
         let denied = match decided {
             Some(d) => d,
             None => {
-                if let Some(until) = shard.bans.refuse(name, hash, now_us) {
+                if let Some(until) = shard.bans.refuse(name, hash, now_us, check.cost) {
                     return Ban::banned_decision(name, limit, now_us, until);
                 }
                 let (v, _) = shard.step(
@@ -316,9 +320,12 @@ pub(super) fn banned_before(
         .zip(hashes)
         .map(|(check, &hash)| {
             check.policy.ban()?;
-            guard_for(guards, store.shard_index(hash))
-                .bans
-                .refuse(check.policy.name(), hash, now)
+            guard_for(guards, store.shard_index(hash)).bans.refuse(
+                check.policy.name(),
+                hash,
+                now,
+                check.cost,
+            )
         })
         .collect()
 }

@@ -1,0 +1,203 @@
+//! Operating the server on Redis: `rediss://` to a TLS-only `redis-server` whose certificate a
+//! private CA signed, trusted through `SSL_CERT_FILE` (the Redis client reads the system's
+//! trust store, which that variable replaces). Needs `redis-server` built with TLS (Debian's
+//! is); skipped with a message when it is not.
+//!
+//! The variable is read from the process's environment, which a test must not change under
+//! other threads: the test runs the server in a child process of this test binary (the ignored
+//! test `rediss_child`), with the environment it needs.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod tls_common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use hyper::StatusCode;
+
+/// The child's `rediss://` URL; set only for the child.
+const CHILD_URL: &str = "TOLLGATE_TEST_REDISS_URL";
+/// Whether the child expects Redis trusted ("1") or not ("0").
+const CHILD_TRUSTED: &str = "TOLLGATE_TEST_REDISS_TRUSTED";
+
+/// A TLS-only `redis-server` on a free loopback port, killed when dropped.
+struct TlsRedis {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl TlsRedis {
+    /// Starts one with a certificate for 127.0.0.1 signed by a fresh CA, written as
+    /// `dir/ca.pem`. `Err` says why it could not, and whether that is a skip (no TLS support).
+    fn start(dir: &Path) -> Result<TlsRedis, (bool, String)> {
+        let ca = tls_common::Ca::new("tollgate-redis-test-ca");
+        let leaf = ca.server("redis");
+        std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+        std::fs::write(dir.join("redis.pem"), &leaf.cert).unwrap();
+        std::fs::write(dir.join("redis.key"), &leaf.key).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let path = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+        let mut child = Command::new("redis-server")
+            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--tls-cert-file", &path("redis.pem")])
+            .args(["--tls-key-file", &path("redis.key")])
+            .args(["--tls-ca-cert-file", &path("ca.pem")])
+            .args(["--tls-auth-clients", "no"])
+            .args(["--dir", &path(""), "--logfile", &path("redis.log")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| (false, format!("redis-server could not be started: {e}")))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    use std::io::Read as _;
+                    let _ = e.read_to_string(&mut err);
+                }
+                let text = format!("{err}{log}");
+                // A redis-server built without TLS refuses the tls-* options as unknown
+                // ("Bad directive") or says TLS is not supported; any other exit is a failure.
+                let no_tls = text.contains("Bad directive") || text.contains("not supported");
+                return Err((no_tls, format!("redis-server exited ({status}): {text}")));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the TLS redis-server did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(TlsRedis {
+            child,
+            port,
+            dir: dir.to_owned(),
+        })
+    }
+}
+
+/// Runs `rediss_child` in a child process with `env`; its output, and whether it passed.
+fn run_child(url: &str, ca: Option<&Path>) -> (bool, String) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["rediss_child", "--exact", "--ignored", "--nocapture"])
+        .env(CHILD_URL, url)
+        .env(CHILD_TRUSTED, if ca.is_some() { "1" } else { "0" })
+        .env_remove("SSL_CERT_DIR");
+    match ca {
+        Some(ca) => cmd.env("SSL_CERT_FILE", ca),
+        None => cmd.env_remove("SSL_CERT_FILE"),
+    };
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The child must have run the test, not filtered it out.
+    let ran = text.contains("running 1 test");
+    assert!(ran, "the child did not run rediss_child:\n{text}");
+    (out.status.success(), text)
+}
+
+/// The server decides through `rediss://`: with the CA in `SSL_CERT_FILE` it is ready and its
+/// decisions come from Redis (counted there); without it, the certificate is not trusted and
+/// `/readyz` says the store is unreachable.
+#[test]
+fn rediss_through_the_server() {
+    let dir = tls_common::temp_dir("redis-ops");
+    let redis = match TlsRedis::start(&dir) {
+        Ok(r) => r,
+        Err((true, why)) => {
+            eprintln!("skipped: this redis-server has no TLS support ({why})");
+            return;
+        }
+        Err((false, why)) => panic!("{why}"),
+    };
+    let url = format!("rediss://127.0.0.1:{}", redis.port);
+    let (ok, text) = run_child(&url, Some(&dir.join("ca.pem")));
+    assert!(ok, "rediss:// with the CA trusted:\n{text}");
+    // The decisions were counted in that Redis, over TLS.
+    let ca = dir.join("ca.pem");
+    let keys = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &redis.port.to_string()])
+        .args(["--tls", "--cacert", ca.to_str().unwrap(), "DBSIZE"])
+        .output()
+        .unwrap();
+    let keys = String::from_utf8_lossy(&keys.stdout).trim().to_owned();
+    assert_eq!(keys, "1", "the policy's one key in Redis");
+    let (ok, text) = run_child(&url, None);
+    assert!(ok, "rediss:// with the CA not trusted:\n{text}");
+    drop(redis);
+}
+
+/// The child's half of [`rediss_through_the_server`]: the server on `rediss://`.
+#[tokio::test]
+#[ignore = "run by rediss_through_the_server in a child process with SSL_CERT_FILE set"]
+async fn rediss_child() {
+    let Ok(url) = std::env::var(CHILD_URL) else {
+        eprintln!("nothing to do: rediss_through_the_server runs this with its environment");
+        return;
+    };
+    let trusted = std::env::var(CHILD_TRUSTED).as_deref() == Ok("1");
+    let text = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{url}\"\ntimeout = \"2s\"\non_error = \"deny\"\n\n\
+         [[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"\n\
+         key = [\"header:x-api-key\"]\n"
+    );
+    let config = tollgate_server::Config::parse("test.toml", &with_ports(&text))
+        .unwrap_or_else(|e| panic!("a rediss:// store is a valid configuration: {e}"));
+    let server = start(config).await;
+    let ready = get(&server.admin_url("/readyz"), &[]).await;
+    let req = r#"{"policy":"api","key":"tls-key","cost":1}"#;
+    if trusted {
+        assert_eq!(
+            ready.status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&ready.body)
+        );
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let r = post_json(&server.url("/v1/check"), req).await;
+            seen.push((
+                r.status,
+                r.json()["remaining"].clone(),
+                r.json()["fail_open"].clone(),
+            ));
+        }
+        assert_eq!(
+            seen,
+            [
+                (StatusCode::OK, 1.into(), false.into()),
+                (StatusCode::OK, 0.into(), false.into()),
+                (StatusCode::TOO_MANY_REQUESTS, 0.into(), false.into()),
+            ]
+        );
+    } else {
+        let body = String::from_utf8_lossy(&ready.body).into_owned();
+        assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(body.contains("store unreachable"), "{body}");
+        // on_error = "deny": no decision without Redis.
+        let r = post_json(&server.url("/v1/check"), req).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    server.stop().await;
+}
