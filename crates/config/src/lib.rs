@@ -153,6 +153,9 @@ pub struct StoreConfig {
     pub path: Option<std::path::PathBuf>,
     /// `snapshot_every` (default 10s): how often the state is written to `path` while running.
     pub snapshot_every: Duration,
+    /// `tls_ca`: the CA certificates (PEM, read when the configuration is) that `rediss://`
+    /// servers are checked against, in place of the system's.
+    pub tls_ca: Option<Vec<u8>>,
 }
 
 impl StoreConfig {
@@ -180,6 +183,7 @@ impl StoreConfig {
         if let Some(secret) = &self.key_secret {
             rc.key_secret = secret.expose().to_vec();
         }
+        rc.tls_root_cert_pem = self.tls_ca.clone();
         rc
     }
 }

@@ -119,6 +119,7 @@ pub(super) struct RawStore {
     key_secret_env: Option<S<String>>,
     path: Option<S<String>>,
     snapshot_every: Option<S<String>>,
+    tls_ca: Option<S<String>>,
 }
 
 #[derive(Deserialize)]

@@ -51,6 +51,7 @@ const STORE: &[(&str, Ty)] = &[
     ("key_secret_env", Ty::Str),
     ("path", Ty::Str),
     ("snapshot_every", Ty::Str),
+    ("tls_ca", Ty::Str),
 ];
 const PROXY: &[(&str, Ty)] = &[
     ("listen", Ty::Str),

@@ -148,6 +148,13 @@ fn read(path: &Path, field: &'static str) -> Result<Vec<u8>, TlsError> {
         .map_err(|e| TlsError::new(field, format!("cannot read {}: {e}", path.display())))
 }
 
+/// The PEM file at `path`, read whole, once it is known to hold at least one certificate:
+/// `[store] tls_ca`, which the Redis client parses itself.
+pub(crate) fn ca_pem(path: &Path, field: &'static str) -> Result<Vec<u8>, TlsError> {
+    certificates(path, field)?;
+    read(path, field)
+}
+
 /// Every `CERTIFICATE` section of the PEM file at `path` (at least one).
 fn certificates(
     path: &Path,

@@ -1,6 +1,6 @@
 //! Operating the server on Redis: `rediss://` to a TLS-only `redis-server` whose certificate a
-//! private CA signed, trusted through `SSL_CERT_FILE` (the Redis client reads the system's
-//! trust store, which that variable replaces). Needs `redis-server` built with TLS (Debian's
+//! private CA signed, trusted through `[store] tls_ca`, or through `SSL_CERT_FILE` (the Redis
+//! client reads the system's trust store, which that variable replaces). Needs `redis-server` built with TLS (Debian's
 //! is); skipped with a message when it is not.
 //!
 //! The variable is read from the process's environment, which a test must not change under
@@ -200,4 +200,87 @@ async fn rediss_child() {
         assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     }
     server.stop().await;
+}
+
+/// The store's config text for `url`, with `tls_ca` when given.
+fn store_config(url: &str, tls_ca: Option<&Path>) -> String {
+    let ca = tls_ca.map_or(String::new(), |p| format!("tls_ca = {:?}\n", p));
+    format!(
+        "[store]\nkind = \"redis\"\nurl = \"{url}\"\n{ca}timeout = \"2s\"\non_error = \"deny\"\n\n\
+         [[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"\n\
+         key = [\"header:x-api-key\"]\n"
+    )
+}
+
+/// `[store] tls_ca` trusts a private CA for Redis alone, with no environment: the server is
+/// ready and decides through Redis; with another CA there, Redis's certificate is refused.
+#[tokio::test]
+async fn rediss_with_tls_ca() {
+    let dir = tls_common::temp_dir("redis-tls-ca");
+    let redis = match TlsRedis::start(&dir) {
+        Ok(r) => r,
+        Err((true, why)) => {
+            eprintln!("skipped: this redis-server has no TLS support ({why})");
+            return;
+        }
+        Err((false, why)) => panic!("{why}"),
+    };
+    let url = format!("rediss://127.0.0.1:{}", redis.port);
+    let text = store_config(&url, Some(&dir.join("ca.pem")));
+    let config = tollgate_server::Config::parse("test.toml", &with_ports(&text)).unwrap();
+    let server = start(config).await;
+    let ready = get(&server.admin_url("/readyz"), &[]).await;
+    assert_eq!(ready.status, StatusCode::OK, "{ready:?}");
+    let req = r#"{"policy":"api","key":"tls-ca-key"}"#;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(post_json(&server.url("/v1/check"), req).await.status);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    server.stop().await;
+    // Another CA: the server's certificate is not trusted, whatever the system trusts.
+    let other = tls_common::Ca::new("another CA");
+    std::fs::write(dir.join("other.pem"), other.pem()).unwrap();
+    let text = store_config(&url, Some(&dir.join("other.pem")));
+    let config = tollgate_server::Config::parse("test.toml", &with_ports(&text)).unwrap();
+    let server = start(config).await;
+    let ready = get(&server.admin_url("/readyz"), &[]).await;
+    let said = String::from_utf8_lossy(&ready.body).into_owned();
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{said}");
+    assert!(said.contains("store unreachable"), "{said}");
+    server.stop().await;
+    drop(redis);
+}
+
+/// `tls_ca` is refused where it means nothing, and a file that holds no certificate is named.
+#[test]
+fn tls_ca_is_checked_where_it_is_written() {
+    let dir = tls_common::temp_dir("redis-tls-ca-bad");
+    std::fs::write(dir.join("junk.pem"), "not a certificate\n").unwrap();
+    let errors = |text: &str| match tollgate_server::Config::parse("t.toml", text) {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    };
+    let plain = store_config("redis://127.0.0.1:6379", Some(&dir.join("junk.pem")));
+    let e = errors(&plain);
+    assert!(
+        e.contains("t.toml:4:") && e.contains("needs kind = \"redis\" and rediss:// URLs"),
+        "{e}"
+    );
+    let junk = store_config("rediss://127.0.0.1:6380", Some(&dir.join("junk.pem")));
+    let e = errors(&junk);
+    assert!(
+        e.contains("t.toml:4:") && e.contains("no certificate in it"),
+        "{e}"
+    );
+    let gone = store_config("rediss://127.0.0.1:6380", Some(&dir.join("gone.pem")));
+    let e = errors(&gone);
+    assert!(e.contains("tls_ca") && e.contains("cannot read"), "{e}");
 }

@@ -21,6 +21,7 @@ pub(crate) fn default_store() -> StoreConfig {
         key_secret: None,
         path: None,
         snapshot_every: super::state::DEFAULT_SNAPSHOT_EVERY,
+        tls_ca: None,
     }
 }
 
@@ -103,6 +104,7 @@ pub(super) fn validate(raw: Option<RawStore>, errs: &mut Errors<'_>) -> Option<S
         }
     }
     ok &= super::state::validate(&s, &mut out, errs);
+    ok &= tls_ca(&s, &mut out, errs);
     ok &= redis_server(&s, &out, ok, errs);
     ok.then_some(out)
 }
@@ -133,6 +135,38 @@ fn redis_urls(s: &RawStore, out: &mut StoreConfig, errs: &mut Errors<'_>) -> boo
         out.nodes.push(u.clone());
     }
     ok
+}
+
+/// `tls_ca`: a PEM file of CA certificates (relative to the configuration's folder) for a
+/// Redis reached over TLS, every URL `rediss://`; false when refused.
+fn tls_ca(s: &RawStore, out: &mut StoreConfig, errs: &mut Errors<'_>) -> bool {
+    let Some(v) = &s.tls_ca else {
+        return true;
+    };
+    let tls = out
+        .url
+        .iter()
+        .chain(&out.nodes)
+        .all(|u| u.starts_with("rediss://"));
+    if out.kind != StoreKind::Redis || (out.url.is_none() && out.nodes.is_empty()) || !tls {
+        errs.at(
+            v.span().start,
+            "[store] field \"tls_ca\" is the CA of a Redis reached over TLS: it needs kind = \
+             \"redis\" and rediss:// URLs (url = \"rediss://redis.internal:6380\")"
+                .to_owned(),
+        );
+        return false;
+    }
+    match crate::tls::ca_pem(&errs.relative(v.get_ref()), "tls_ca") {
+        Ok(pem) => {
+            out.tls_ca = Some(pem);
+            true
+        }
+        Err(e) => {
+            errs.at(v.span().start, format!("[store] {e}"));
+            false
+        }
+    }
 }
 
 /// `key_secret_env`: the environment variable that holds the secret keying credential digests
