@@ -22,19 +22,13 @@
 //! client's address outright, so a forwarding header is nothing to them; the tower layer gets
 //! its target from hyper, whose URI parser never hands a fragment on.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tollgate::{MemoryStore, SystemClock};
-use tollgate_http::{PeerAddr, RateLimitLayer, RequestInfo};
-use tollgate_server::{Config, Listeners};
+use http::{Request, StatusCode};
+use serde_json::json;
+use tokio::net::TcpStream;
+use tollgate::SystemClock;
+use tollgate_http::{PeerAddr, RateLimitLayer};
 use tower::{Layer, Service, ServiceExt};
 
 mod every_door_support;
@@ -65,32 +59,6 @@ name = "blocked"
 action = "deny"
 ips = ["198.51.100.0/24"]
 "#;
-
-/// A request as a row describes it.
-#[derive(Clone, Copy, Debug)]
-struct Described {
-    method: &'static str,
-    target: &'static str,
-    host: &'static str,
-    /// `X-Forwarded-For` as the proxy in front (a trusted peer on loopback) sends it.
-    xff: &'static str,
-    /// The client's address, for the doors that are told it outright.
-    client: &'static str,
-    api_key: Option<&'static str>,
-}
-
-/// What every door must answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Expect {
-    /// Counted by `per-key` under a key starting with this.
-    Counted(&'static str),
-    /// No policy applies: passed on, no rate-limit headers.
-    Unmatched,
-    /// Refused with 400, the problem naming the field as each door knows it.
-    Refused,
-    /// Refused with 403 by the deny list, before any policy.
-    Forbidden,
-}
 
 struct Row {
     name: &'static str,

@@ -2,7 +2,46 @@
 //! forward-auth and `/v1/check`, the tower layer called as hyper would, replay of a log, a RESP
 //! exchange; and the server and upstream they run against.
 
-use super::*;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tollgate::{MemoryStore, SystemClock};
+use tollgate_http::{PeerAddr, RateLimitLayer, RequestInfo};
+use tollgate_server::{Config, Listeners};
+use tower::{Layer, Service, ServiceExt};
+
+/// A request as a row describes it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Described {
+    pub(super) method: &'static str,
+    pub(super) target: &'static str,
+    pub(super) host: &'static str,
+    /// `X-Forwarded-For` as the proxy in front (a trusted peer on loopback) sends it.
+    pub(super) xff: &'static str,
+    /// The client's address, for the doors that are told it outright.
+    pub(super) client: &'static str,
+    pub(super) api_key: Option<&'static str>,
+}
+
+/// What every door must answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Expect {
+    /// Counted by `per-key` under a key starting with this.
+    Counted(&'static str),
+    /// No policy applies: passed on, no rate-limit headers.
+    Unmatched,
+    /// Refused with 400, the problem naming the field as each door knows it.
+    Refused,
+    /// Refused with 403 by the deny list, before any policy.
+    Forbidden,
+}
 
 /// One door's answer, reduced to what rows compare.
 #[derive(Clone, Debug)]

@@ -1,0 +1,105 @@
+//! A shadow policy beside an enforcing one, at every door: the shadow policy is counted and
+//! would deny, but it never blocks, and the answer's numbers are the enforcing policy's
+//! (`X-RateLimit-*`, `RateLimit`, no `Retry-After` while it admits); `RateLimit-Policy` lists
+//! both. The rule lives in one place (`tollgate_http`'s header rendering); each door is held to
+//! it here: the reverse proxy, `/v1/forward-auth`, `POST /v1/check` by attributes, the tower
+//! layer and `tollgate replay`.
+
+#[allow(dead_code)]
+mod every_door_support;
+
+use every_door_support::*;
+
+/// Three an hour per API key, enforced; one an hour per API key on trial.
+const POLICIES: &str = r#"
+[[policy]]
+name = "per-key"
+algorithm = "fixed_window"
+limit = 3
+window = "1h"
+key = ["header:x-api-key"]
+match = { path = "/v1/**" }
+
+[[policy]]
+name = "trial"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+key = ["header:x-api-key"]
+match = { path = "/v1/**" }
+action = "shadow"
+"#;
+
+/// The second request of a key: the trial policy would deny it, the enforcing one admits it
+/// with one left.
+fn second(a: &Answer, door: &str) {
+    let body = String::from_utf8_lossy(&a.body);
+    assert_eq!(a.status, 200, "{door}: {body}");
+    assert_eq!(a.header("x-ratelimit-limit"), Some("3"), "{door}");
+    assert_eq!(a.header("x-ratelimit-remaining"), Some("1"), "{door}");
+    assert_eq!(a.header("retry-after"), None, "{door}");
+    let fields = a.header("ratelimit").unwrap_or_default();
+    assert!(
+        fields.starts_with("\"per-key\";r=1;"),
+        "{door}: RateLimit {fields}"
+    );
+    let policies = a.header("ratelimit-policy").unwrap_or_default();
+    assert!(
+        policies.contains("\"per-key\";q=3") && policies.contains("\"trial\";q=1"),
+        "{door}: RateLimit-Policy {policies}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_policy_never_speaks_for_an_enforcing_one() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let up = upstream().await;
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{up}\"\n\
+         trusted_proxies = [\"127.0.0.0/8\"]\n{POLICIES}"
+    );
+    let server = Server::start(&text, dir.path()).await;
+    let request = |key: &'static str| Described {
+        method: "GET",
+        target: "/v1/items",
+        host: "api.example.com",
+        xff: "203.0.113.9",
+        client: "203.0.113.9",
+        api_key: Some(key),
+    };
+    let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
+    assert_eq!(proxy(proxy_addr, &request("px")).await.status, 200);
+    second(&proxy(proxy_addr, &request("px")).await, "the proxy");
+    let fa = request("fa");
+    assert_eq!(
+        forward_auth(server.api, "/v1/forward-auth", &fa)
+            .await
+            .status,
+        200
+    );
+    second(
+        &forward_auth(server.api, "/v1/forward-auth", &fa).await,
+        "forward-auth",
+    );
+    assert_eq!(check(server.api, &request("ck")).await.status, 200);
+    let checked = check(server.api, &request("ck")).await;
+    second(&checked, "/v1/check");
+    let mut service = layered(&server.config);
+    let first = layer(&mut service, &request("ly")).await;
+    assert_eq!(first.map(|a| a.status), Some(200), "the tower layer");
+    let again = layer(&mut service, &request("ly"))
+        .await
+        .unwrap_or_else(|| panic!("no answer"));
+    second(&again, "the tower layer");
+    // Replay: the log's second request passes, as it did.
+    let replay = replayed(&server.config, dir.path(), &[request("rp"), request("rp")]);
+    assert_eq!(
+        replay.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        [200, 200]
+    );
+    // The trial policy was counted by the server's doors: a shadow denial for each second
+    // request (the layer and replay have engines of their own).
+    assert_eq!(server.decisions("trial", "shadow").await, 3);
+    server.stop().await;
+}
