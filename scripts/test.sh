@@ -5,7 +5,8 @@
 # start their own servers on free loopback ports; python3 with urllib3 for the Retry-After
 # client test; openssl for the Redis TLS test; grpcio and grpcio-tools, in a virtual environment
 # under target/, for the Envoy test's Python gRPC client; nginx, Caddy and Traefik for the
-# forward-auth recipes; faketime for the calendar tests; cargo-deb for the Debian package test; chromium for the replay report's
+# forward-auth recipes; Node.js and ioredis (npm, under target/) for the Redis-protocol door's
+# client test; faketime for the calendar tests; cargo-deb for the Debian package test; chromium for the replay report's
 # and the dashboard's browser tests; podman and runc for the container image's tests;
 # kubernetes-validate, in a virtual environment under target/, for the Kubernetes manifests;
 # the nightly toolchain's Miri, with rustup, for the memory store's lock), then runs every test,
@@ -27,6 +28,9 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 # Headless Chromium opens the replay's HTML report (crates/replay/tests/browser.rs) and the
 # admin dashboard (crates/server/tests/dashboard.rs), over the DevTools protocol.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+# crates/resp/tests/clients.rs runs ioredis (Node.js) against the Redis-protocol door.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 # crates/cli/tests/calendar.rs runs the server under libfaketime, started at chosen dates.
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 # crates/cli/tests/image.rs builds the container image (scripts/image.sh) and runs it.
@@ -84,6 +88,14 @@ if ! "$resp_venv/bin/python" -c 'import redis' >/dev/null 2>&1; then
 fi
 TOLLGATE_RESP_PYTHON="$(cd "$resp_venv" && pwd)/bin/python"
 export TOLLGATE_RESP_PYTHON
+# ioredis 5 (RESP2) and 6 (RESP3) for the same test, with their default options (their ready
+# check sends INFO), where the test looks for them.
+resp_node="${CARGO_TARGET_DIR:-target}/resp-node"
+if [ ! -d "$resp_node/node_modules/ioredis5" ] || [ ! -d "$resp_node/node_modules/ioredis6" ]; then
+  echo "installing: ioredis 5 and 6 (npm, into $resp_node)"
+  npm install --silent --prefix "$resp_node" --no-audit --no-fund \
+    ioredis5@npm:ioredis@5.11.1 ioredis6@npm:ioredis@6.1.0
+fi
 # cargo-deb builds the Debian package that crates/cli/tests/deb.rs installs.
 if ! command -v cargo-deb >/dev/null 2>&1 && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-deb" ]; then
   echo "installing: cargo-deb (cargo install)"

@@ -21,6 +21,15 @@ pub trait Decide: Send + Sync + 'static {
         key: &[u8],
         cost: u32,
     ) -> impl Future<Output = Result<CheckReply, CheckError>> + Send;
+
+    /// The failure rule, for `CL.THROTTLE`: what a request gets when the store could not
+    /// decide it (`error`). `Ok(())` admits it uncounted (answered `[0, limit, 0, -1, 0]`:
+    /// nothing is known of the key); an error refuses it with that error. A decider with a
+    /// failure rule (the server's `[store] on_error`) answers as its `TOLLGATE.CHECK` does; by
+    /// default the store's error is the answer, as [`LimiterDecide`] answers it.
+    fn store_failed(&self, error: Error) -> Result<(), CheckError> {
+        Err(error.into())
+    }
 }
 
 /// A decision as `TOLLGATE.CHECK` answers it.
@@ -98,6 +107,13 @@ pub enum CheckError {
 }
 
 impl CheckError {
+    /// What a decider with a failure rule answers when its store could not decide and the
+    /// rule refuses (`on_error = "deny"`): `store unavailable: the store could not decide;
+    /// retry shortly`, for both commands.
+    pub fn store_refused() -> Self {
+        CheckError::Unavailable("the store could not decide; retry shortly".to_owned())
+    }
+
     /// The unknown-policy error for a name as the client sent it.
     pub fn unknown_policy(name: &[u8]) -> Self {
         let shown = &name[..name.len().min(128)];

@@ -1,8 +1,10 @@
 //! What the door answers: [`Handler`] runs one parsed request against a connection's
 //! [`Session`] and writes its reply. The rate-limiting commands are here; the connection
-//! commands clients send on connect (`HELLO`, `CLIENT`, `COMMAND`...) are in [`connection`].
+//! commands clients send on connect (`HELLO`, `CLIENT`, `COMMAND`...) are in [`connection`],
+//! and `MULTI`/`EXEC` in [`transaction`].
 
 mod connection;
+mod transaction;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,13 +96,17 @@ impl<D: Decide, S: Store, C: Clock> Handler<D, S, C> {
         &self.throttle
     }
 
-    /// The state of a new connection.
-    pub(crate) fn session(&self) -> Session {
+    /// The state of a new connection, whose transactions queue at most `max_queued` commands
+    /// and `max_queued_bytes` bytes of arguments.
+    pub(crate) fn session(&self, max_queued: usize, max_queued_bytes: usize) -> Session {
         Session {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             name: None,
             slots: QuotaSlots::default(),
             authenticated: self.password.current().is_none(),
+            multi: None,
+            max_queued,
+            max_queued_bytes,
             close: false,
             abort: false,
         }
@@ -122,20 +128,48 @@ impl<D: Decide, S: Store, C: Clock> Handler<D, S, C> {
         {
             return;
         }
-        // The two rate-limiting commands first: they are nearly all of the traffic.
+        // The two rate-limiting commands first: they are nearly all of the traffic, and
+        // outside a transaction they need no more than a look at the session.
+        if session.multi.is_none()
+            && (name.eq_ignore_ascii_case(b"CL.THROTTLE")
+                || name.eq_ignore_ascii_case(b"TOLLGATE.CHECK"))
+        {
+            return self.run(session, &args, out).await;
+        }
+        match transaction::step(session, &args, out) {
+            transaction::Step::Run => self.run(session, &args, out).await,
+            transaction::Step::Done => {}
+            transaction::Step::Exec(queued) => {
+                // Each in order, as its own command; the array is RESP2's and RESP3's alike.
+                out.array(queued.len());
+                for command in &queued {
+                    let args: SmallVec<[&[u8]; 8]> = command.iter().map(Vec::as_slice).collect();
+                    self.run(session, &args, out).await;
+                }
+            }
+        }
+    }
+
+    /// Runs one command (not a transaction command) and writes its reply.
+    async fn run(&self, session: &mut Session, args: &[&[u8]], out: &mut ReplyBuf) {
+        let name = args[0];
         if name.eq_ignore_ascii_case(b"CL.THROTTLE") {
-            self.cl_throttle(session, &args, out).await;
+            self.cl_throttle(session, args, out).await;
         } else if name.eq_ignore_ascii_case(b"TOLLGATE.CHECK") {
-            self.tollgate_check(&args, out).await;
+            self.tollgate_check(args, out).await;
         } else {
-            connection::execute(session, &args, &self.password, out);
+            connection::execute(session, args, &self.password, out);
         }
     }
 
     async fn cl_throttle(&self, session: &mut Session, args: &[&[u8]], out: &mut ReplyBuf) {
+        // A store that cannot decide is answered by the decider's failure rule, the one
+        // `TOLLGATE.CHECK` follows.
+        let on_store_error =
+            |e: tollgate::Error| self.decide.store_failed(e).map_err(|e| format!("ERR {e}"));
         match self
             .throttle
-            .throttle_with(&mut session.slots, &args[1..])
+            .throttle_with(&mut session.slots, &args[1..], on_store_error)
             .await
         {
             Ok(reply) => {
@@ -207,6 +241,12 @@ pub(crate) struct Session {
     /// Whether it may run commands: no password was asked for when it connected, or it gave
     /// the password.
     authenticated: bool,
+    /// The transaction `MULTI` opened, until `EXEC` or `DISCARD`.
+    multi: Option<transaction::Transaction>,
+    /// The most commands a transaction queues.
+    max_queued: usize,
+    /// The most bytes of arguments a transaction queues.
+    max_queued_bytes: usize,
     /// Set by `QUIT`: close once the replies are written.
     pub(crate) close: bool,
     /// Set by an HTTP request line: close at once, dropping the batch's replies.

@@ -7,7 +7,9 @@
 //! - `TOLLGATE.CHECK policy key [cost]`: a decision under configured policies, through a
 //!   [`Decide`] the server implements ([`LimiterDecide`] over a plain [`tollgate::Limiter`]).
 //! - `PING`, `ECHO`, `HELLO` (2 or 3), `QUIT`, `AUTH`, `SELECT 0`, `CLIENT`, `COMMAND`,
-//!   `CONFIG GET`: what clients send on connect, answered as Redis answers them.
+//!   `CONFIG GET`, `INFO`: what clients send on connect, answered as Redis answers them.
+//! - `MULTI`, `EXEC`, `DISCARD` (and `UNWATCH`): Redis's transactions, each queued command
+//!   run in order at `EXEC`; `WATCH` is refused.
 //! - An optional password, as Redis's `requirepass` ([`Handler::with_password`]).
 //! - [`serve`]: the listener, bounded by [`Limits`] (connections, request size, pipelining
 //!   depth, idle and write timeouts), with a graceful drain; [`serve_over`] the same through a

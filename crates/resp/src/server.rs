@@ -35,6 +35,11 @@ pub struct Limits {
     /// client pipelining more waits for the first replies (it is read again only once they
     /// are written). Default 1024.
     pub max_pipeline: usize,
+    /// The most bytes of arguments a transaction (`MULTI` ... `EXEC`) queues; it also queues
+    /// at most [`max_pipeline`](Self::max_pipeline) commands. Past either, the transaction is
+    /// discarded: the command is answered with an error and `EXEC` with `-EXECABORT`.
+    /// Default 1 MiB.
+    pub max_transaction_bytes: usize,
     /// A connection that sends nothing for this long is closed. Default 5 minutes; zero
     /// never closes it.
     pub idle_timeout: Duration,
@@ -54,6 +59,7 @@ impl Default for Limits {
             max_request_bytes: frame.max_request_bytes,
             max_args: frame.max_args,
             max_pipeline: 1024,
+            max_transaction_bytes: 1024 * 1024,
             idle_timeout: Duration::from_secs(300),
             write_timeout: Duration::from_secs(10),
             drain: Duration::from_secs(30),

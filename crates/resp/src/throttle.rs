@@ -115,15 +115,27 @@ impl<S: Store, C: Clock> Throttle<S, C> {
 
     /// `CL.THROTTLE` with its arguments as they come off the wire, the command name left out:
     /// `key max_burst count_per_period period [quantity]`.
+    ///
+    /// A store that cannot decide is answered `-ERR` and its error; the door's [`Handler`]
+    /// answers it by its decider's failure rule instead
+    /// ([`Decide::store_failed`](crate::Decide::store_failed)).
+    ///
+    /// [`Handler`]: crate::Handler
     pub async fn throttle(&self, args: &[&[u8]]) -> Result<CellReply, ThrottleError> {
-        self.throttle_with(&mut QuotaSlots::default(), args).await
+        self.throttle_with(&mut QuotaSlots::default(), args, |e| {
+            Err(format!("ERR {e}"))
+        })
+        .await
     }
 
-    /// [`throttle`](Self::throttle), looking quotas up in a connection's slots first.
+    /// [`throttle`](Self::throttle), looking quotas up in a connection's slots first, and
+    /// answering a store that cannot decide by `on_store_error`: `Ok(())` admits the request
+    /// uncounted, an error line refuses it.
     pub(crate) async fn throttle_with(
         &self,
         slots: &mut QuotaSlots,
         args: &[&[u8]],
+        on_store_error: impl FnOnce(tollgate::Error) -> Result<(), String>,
     ) -> Result<CellReply, ThrottleError> {
         let [key, max_burst, count, period, rest @ ..] = args else {
             return Err(ThrottleError(cell::USAGE.to_owned()));
@@ -152,7 +164,7 @@ impl<S: Store, C: Clock> Throttle<S, C> {
                 "ERR CL.THROTTLE: a negative quantity is not supported".to_owned(),
             ));
         }
-        self.decide(&quota, key, quantity).await
+        self.decide(&quota, key, quantity, on_store_error).await
     }
 
     /// The quota for `(max_burst, count, period)`, from the shared cache or built.
@@ -171,20 +183,40 @@ impl<S: Store, C: Clock> Throttle<S, C> {
 
     /// Decides `quantity` for `key`. A quantity over the limit is refused with no retry time,
     /// as redis-cell refuses it, reporting the key's state as it stands (a peek).
+    ///
+    /// When the store cannot decide, `on_store_error` does: admitted, the answer is
+    /// `[0, limit, 0, -1, 0]` (the limit is the caller's own number; the key's state is
+    /// unknown, so nothing remains and nothing resets, as `TOLLGATE.CHECK` answers zeros). A
+    /// quantity over the limit needs no store to be refused: `[1, limit, 0, -1, 0]`.
     async fn decide(
         &self,
         quota: &CellQuota,
         key: &[u8],
         quantity: i64,
+        on_store_error: impl FnOnce(tollgate::Error) -> Result<(), String>,
     ) -> Result<CellReply, ThrottleError> {
         let over = quantity > quota.limit;
         // Not over the limit, so at most `u32::MAX` (the limit is a bucket's capacity).
         let cost = if over { 0 } else { quantity as u32 };
-        let decision = self
-            .limiter
-            .check_policy(&quota.policy, key, cost)
-            .await
-            .map_err(|e| ThrottleError(format!("ERR {e}")))?;
+        let decision = match self.limiter.check_policy(&quota.policy, key, cost).await {
+            Ok(decision) => decision,
+            Err(e) if matches!(e.kind(), tollgate::ErrorKind::Store(_)) => {
+                let unknown = |limited| CellReply {
+                    limited,
+                    limit: quota.limit,
+                    remaining: 0,
+                    retry_after: -1,
+                    reset_after: 0,
+                };
+                if over {
+                    return Ok(unknown(true));
+                }
+                return on_store_error(e)
+                    .map(|()| unknown(false))
+                    .map_err(ThrottleError);
+            }
+            Err(e) => return Err(ThrottleError(format!("ERR {e}"))),
+        };
         let ttl = nanos(decision.reset);
         Ok(if over {
             cell::reply(quota.limit, quota.interval_ns, true, ttl, None)
@@ -235,8 +267,8 @@ fn build((max_burst, count, period): QuotaKey) -> Result<CellQuota, ThrottleErro
     // the period redis-cell is given may be longer when its count is larger.
     if Duration::from_micros(interval_us) > MAX_PERIOD {
         return Err(ThrottleError(format!(
-            "ERR CL.THROTTLE {max_burst} {count} {period}: the interval between two tokens \
-             (period / count) must be at most 400 days"
+            "ERR CL.THROTTLE: the interval between two tokens (period / count) must be at \
+             most 400 days (max_burst {max_burst}, count_per_period {count}, period {period})"
         )));
     }
     let quota = Rate::new(1, Duration::from_micros(interval_us))
@@ -244,7 +276,8 @@ fn build((max_burst, count, period): QuotaKey) -> Result<CellQuota, ThrottleErro
         .and_then(|quota| Policy::new(POLICY_NAME, quota))
         .map_err(|e| {
             ThrottleError(format!(
-                "ERR CL.THROTTLE {max_burst} {count} {period}: {}",
+                "ERR CL.THROTTLE: {} (max_burst {max_burst}, count_per_period {count}, period \
+                 {period})",
                 e.reason()
             ))
         })?;
@@ -342,6 +375,27 @@ mod tests {
         assert!(call(&t, "k 0 2 69120000").is_ok());
         assert!(
             call(&t, "k 0 2 69120002").is_err_and(|e| e.contains("interval between two tokens"))
+        );
+        // Every refusal of Tollgate's own reads `ERR CL.THROTTLE: ...`, the arguments after
+        // the colon where they help.
+        for line in [
+            "k -1 1 1",
+            "k 1 -1 1",
+            "k 1 1 1 -1",
+            "k 4294967295 1 1",
+            "k 1000 1 10000000",
+            "k 5 1 34560001",
+        ] {
+            let e = call(&t, line).unwrap_err();
+            assert!(e.starts_with("ERR CL.THROTTLE: "), "{line}: {e}");
+        }
+        assert_eq!(
+            call(&t, "k 5 1 34560001"),
+            Err(
+                "ERR CL.THROTTLE: the interval between two tokens (period / count) must be at \
+                 most 400 days (max_burst 5, count_per_period 1, period 34560001)"
+                    .to_owned()
+            )
         );
         // Both signs negative make a positive rate, as in redis-cell.
         assert_eq!(call(&t, "n 0 -1 -60"), Ok([0, 1, 0, -1, 60]));

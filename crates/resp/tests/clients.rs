@@ -1,11 +1,15 @@
 //! Real clients against the door: `redis-cli` (RESP2 and `-3`, inline commands from stdin,
 //! `--pipe`), `redis-benchmark` (pipelined 16 deep, RESP2 and RESP3, no error and no warning),
-//! and Python's `redis` package (RESP2 and RESP3, pipelines, errors as exceptions).
+//! Python's `redis` package (RESP2 and RESP3, pipelines, transactions, errors as exceptions),
+//! and ioredis 5 and 6 with their default options (the ready check's `INFO`).
 //!
-//! Needs `redis-cli` and `redis-benchmark` (Debian's `redis-tools`) and a Python that imports
+//! Needs `redis-cli` and `redis-benchmark` (Debian's `redis-tools`), a Python that imports
 //! `redis`: `$TOLLGATE_RESP_PYTHON`, else the venv `target/resp-pyvenv`, else one of the
-//! other test venvs or `python3` if it has the package. `scripts/test.sh` installs them; the
-//! tests install nothing and fail saying what to run.
+//! other test venvs or `python3` if it has the package, and, where `node` is installed,
+//! ioredis as `ioredis5` and `ioredis6` in `$TOLLGATE_RESP_NODE_MODULES` or
+//! `target/resp-node/node_modules` (`npm install --prefix target/resp-node
+//! ioredis5@npm:ioredis@5 ioredis6@npm:ioredis@6`). The tests install nothing and fail saying
+//! what to run; the ioredis test is skipped, saying so, only where `node` is missing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -314,6 +318,119 @@ fn clients_give_the_password() {
     // redis-py, RESP2 and RESP3 (HELLO 3 AUTH ...), and refused without it or with another.
     let out = run(
         Command::new(python()).args(["-c", PYTHON_PASSWORD, &port.to_string()]),
+        None,
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+}
+
+const PYTHON_TRANSACTION: &str = r#"
+import sys, redis
+
+port = int(sys.argv[1])
+for proto in (2, 3):
+    r = redis.Redis(port=port, protocol=proto)
+    key = f"tx{proto}"
+    # pipeline() is a transaction by default: MULTI, the commands, EXEC.
+    p = r.pipeline()
+    for _ in range(4):
+        p.execute_command("CL.THROTTLE", key, 2, 1, 60)
+    p.execute_command("TOLLGATE.CHECK", "tiny", key)
+    got = p.execute()
+    assert [x[0] for x in got[:4]] == [0, 0, 0, 1], got
+    check = got[4]
+    allowed = check[0] if proto == 2 else check[b"allowed"]
+    assert allowed == 1, check
+    # A command refused while queueing aborts the whole transaction: nothing runs.
+    p = r.pipeline()
+    p.execute_command("CL.THROTTLE", f"{key}-aborted", 2, 1, 60)
+    p.execute_command("NOSUCH")
+    try:
+        p.execute()
+        raise SystemExit("no error")
+    except redis.ResponseError as e:
+        assert "unknown command 'NOSUCH'" in str(e), str(e)
+    assert r.execute_command("CL.THROTTLE", f"{key}-aborted", 2, 1, 60, 0) == [0, 3, 3, -1, 0]
+    # WATCH is refused, saying so.
+    try:
+        with r.pipeline() as p:
+            p.watch("k")
+        raise SystemExit("WATCH admitted")
+    except redis.ResponseError as e:
+        assert "WATCH is not supported" in str(e), str(e)
+    assert r.info()["loading"] == 0
+print("ok")
+"#;
+
+/// redis-py's default `pipeline()` is a transaction: `MULTI`, the queued commands, `EXEC`.
+#[test]
+fn python_redis_transactions() {
+    let door = start(Limits::default());
+    let out = run(
+        Command::new(python()).args(["-c", PYTHON_TRANSACTION, &door.addr.port().to_string()]),
+        None,
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+}
+
+/// Where ioredis 5 and 6 are installed, as `ioredis5` and `ioredis6`: `$TOLLGATE_RESP_NODE_MODULES`,
+/// else `target/resp-node/node_modules`.
+fn node_modules() -> PathBuf {
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let dir = std::env::var_os("TOLLGATE_RESP_NODE_MODULES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target.join("resp-node/node_modules"));
+    assert!(
+        dir.join("ioredis5").is_dir() && dir.join("ioredis6").is_dir(),
+        "no ioredis in {}: npm install --prefix target/resp-node ioredis5@npm:ioredis@5 \
+         ioredis6@npm:ioredis@6",
+        dir.display()
+    );
+    dir
+}
+
+const IOREDIS_CLIENT: &str = r#"
+const port = Number(process.argv[1]);
+setTimeout(() => { console.log("timed out: the client never became ready"); process.exit(2); }, 15000);
+(async () => {
+  for (const name of ["ioredis5", "ioredis6"]) {
+    const Redis = require(name);
+    // Default options: the ready check (INFO) before any command.
+    const r = new Redis({ port, host: "127.0.0.1" });
+    r.on("error", (e) => console.log(`${name} error: ${e.message}`));
+    await new Promise((ready) => r.once("ready", ready));
+    const key = `io-${name}`;
+    const first = await r.call("CL.THROTTLE", key, 2, 1, 60);
+    if (JSON.stringify(first) !== "[0,3,2,-1,60]") throw new Error(`${name}: ${first}`);
+    const tx = await r.multi().call("CL.THROTTLE", key, 2, 1, 60).call("TOLLGATE.CHECK", "tiny", key).exec();
+    if (tx[0][0] !== null || tx[0][1][2] !== 1) throw new Error(`${name}: ${JSON.stringify(tx)}`);
+    if (await r.ping() !== "PONG") throw new Error(`${name}: ping`);
+    r.disconnect();
+  }
+  console.log("ok");
+  process.exit(0);
+})().catch((e) => { console.log(`failed: ${e.stack}`); process.exit(1); });
+"#;
+
+/// ioredis with its default options (5: RESP2; 6: RESP3 and `HELLO 3`): its ready check sends
+/// `INFO` and reads `loading` before it lets any command through. Skipped, saying so, only
+/// where `node` is not installed.
+#[test]
+fn ioredis_with_default_options() {
+    if Command::new("node").arg("--version").output().is_err() {
+        println!("skipped: node is not installed");
+        return;
+    }
+    let modules = node_modules();
+    let door = start(Limits::default());
+    let out = run(
+        Command::new("node").env("NODE_PATH", &modules).args([
+            "-e",
+            IOREDIS_CLIENT,
+            &door.addr.port().to_string(),
+        ]),
         None,
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");

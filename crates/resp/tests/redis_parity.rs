@@ -1,11 +1,12 @@
 //! The door answers like redis-server: the same bytes sent to a real `redis-server` (started
 //! on a free loopback port) and to the door get the same reply bytes, for the connection
-//! commands, the errors of unknown commands and wrong arities, inline quoting, and every
-//! protocol error both detect. Needs `redis-server` (`scripts/test.sh` installs it).
+//! commands, the errors of unknown commands and wrong arities, inline quoting, transactions
+//! (`MULTI`/`EXEC`/`DISCARD`), and every protocol error both detect. Needs `redis-server`
+//! (`scripts/test.sh` installs it).
 //!
 //! Left out on purpose: what the door answers differently by design (`HELLO`'s server fields,
-//! `COMMAND`, `CLIENT SETINFO` of Redis 7.2, `SELECT` of a database other than 0, and the
-//! stricter CRLF checks, which `codec`'s unit tests cover).
+//! `COMMAND`, `INFO`, `WATCH`, `CLIENT SETINFO` of Redis 7.2, `SELECT` of a database other
+//! than 0, and the stricter CRLF checks, which `codec`'s unit tests cover).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -183,6 +184,53 @@ fn the_door_answers_as_redis_server() {
     assert_same_transcripts(redis.addr, door.addr, &cases);
 }
 
+/// `MULTI`/`EXEC`/`DISCARD` as Redis answers them, with the commands both have: queued,
+/// refused while queueing (which aborts `EXEC`), run in order, nested, without `MULTI`, and
+/// the arities (`EXEC`'s own abort among them). `WATCH` outside a transaction is left out: the
+/// door refuses it on purpose.
+#[test]
+fn transactions_answer_as_redis_server() {
+    let redis = redis_server(&[]);
+    let door = start(Limits::default());
+    let mut cases: Vec<(Vec<u8>, bool, bool)> = Vec::new();
+    for r in [
+        &b"MULTI\r\nPING\r\nECHO a\r\nCLIENT SETNAME t\r\nCLIENT GETNAME\r\nEXEC\r\n"[..],
+        b"MULTI\r\nEXEC\r\nEXEC\r\nDISCARD\r\n",
+        b"MULTI\r\nPING\r\nDISCARD\r\nEXEC\r\nPING\r\n",
+        b"MULTI\r\nMULTI\r\nPING\r\nEXEC\r\n",
+        b"MULTI\r\nWATCH k\r\nUNWATCH\r\nEXEC\r\n",
+        b"MULTI\r\nFOO\r\nPING\r\nEXEC\r\nPING\r\n",
+        b"MULTI\r\nECHO\r\nPING\r\nEXEC\r\n",
+        b"MULTI\r\nCLIENT FOO\r\nEXEC\r\n",
+        b"MULTI\r\nCLIENT SETNAME\r\nEXEC\r\n",
+        b"MULTI\r\nPING a b\r\nSELECT 0\r\nAUTH x\r\nEXEC\r\n",
+        b"MULTI\r\nMULTI x\r\nEXEC\r\n",
+        b"MULTI\r\nDISCARD x\r\nEXEC\r\n",
+        b"MULTI\r\nWATCH\r\nEXEC\r\n",
+        b"MULTI\r\nPING\r\nEXEC x\r\nEXEC\r\n",
+        b"MULTI x\r\nEXEC x\r\nDISCARD x\r\nWATCH\r\nUNWATCH x\r\nUNWATCH\r\n",
+        b"EXEC\r\nDISCARD\r\n",
+        b"*1\r\n$5\r\nmulti\r\n*2\r\n$4\r\necho\r\n$3\r\na\x00b\r\n*1\r\n$4\r\nexec\r\n",
+    ] {
+        cases.push((r.to_vec(), true, false));
+    }
+    // QUIT runs at once; an HTTP request closes unanswered.
+    for r in [
+        &b"MULTI\r\nPING\r\nQUIT\r\nPING\r\n"[..],
+        b"MULTI\r\nPOST / HTTP/1.1\r\nEXEC\r\n",
+    ] {
+        cases.push((r.to_vec(), true, false));
+    }
+    // RESP3: EXEC's reply is an array there too.
+    cases.push((
+        b"HELLO 3\r\nMULTI\r\nPING\r\nCLIENT GETNAME\r\nFOO\r\nEXEC\r\nMULTI\r\nPING\r\nEXEC\r\n"
+            .to_vec(),
+        true,
+        true,
+    ));
+    assert_same_transcripts(redis.addr, door.addr, &cases);
+}
+
 /// Each case (request, append the sentinel, skip the first reply) sent to both on a new
 /// connection; asserts the replies are the same bytes.
 fn assert_same_transcripts(redis: SocketAddr, door: SocketAddr, cases: &[(Vec<u8>, bool, bool)]) {
@@ -241,6 +289,10 @@ fn with_a_password_the_door_answers_as_redis_server_with_requirepass() {
         b"AUTH s3cret\r\nPING\r\nAUTH wrong\r\nPING\r\nCLIENT ID x\r\n",
         b"AUTH default s3cret\r\nCLIENT SETNAME n\r\nCLIENT GETNAME\r\nSELECT 0\r\n",
         b"PING\r\nAUTH s3cret\r\nECHO in\r\n",
+        // The transaction commands, and INFO, before the password; EXEC's refusal reads as
+        // its abort.
+        b"EXEC\r\nEXEC x\r\nMULTI\r\nMULTI x\r\nDISCARD\r\nWATCH k\r\nUNWATCH\r\nINFO\r\n",
+        b"AUTH s3cret\r\nMULTI\r\nAUTH s3cret\r\nPING\r\nEXEC\r\n",
     ] {
         cases.push(([r, b"AUTH s3cret\r\n"].concat(), true, false));
     }

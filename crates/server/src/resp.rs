@@ -1,7 +1,7 @@
 //! The Redis-protocol door on `[server] resp_listen`: `TOLLGATE.CHECK policy key [cost]`
 //! decided by the running configuration's engine (the same policies, key rule, overrides,
 //! failure rule and metrics as `/v1/check`), and redis-cell's `CL.THROTTLE` over the server's
-//! store.
+//! store, under the same failure rule (`[store] on_error`) but no lists and no metrics.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,14 +45,8 @@ impl Decide for ServerDecide {
             return Err(CheckError::unknown_policy(policy));
         };
         if evaluation.store_failed() {
-            // The one failure rule: closed is "unavailable" (the door's 503); open admits with
-            // no quota to report, since none was counted.
-            if !evaluation.allowed() {
-                return Err(CheckError::Unavailable(
-                    "the store could not decide; retry shortly".to_owned(),
-                ));
-            }
-            return Ok(uncounted(true));
+            // The engine applied `[store] on_error`; answered as every failure of this door.
+            return failure_answer(evaluation.allowed()).map(|()| uncounted(true));
         }
         let (decisions, _, disposition) = evaluation.into_parts();
         match disposition {
@@ -71,6 +65,27 @@ impl Decide for ServerDecide {
         let decision: Option<Decision> = decisions.into_first();
         // No decision, and not refused: an allow list let the key through uncounted.
         Ok(decision.map_or_else(|| uncounted(true), CheckReply::from))
+    }
+
+    /// `CL.THROTTLE`'s store failures, under the same `[store] on_error` as `TOLLGATE.CHECK`
+    /// (fixed at start: a reload keeps the running store's settings). `local` never gets here
+    /// but for a failed fallback: the store decides from this instance's memory itself.
+    fn store_failed(&self, error: tollgate::Error) -> Result<(), CheckError> {
+        if !matches!(error.kind(), tollgate::ErrorKind::Store(_)) {
+            return Err(error.into());
+        }
+        failure_answer(self.shared.engine().config().store.on_error.admits())
+    }
+}
+
+/// The door's one answer to a store that could not decide, once `on_error` has said whether
+/// the request is `admitted`: admitted uncounted (`Ok`), or refused as unavailable (the HTTP
+/// doors' 503).
+fn failure_answer(admitted: bool) -> Result<(), CheckError> {
+    if admitted {
+        Ok(())
+    } else {
+        Err(CheckError::store_refused())
     }
 }
 

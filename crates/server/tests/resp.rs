@@ -176,3 +176,62 @@ async fn the_door_asks_for_the_password_of_the_running_configuration() {
     wait_for(|| async { pipeline(resp, &[command(&["PING"])], "\r\n").await == "+PONG\r\n" }).await;
     s.stop().await;
 }
+
+/// `CL.THROTTLE` follows `[store] on_error` as `TOLLGATE.CHECK` does once Redis is gone:
+/// `allow` admits uncounted (`[0, limit, 0, -1, 0]`; `TOLLGATE.CHECK`'s `1 0 0 0 -1`), `deny`
+/// refuses with the same error at both, `local` decides from this instance's memory.
+#[tokio::test]
+async fn cl_throttle_follows_on_error_when_the_store_fails() {
+    let throttle = |key: &str| command(&["CL.THROTTLE", key, "2", "1", "60"]);
+    let check = command(&["TOLLGATE.CHECK", "api", "k"]);
+    let refused = "-ERR store unavailable: the store could not decide; retry shortly\r\n";
+    for mode in ["allow", "deny", "local"] {
+        let Some(mut redis) = common::redis::redis() else {
+            panic!(
+                "redis-server could not be started: install redis-server (scripts/test.sh does)"
+            );
+        };
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nresp_listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+             [store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"100ms\"\non_error = \"{mode}\"\n{POLICY}",
+            redis.url()
+        );
+        let s = start(tollgate_server::Config::parse("t.toml", &text).unwrap()).await;
+        let resp = s.resp.expect("the door is listening");
+        // With Redis: counted there.
+        let reply = pipeline(resp, &[throttle("before"), throttle("before")], ":120\r\n").await;
+        assert_eq!(
+            reply, "*5\r\n:0\r\n:3\r\n:2\r\n:-1\r\n:60\r\n*5\r\n:0\r\n:3\r\n:1\r\n:-1\r\n:120\r\n",
+            "{mode}"
+        );
+        redis.kill();
+        let mut commands = vec![throttle("after"); 4];
+        commands.push(command(&["CL.THROTTLE", "after", "2", "1", "60", "5"]));
+        commands.push(check.clone());
+        commands.push(command(&["PING"]));
+        let reply = pipeline(resp, &commands, "+PONG\r\n").await;
+        let want = match mode {
+            "allow" => format!(
+                "{}*5\r\n:1\r\n:3\r\n:0\r\n:-1\r\n:0\r\n*5\r\n:1\r\n:0\r\n:0\r\n:0\r\n:-1\r\n+PONG\r\n",
+                "*5\r\n:0\r\n:3\r\n:0\r\n:-1\r\n:0\r\n".repeat(4)
+            ),
+            "deny" => format!(
+                "{}*5\r\n:1\r\n:3\r\n:0\r\n:-1\r\n:0\r\n{refused}+PONG\r\n",
+                refused.repeat(4)
+            ),
+            // This instance's own count, from scratch: three admitted, the fourth refused;
+            // a quantity over the limit peeks at it.
+            _ => "*5\r\n:0\r\n:3\r\n:2\r\n:-1\r\n:60\r\n*5\r\n:0\r\n:3\r\n:1\r\n:-1\r\n:120\r\n\
+                  *5\r\n:0\r\n:3\r\n:0\r\n:-1\r\n:180\r\n*5\r\n:1\r\n:3\r\n:0\r\n:60\r\n:180\r\n\
+                  *5\r\n:1\r\n:3\r\n:0\r\n:-1\r\n:180\r\n"
+                .to_owned(),
+        };
+        if mode == "local" {
+            assert!(reply.starts_with(&want), "{mode}: {reply}");
+            assert!(reply.ends_with("\r\n+PONG\r\n"), "{mode}: {reply}");
+        } else {
+            assert_eq!(reply, want, "{mode}");
+        }
+        s.stop().await;
+    }
+}

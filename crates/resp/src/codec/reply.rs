@@ -131,6 +131,21 @@ impl ReplyBuf {
         self.bytes.extend_from_slice(b"\r\n");
     }
 
+    /// A verbatim string of `format` (three bytes, such as `txt`): `=` in RESP3, a bulk string
+    /// of `data` alone in RESP2, as Redis answers `INFO`.
+    pub fn verbatim(&mut self, format: [u8; 3], data: &[u8]) {
+        match self.protocol {
+            Protocol::Resp2 => self.bulk(data),
+            Protocol::Resp3 => {
+                self.header(b'=', data.len() as i64 + 4);
+                self.bytes.extend_from_slice(&format);
+                self.bytes.push(b':');
+                self.bytes.extend_from_slice(data);
+                self.bytes.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+
     /// The null reply: `$-1` in RESP2, `_` in RESP3.
     pub fn null(&mut self) {
         match self.protocol {

@@ -4,13 +4,13 @@
 //! switch), `AUTH` (the door's password if it has one, as Redis's `requirepass`; without one,
 //! as a Redis whose default user has none), `SELECT 0`, `CLIENT SETNAME|GETNAME|SETINFO|ID`,
 //! `COMMAND` (the door's own commands), `CONFIG GET` (what `redis-benchmark` asks on connect),
-//! and the error for anything else. Like Redis, it closes a connection whose command is `POST`
-//! or `Host:`: an HTTP request.
+//! `INFO` (ioredis's ready check), `UNWATCH`, and the error for anything else. Like Redis, it
+//! closes a connection whose command is `POST` or `Host:`: an HTTP request.
 
 mod auth;
 
-pub(super) use auth::may_run_unauthenticated;
 use auth::{NOAUTH_HELLO, WRONGPASS, logs_in};
+pub(super) use auth::{may_run_unauthenticated, precheck};
 
 use super::{Password, Session, wrong_arity};
 use crate::codec::{Protocol, ReplyBuf, strict_i64};
@@ -19,7 +19,7 @@ use crate::codec::{Protocol, ReplyBuf, strict_i64};
 /// first key, last key, key step.
 type Info = (&'static str, i64, &'static [&'static str], i64, i64, i64);
 
-const COMMANDS: [Info; 11] = [
+const COMMANDS: [Info; 17] = [
     (
         "auth",
         -2,
@@ -32,11 +32,36 @@ const COMMANDS: [Info; 11] = [
     ("client", -2, &[], 0, 0, 0),
     ("command", -1, &["loading", "stale"], 0, 0, 0),
     ("config", -2, &[], 0, 0, 0),
+    (
+        "discard",
+        1,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        0,
+        0,
+        0,
+    ),
     ("echo", 2, &["fast"], 0, 0, 0),
+    (
+        "exec",
+        1,
+        &["noscript", "loading", "stale", "skip_slowlog"],
+        0,
+        0,
+        0,
+    ),
     (
         "hello",
         -1,
         &["noscript", "loading", "stale", "fast", "no_auth"],
+        0,
+        0,
+        0,
+    ),
+    ("info", -1, &["loading", "stale"], 0, 0, 0),
+    (
+        "multi",
+        1,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
         0,
         0,
         0,
@@ -52,6 +77,22 @@ const COMMANDS: [Info; 11] = [
     ),
     ("select", 2, &["loading", "stale", "fast"], 0, 0, 0),
     ("tollgate.check", -3, &["write"], 2, 2, 1),
+    (
+        "unwatch",
+        1,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        0,
+        0,
+        0,
+    ),
+    (
+        "watch",
+        -2,
+        &["noscript", "loading", "stale", "fast", "allow_busy"],
+        1,
+        -1,
+        1,
+    ),
 ];
 
 /// The settings `CONFIG GET` knows: what `redis-benchmark` asks for (the door persists
@@ -103,6 +144,14 @@ pub(super) fn execute(
         command(args, out);
     } else if is("CONFIG") {
         config(args, out);
+    } else if is("INFO") {
+        info(args, out);
+    } else if is("UNWATCH") {
+        // Nothing is ever watched (WATCH is refused), so there is nothing to forget.
+        match args.len() {
+            1 => out.raw(b"+OK\r\n"),
+            _ => wrong_arity(out, "unwatch"),
+        }
     } else if is("POST") || is("HOST:") {
         // An HTTP request, maybe sent by a browser on a web page's behalf to smuggle commands
         // in its body: closed at once, unanswered, as Redis does.
@@ -324,6 +373,52 @@ fn config(args: &[&[u8]], out: &mut ReplyBuf) {
         out.bulk(key);
         out.bulk(value.as_bytes());
     }
+}
+
+/// The `redis_version` `INFO` reports: not Tollgate's version (that is `tollgate_version`) but
+/// the Redis whose answers the door gives, for clients that look at it.
+pub(crate) const REDIS_VERSION: &str = "7.2.0";
+
+/// `INFO [section ...]`: the sections a client reads on connect (ioredis's ready check reads
+/// `loading`), in Redis's format: `# Name` then `field:value` lines, CRLF, a blank line between
+/// sections. No section (or `default`, `all`, `everything`) gives all three; an unknown one
+/// none, as Redis 7.
+fn info(args: &[&[u8]], out: &mut ReplyBuf) {
+    const SECTIONS: [&str; 3] = ["server", "persistence", "replication"];
+    let everything = args.len() == 1
+        || args[1..].iter().any(|a| {
+            [&b"default"[..], b"all", b"everything"]
+                .iter()
+                .any(|all| a.eq_ignore_ascii_case(all))
+        });
+    let mut text = String::new();
+    for section in SECTIONS {
+        if !everything
+            && !args[1..]
+                .iter()
+                .any(|a| a.eq_ignore_ascii_case(section.as_bytes()))
+        {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str("\r\n");
+        }
+        match section {
+            "server" => {
+                text.push_str("# Server\r\n");
+                text.push_str(&format!("redis_version:{REDIS_VERSION}\r\n"));
+                text.push_str(concat!(
+                    "tollgate_version:",
+                    env!("CARGO_PKG_VERSION"),
+                    "\r\n"
+                ));
+                text.push_str("redis_mode:standalone\r\n");
+            }
+            "persistence" => text.push_str("# Persistence\r\nloading:0\r\nasync_loading:0\r\n"),
+            _ => text.push_str("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n"),
+        }
+    }
+    out.verbatim(*b"txt", text.as_bytes());
 }
 
 /// Redis's text for an unknown subcommand of `parent` (uppercase).

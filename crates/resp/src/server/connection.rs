@@ -58,7 +58,7 @@ pub(super) async fn run<D: Decide, S: Store, C: Clock>(
 ) {
     let frame = limits.frame();
     let max_pipeline = limits.max_pipeline.max(1);
-    let mut session = handler.session();
+    let mut session = handler.session(max_pipeline, limits.max_transaction_bytes.max(1));
     let mut input = BytesMut::with_capacity(READ_SIZE);
     let mut out = ReplyBuf::new(Protocol::Resp2);
     loop {

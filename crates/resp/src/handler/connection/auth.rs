@@ -3,7 +3,7 @@
 //! [`hello`](super::hello), through [`logs_in`].
 
 use super::super::{Password, Session, wrong_arity};
-use super::{COMMANDS, unknown_command, unknown_subcommand};
+use super::{COMMANDS, Info, unknown_command, unknown_subcommand};
 use crate::codec::ReplyBuf;
 
 /// The subcommands the door knows and their arity (negative: at least), which Redis checks,
@@ -41,16 +41,33 @@ pub(in crate::handler) fn may_run_unauthenticated(
     if name.eq_ignore_ascii_case(b"POST") || name.eq_ignore_ascii_case(b"HOST:") {
         return true;
     }
-    let Some(&(command, arity, flags, ..)) = COMMANDS
+    let Some(&(command, _, flags, ..)) = precheck(args, out) else {
+        return false;
+    };
+    if flags.contains(&"no_auth") {
+        return true;
+    }
+    reject(out, command, NOAUTH);
+    false
+}
+
+/// What Redis checks of every command before it runs or queues it: that the command (and its
+/// subcommand, for those the door has) exists, and that the number of arguments fits its
+/// arity. The command's entry, or `None` once the error is written.
+pub(in crate::handler) fn precheck(args: &[&[u8]], out: &mut ReplyBuf) -> Option<&'static Info> {
+    let name = args[0];
+    let Some(info) = COMMANDS
         .iter()
         .find(|info| name.eq_ignore_ascii_case(info.0.as_bytes()))
     else {
         out.error(&unknown_command(args));
-        return false;
+        return None;
     };
+    let &(command, arity, ..) = info;
     if !arity_fits(arity, args.len()) {
-        wrong_arity(out, command);
-        return false;
+        let text = format!("ERR wrong number of arguments for '{command}' command");
+        reject(out, command, text.as_bytes());
+        return None;
     }
     if let Some(&sub) = args.get(1)
         && SUBCOMMANDS.iter().any(|(parent, ..)| *parent == command)
@@ -60,18 +77,28 @@ pub(in crate::handler) fn may_run_unauthenticated(
             .find(|(parent, s, _)| *parent == command && sub.eq_ignore_ascii_case(s.as_bytes()))
         else {
             unknown_subcommand(out, sub, &command.to_ascii_uppercase());
-            return false;
+            return None;
         };
         if !arity_fits(*sub_arity, args.len()) {
             wrong_arity(out, &format!("{command}|{sub_name}"));
-            return false;
+            return None;
         }
     }
-    if flags.contains(&"no_auth") {
-        return true;
+    Some(info)
+}
+
+/// Answers `error` (its code first) to a command refused before it ran: as it is, but for
+/// `EXEC`, which Redis answers `-EXECABORT Transaction discarded because of: ` and the error
+/// without its `ERR`.
+fn reject(out: &mut ReplyBuf, command: &str, error: &[u8]) {
+    if command == "exec" {
+        let reason = error.strip_prefix(b"ERR ").unwrap_or(error);
+        let mut e = b"EXECABORT Transaction discarded because of: ".to_vec();
+        e.extend_from_slice(reason);
+        out.error(&e);
+    } else {
+        out.error(error);
     }
-    out.error(NOAUTH);
-    false
 }
 
 /// Whether `n` arguments (the command's name included) fit `arity`: exactly that many, or,
