@@ -14,12 +14,14 @@
 
 mod admin;
 mod api;
+mod envoy;
 pub use tollgate_config as config;
 mod generation;
 mod health;
 mod metrics;
 mod queue;
 mod relay;
+mod reload;
 mod resp;
 mod response;
 mod serve;
@@ -47,7 +49,9 @@ use crate::generation::Generation;
 pub use serve::Limits;
 
 use crate::admin::overrides::registry::{self, Backend, Registry};
+use crate::envoy::{envoy_service, serve_envoy};
 use crate::metrics::Metrics;
+use crate::reload::watch_config;
 use crate::store::{AnyStore, StoreSetupError};
 
 /// Why the server could not start.
@@ -207,89 +211,6 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn engine(&self) -> Arc<Generation> {
         self.engine.load_full()
-    }
-
-    /// Re-reads the configuration from where it came from (its file, its `--envoy-config`
-    /// folder); keeps the running one when the new one is bad.
-    fn reload(&self) -> Result<(), ReloadError> {
-        let current = self.engine();
-        let mut config = match current.config().reread() {
-            Ok(c) => c,
-            Err(e) => {
-                self.metrics.reload(false);
-                return Err(ReloadError::Config(e));
-            }
-        };
-        let old = current.config();
-        if old.store != config.store {
-            tracing::warn!(
-                "reload: [store] changes take effect on restart; the running store is kept"
-            );
-            // Its settings too (failure mode, key secret): a new key secret would silently
-            // start every counter afresh.
-            config.store = old.store.clone();
-        }
-        let descriptors = |c: &Config| {
-            c.envoy
-                .as_ref()
-                .map(|e| (e.domains.clone(), e.failure_mode))
-        };
-        let envoy_changed =
-            descriptors(old) != descriptors(&config) || old.headers != config.headers;
-        let envoy_reload = match (&self.envoy, &config.envoy) {
-            (Some(service), Some(envoy)) if envoy_changed => {
-                Some((service, rls_config(&config, envoy)))
-            }
-            (None, Some(_)) | (Some(_), None) if envoy_changed => {
-                tracing::warn!(
-                    "reload: turning Envoy's rate limit service on or off takes effect on restart"
-                );
-                None
-            }
-            _ => None,
-        };
-        if old.listen != config.listen
-            || old.admin_listen != config.admin_listen
-            || old.proxy.as_ref().map(|p| p.listen) != config.proxy.as_ref().map(|p| p.listen)
-        {
-            tracing::warn!("reload: listen address changes take effect on restart");
-        }
-        if tls::turned_on_or_off(old, &config) {
-            tracing::warn!(
-                "reload: turning TLS on or off for a listener takes effect on restart; new \
-                 certificate files are picked up now"
-            );
-        }
-        if !same_limits(&old.limits, &config.limits) {
-            tracing::warn!("reload: listener limit changes take effect on restart");
-        }
-        let engine = Generation::new(
-            Arc::new(config),
-            self.store.clone(),
-            Arc::clone(&self.metrics),
-            Arc::clone(&self.telemetry),
-        )
-        .map_err(|e| {
-            self.metrics.reload(false);
-            ReloadError::Engine(e)
-        })?;
-        // Swapped only after the engine was built, and before it is installed: a bad descriptor
-        // tree leaves both the descriptors and the engine as they were.
-        if let Some((service, rls)) = envoy_reload {
-            service.reload(&rls).map_err(|e| {
-                self.metrics.reload(false);
-                ReloadError::Envoy(e)
-            })?;
-        }
-        let engine = Arc::new(engine);
-        // The overrides go into the new engine before it serves, and no change to them can
-        // land on the old one in between.
-        self.lists.install_then(&engine, || {
-            self.overrides
-                .install_then(&engine, || self.engine.store(Arc::clone(&engine)));
-        });
-        self.metrics.reload(true);
-        Ok(())
     }
 }
 
@@ -492,38 +413,6 @@ fn spawn_listeners(
     tasks
 }
 
-/// Envoy's rate limit service, bounded like the other listeners: `max_connections` at once,
-/// the same drain; over TLS (HTTP/2 only) when `[server]` has it.
-async fn serve_envoy(
-    service: tollgate_envoy::RlsService<AnyStore, SystemClock>,
-    listener: tokio::net::TcpListener,
-    mut stop: watch::Receiver<bool>,
-    limits: Limits,
-    tls: Option<Arc<tls::Tls>>,
-) {
-    let shutdown = async move { serve::stopped(&mut stop).await };
-    let options = tollgate_envoy::ServeOptions {
-        max_connections: limits.max_connections,
-        drain: limits.drain,
-    };
-    let served = match tls {
-        None => tollgate_envoy::serve_with(listener, service, shutdown, options).await,
-        Some(tls) => {
-            let handshake = move |stream: tokio::net::TcpStream| {
-                let tls = Arc::clone(&tls);
-                async move {
-                    let peer = stream.peer_addr().ok()?;
-                    tls.accept(stream, peer, limits.header_read_timeout).await
-                }
-            };
-            tollgate_envoy::serve_with_io(listener, service, shutdown, options, handshake).await
-        }
-    };
-    if let Err(e) = served {
-        tracing::error!(error = %e, "Envoy rate limit service stopped");
-    }
-}
-
 /// Housekeeping: purges the idle keys of the memory stores every 10 seconds.
 async fn purge_idle_keys(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let clock = SystemClock::new();
@@ -567,152 +456,4 @@ async fn live_operations(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             Err(_) => {}
         }
     }
-}
-
-/// Whether two sets of listener limits are the same.
-fn same_limits(a: &Limits, b: &Limits) -> bool {
-    a.header_read_timeout == b.header_read_timeout
-        && a.max_header_bytes == b.max_header_bytes
-        && a.max_connections == b.max_connections
-        && a.idle_timeout == b.idle_timeout
-        && a.drain == b.drain
-}
-
-/// Envoy's rate limit service over the server's store.
-fn envoy_service(
-    config: &Config,
-    envoy: &config::Envoy,
-    store: &AnyStore,
-    metrics: &Arc<Metrics>,
-    (gate, telemetry): (tollgate_envoy::AddressGate, &Arc<telemetry::Telemetry>),
-) -> Result<tollgate_envoy::RlsService<AnyStore, SystemClock>, ServerError> {
-    let rls = rls_config(config, envoy);
-    let limiter = tollgate::Limiter::builder()
-        .store(store.clone())
-        .clock(SystemClock::new())
-        .build()
-        .map_err(ServerError::EnvoyLimiter)?;
-    // Envoy's decisions are counted where every other door's are: per policy and outcome in
-    // `/metrics`, and in the top-keys sketches.
-    let metrics = Arc::clone(metrics);
-    let observer: tollgate_envoy::Observer = Arc::new(move |policy, key, outcome| {
-        metrics.decision(policy, outcome);
-        let refused = !matches!(
-            outcome,
-            tollgate::Outcome::Allowed | tollgate::Outcome::FailOpen
-        );
-        metrics.top.policy(policy).record(key, refused);
-    });
-    let service = tollgate_envoy::RlsService::new(limiter, &rls)
-        .map_err(ServerError::Envoy)?
-        .with_observer(observer)
-        .with_gate(gate);
-    if !telemetry.on() {
-        return Ok(service);
-    }
-    // Each call a span, a child of the trace context Envoy sent with it.
-    let telemetry = Arc::clone(telemetry);
-    let tracer: tollgate_envoy::CallTracer = Arc::new(move |headers| {
-        let trace = telemetry::Trace::from_headers(telemetry::Door::Envoy, headers);
-        telemetry
-            .begin(&trace)
-            .map(|span| Box::new(span) as Box<dyn tollgate_envoy::CallSpan>)
-    });
-    Ok(service.with_tracer(tracer))
-}
-
-/// The Envoy service's configuration: the descriptors and the server's header settings.
-fn rls_config(config: &Config, envoy: &config::Envoy) -> tollgate_envoy::Config {
-    let h = &config.headers;
-    tollgate_envoy::Config::new()
-        .domains(envoy.domains.clone())
-        .failure_mode(envoy.failure_mode)
-        .x_ratelimit_headers(h.legacy)
-        .ietf_headers(h.ietf)
-        .reset_format(h.reset_format)
-}
-
-/// Reloads on SIGHUP and whenever a watched file changes, appears or goes (checked every
-/// second): the configuration file and every envoyproxy/ratelimit file of the Envoy folder,
-/// subfolders included, as envoyproxy/ratelimit reloads its runtime directory.
-async fn watch_config(
-    shared: Arc<Shared>,
-    #[cfg(unix)] mut hup: Option<tokio::signal::unix::Signal>,
-    #[cfg(not(unix))] _hup: Option<()>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut last = watched(shared.engine().config());
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        #[cfg(unix)]
-        let hup_signal = async {
-            match hup.as_mut() {
-                Some(h) => {
-                    h.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let hup_signal = std::future::pending::<()>();
-        let forced = tokio::select! {
-            _ = tick.tick() => false,
-            _ = hup_signal => true,
-            _ = crate::serve::stopped(&mut stop) => return,
-        };
-        let engine = shared.engine();
-        let config = engine.config();
-        if config.source.is_none() && config.envoy_dir.is_none() {
-            if forced {
-                tracing::info!("SIGHUP: running on the built-in default; nothing to reload");
-            }
-            continue;
-        }
-        let now = watched(config);
-        if !forced && now == last {
-            continue;
-        }
-        last = now;
-        let from = from_text(config);
-        match shared.reload() {
-            Ok(()) => {
-                tracing::info!(from = %from, "configuration reloaded");
-                // The new configuration may watch other files (another Envoy folder).
-                last = watched(shared.engine().config());
-            }
-            Err(e) => tracing::error!(
-                from = %from,
-                "configuration rejected; the running one stays:\n{e}"
-            ),
-        }
-    }
-}
-
-/// The watched files of `config` with their contents (`None`: unreadable).
-fn watched(config: &Config) -> Vec<(std::path::PathBuf, Option<Vec<u8>>)> {
-    config
-        .watched_files()
-        .into_iter()
-        .map(|path| {
-            let bytes = std::fs::read(&path).ok();
-            (path, bytes)
-        })
-        .collect()
-}
-
-/// Where `config` is read from, for the logs.
-fn from_text(config: &Config) -> String {
-    let mut parts: Vec<String> = config
-        .source
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
-    parts.extend(
-        config
-            .envoy
-            .iter()
-            .map(|e| e.config_dir.display().to_string()),
-    );
-    parts.join(" and ")
 }
