@@ -652,34 +652,7 @@ async fn a_calendar_day_ends_at_the_same_instant_at_every_door() {
             "{at}"
         );
     };
-    let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
-    assert_eq!(proxy(proxy_addr, &request("px")).await.status, 200);
-    second(&proxy(proxy_addr, &request("px")).await, "the proxy");
-    let mut service = layered(&server.config);
-    for (i, status) in [200, 429].into_iter().enumerate() {
-        let a = layer(&mut service, &request("ly"))
-            .await
-            .unwrap_or_else(|| panic!("no answer"));
-        if i == 0 {
-            assert_eq!(a.status, status, "the tower layer");
-        } else {
-            second(&a, "the tower layer");
-        }
-    }
-    let fa = request("fa");
-    assert_eq!(
-        forward_auth(server.api, "/v1/forward-auth", &fa)
-            .await
-            .status,
-        200
-    );
-    second(
-        &forward_auth(server.api, "/v1/forward-auth", &fa).await,
-        "forward-auth",
-    );
-    assert_eq!(check(server.api, &request("ck")).await.status, 200);
-    let checked = check(server.api, &request("ck")).await;
-    second(&checked, "/v1/check");
+    let checked = twice_at_each_door(&server, request, second).await;
     near(checked.json()["retry_after"].as_u64(), "/v1/check's body");
     // The Redis-protocol door: allowed, limit, remaining, reset, retry-after.
     let resp = server.resp.unwrap_or_else(|| panic!("no resp door"));

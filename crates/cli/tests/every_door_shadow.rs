@@ -68,30 +68,7 @@ async fn a_shadow_policy_never_speaks_for_an_enforcing_one() {
         client: "203.0.113.9",
         api_key: Some(key),
     };
-    let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
-    assert_eq!(proxy(proxy_addr, &request("px")).await.status, 200);
-    second(&proxy(proxy_addr, &request("px")).await, "the proxy");
-    let fa = request("fa");
-    assert_eq!(
-        forward_auth(server.api, "/v1/forward-auth", &fa)
-            .await
-            .status,
-        200
-    );
-    second(
-        &forward_auth(server.api, "/v1/forward-auth", &fa).await,
-        "forward-auth",
-    );
-    assert_eq!(check(server.api, &request("ck")).await.status, 200);
-    let checked = check(server.api, &request("ck")).await;
-    second(&checked, "/v1/check");
-    let mut service = layered(&server.config);
-    let first = layer(&mut service, &request("ly")).await;
-    assert_eq!(first.map(|a| a.status), Some(200), "the tower layer");
-    let again = layer(&mut service, &request("ly"))
-        .await
-        .unwrap_or_else(|| panic!("no answer"));
-    second(&again, "the tower layer");
+    twice_at_each_door(&server, request, second).await;
     // Replay: the log's second request passes, as it did.
     let replay = replayed(&server.config, dir.path(), &[request("rp"), request("rp")]);
     assert_eq!(

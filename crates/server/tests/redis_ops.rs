@@ -94,6 +94,20 @@ impl TlsRedis {
     }
 }
 
+impl TlsRedis {
+    /// [`TlsRedis::start`], or `None` (said on stderr) when this redis-server has no TLS.
+    fn start_or_skip(dir: &Path) -> Option<TlsRedis> {
+        match TlsRedis::start(dir) {
+            Ok(r) => Some(r),
+            Err((true, why)) => {
+                eprintln!("skipped: this redis-server has no TLS support ({why})");
+                None
+            }
+            Err((false, why)) => panic!("{why}"),
+        }
+    }
+}
+
 /// Runs `rediss_child` in a child process with `env`; its output, and whether it passed.
 fn run_child(url: &str, ca: Option<&Path>) -> (bool, String) {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
@@ -123,13 +137,8 @@ fn run_child(url: &str, ca: Option<&Path>) -> (bool, String) {
 #[test]
 fn rediss_through_the_server() {
     let dir = tls_common::temp_dir("redis-ops");
-    let redis = match TlsRedis::start(&dir) {
-        Ok(r) => r,
-        Err((true, why)) => {
-            eprintln!("skipped: this redis-server has no TLS support ({why})");
-            return;
-        }
-        Err((false, why)) => panic!("{why}"),
+    let Some(redis) = TlsRedis::start_or_skip(&dir) else {
+        return;
     };
     let url = format!("rediss://127.0.0.1:{}", redis.port);
     let (ok, text) = run_child(&url, Some(&dir.join("ca.pem")));
@@ -217,13 +226,8 @@ fn store_config(url: &str, tls_ca: Option<&Path>) -> String {
 #[tokio::test]
 async fn rediss_with_tls_ca() {
     let dir = tls_common::temp_dir("redis-tls-ca");
-    let redis = match TlsRedis::start(&dir) {
-        Ok(r) => r,
-        Err((true, why)) => {
-            eprintln!("skipped: this redis-server has no TLS support ({why})");
-            return;
-        }
-        Err((false, why)) => panic!("{why}"),
+    let Some(redis) = TlsRedis::start_or_skip(&dir) else {
+        return;
     };
     let url = format!("rediss://127.0.0.1:{}", redis.port);
     let text = store_config(&url, Some(&dir.join("ca.pem")));

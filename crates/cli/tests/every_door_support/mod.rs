@@ -454,3 +454,32 @@ pub(super) async fn resp_command(stream: &mut TcpStream, command: &[u8]) -> Stri
         .unwrap_or_else(|e| panic!("{e}"));
     String::from_utf8_lossy(&reply[..n]).into_owned()
 }
+
+/// Sends a door's request twice to the proxy, forward-auth, `POST /v1/check` and the tower
+/// layer (`request` makes it, given the door's own key so the doors do not share a count):
+/// the first must pass, and `second` judges the second, told which door answered. The second
+/// `/v1/check` answer is returned, for what its body says.
+pub(super) async fn twice_at_each_door(
+    server: &Server,
+    request: impl Fn(&'static str) -> Described,
+    second: impl Fn(&Answer, &str),
+) -> Answer {
+    let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
+    assert_eq!(proxy(proxy_addr, &request("px")).await.status, 200);
+    second(&proxy(proxy_addr, &request("px")).await, "the proxy");
+    let fa = request("fa");
+    let path = "/v1/forward-auth";
+    assert_eq!(forward_auth(server.api, path, &fa).await.status, 200);
+    second(&forward_auth(server.api, path, &fa).await, "forward-auth");
+    assert_eq!(check(server.api, &request("ck")).await.status, 200);
+    let checked = check(server.api, &request("ck")).await;
+    second(&checked, "/v1/check");
+    let mut service = layered(&server.config);
+    let first = layer(&mut service, &request("ly")).await;
+    assert_eq!(first.map(|a| a.status), Some(200), "the tower layer");
+    let again = layer(&mut service, &request("ly"))
+        .await
+        .unwrap_or_else(|| panic!("no answer"));
+    second(&again, "the tower layer");
+    checked
+}
