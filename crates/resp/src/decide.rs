@@ -6,7 +6,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use tollgate::{Clock, Decision, Error, ErrorKind, Limiter, Store};
+use tollgate::{Clock, Decision, Error, ErrorKind, Limiter, Store, StoreError};
 
 /// Decides `TOLLGATE.CHECK`: one request of `cost` by `key` under the policy named `policy`.
 ///
@@ -144,6 +144,8 @@ impl From<Error> for CheckError {
             ErrorKind::CostExceedsQuota { policy, cost, max } => {
                 CheckError::CostExceedsQuota { policy, cost, max }
             }
+            // Its reason alone: the reply says `store unavailable:` once.
+            ErrorKind::Store(StoreError::Unavailable { reason }) => CheckError::Unavailable(reason),
             ErrorKind::Store(e) => CheckError::Unavailable(e.to_string()),
             other => CheckError::Other(other.to_string()),
         }
@@ -178,5 +180,30 @@ impl<S: Store, C: Clock> Decide for LimiterDecide<S, C> {
             Ok(decision) => Ok(decision.into()),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_failure_says_store_unavailable_once() {
+        let down: Error = StoreError::Unavailable {
+            reason: "connection refused".to_owned(),
+        }
+        .into();
+        assert_eq!(
+            CheckError::from(down).to_string(),
+            "store unavailable: connection refused"
+        );
+        let slow: Error = StoreError::Timeout {
+            after: Duration::from_millis(50),
+        }
+        .into();
+        assert_eq!(
+            CheckError::from(slow).to_string(),
+            "store unavailable: store did not answer within 50ms"
+        );
     }
 }
