@@ -18,7 +18,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tollgate::store::snapshot::SnapshotError;
@@ -27,6 +27,7 @@ use tollgate::{Clock, MemoryStore, SystemClock, Timestamp};
 use crate::Shared;
 use crate::admin::lists::registry::Record as ListRecord;
 use crate::admin::overrides::registry::Record;
+use crate::admin::top::unix_secs;
 use crate::config::{StoreConfig, StoreKind};
 use crate::queue::Kept;
 use crate::store::AnyStore;
@@ -38,12 +39,6 @@ pub(crate) struct Restored {
     overrides: Vec<Record>,
     lists: Vec<ListRecord>,
     queues: Vec<(String, Kept)>,
-}
-
-fn unix_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// The memory store of `config`, restored from its `path` when there is one and it reads; and

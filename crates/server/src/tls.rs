@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -223,20 +223,12 @@ fn certificate_end(listener: &'static str, files: &TlsConfig) -> i64 {
 }
 
 fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+    i64::try_from(crate::admin::top::unix_secs()).unwrap_or(i64::MAX)
 }
 
-/// Unix seconds as RFC 3339, for the logs.
+/// Unix seconds as RFC 3339, for the logs (the number itself past the calendar's range).
 fn rfc3339(t: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(t)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| t.to_string())
+    crate::admin::fields::rfc3339_text(t).unwrap_or_else(|| t.to_string())
 }
 
 /// The rustls configuration of `files` with `alpn`.

@@ -91,13 +91,19 @@ pub(crate) fn bad_field(field: &str, detail: &str) -> Response<Body> {
     res
 }
 
-/// An RFC 3339 time (UTC) of Unix seconds.
+/// An RFC 3339 time (UTC) of Unix seconds, in JSON (`null` past the year 9999).
 pub(crate) fn rfc3339(unix_secs: u64) -> Value {
     i64::try_from(unix_secs)
         .ok()
-        .and_then(|s| OffsetDateTime::from_unix_timestamp(s).ok())
-        .and_then(|t| t.format(&Rfc3339).ok())
+        .and_then(rfc3339_text)
         .map_or(Value::Null, Value::from)
+}
+
+/// An RFC 3339 time (UTC) of Unix seconds; `None` out of the calendar's range.
+pub(crate) fn rfc3339_text(unix_secs: i64) -> Option<String> {
+    OffsetDateTime::from_unix_timestamp(unix_secs)
+        .ok()
+        .and_then(|t| t.format(&Rfc3339).ok())
 }
 
 /// Unix microseconds as RFC 3339 to the millisecond (`2026-12-05T00:02:03.481Z`): a ban's start
