@@ -183,23 +183,28 @@ fn serve_command(mut cmd: Command, config: &Path) -> Server {
 
 /// Sends SIGTERM and checks that the server drains and exits with success.
 fn terminate(server: &mut Server) {
-    let pid = server.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = server.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "no exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    sigterm(server);
+    let status = exit_within(server, Duration::from_secs(20), "SIGTERM");
     assert!(status.success(), "{status:?}");
+}
+
+/// Sends the server `SIGTERM`.
+fn sigterm(server: &Server) {
+    let pid = server.child.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(sent.unwrap().success());
+}
+
+/// The server's exit status, once it exits within `limit` of `after` (what was done to it).
+fn exit_within(server: &mut Server, limit: Duration, after: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "no exit after {after}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// One HTTP/1.1 request over a fresh connection: (status, body).
@@ -663,31 +668,14 @@ fn a_second_signal_stops_the_drain() {
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let pid = server.child.id().to_string();
-    let kill = || {
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        )
-    };
-    kill();
+    sigterm(&server);
     std::thread::sleep(Duration::from_millis(500));
     assert!(
         server.child.try_wait().unwrap().is_none(),
         "still draining after one signal"
     );
-    kill();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = server.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "no exit after a second SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    sigterm(&server);
+    let status = exit_within(&mut server, Duration::from_secs(10), "a second SIGTERM");
     assert_eq!(status.code(), Some(1), "{status:?}");
     let log = server.log.lock().unwrap().join("\n");
     assert!(log.contains("a second signal"), "{log}");
