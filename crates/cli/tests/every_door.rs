@@ -3,7 +3,7 @@
 //! replay` of the line a server would log) is judged the same way: the same policy, the same
 //! key (a quota shared by the doors of one server), the same status class and headers. When the
 //! store fails, every door (Envoy's service too) answers by the one failure rule and counts it
-//! in the same metrics.
+//! in the same metrics; the Redis-protocol door too, `TOLLGATE.CHECK` and `CL.THROTTLE` alike.
 //!
 //! A concurrency limit is held to each door's way of seeing a request end: the proxy and the
 //! layer give the slot back when the exchange ends, forward-auth leaves it to its lease_ttl,
@@ -349,6 +349,7 @@ async fn a_failed_store_is_answered_by_one_rule_at_every_door() {
     for on_error in ["allow", "deny"] {
         let text = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\ngrpc_listen = \"127.0.0.1:0\"\n\
+             resp_listen = \"127.0.0.1:0\"\n\
              [admin]\nlisten = \"127.0.0.1:0\"\n\
              [store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{closed}\"\n\
              timeout = \"20ms\"\non_error = \"{on_error}\"\n\
@@ -392,6 +393,30 @@ async fn a_failed_store_is_answered_by_one_rule_at_every_door() {
             "fail_closed"
         };
         assert_eq!(server.decisions("per-key", outcome).await, 3, "{on_error}");
+        // The Redis-protocol door, by policy and as redis-cell: admitted with nothing known,
+        // or unavailable.
+        let resp = server.resp.unwrap_or_else(|| panic!("no resp door"));
+        let mut stream = TcpStream::connect(resp)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let by_policy = b"*3\r\n$14\r\nTOLLGATE.CHECK\r\n$7\r\nper-key\r\n$8\r\nk-failed\r\n";
+        let by_policy = resp_command(&mut stream, by_policy).await;
+        let cell = b"*5\r\n$11\r\nCL.THROTTLE\r\n$1\r\nk\r\n$1\r\n4\r\n$1\r\n1\r\n$2\r\n60\r\n";
+        let cell = resp_command(&mut stream, cell).await;
+        if on_error == "allow" {
+            assert_eq!(
+                by_policy, "*5\r\n:1\r\n:0\r\n:0\r\n:0\r\n:-1\r\n",
+                "{on_error}"
+            );
+            assert_eq!(cell, "*5\r\n:0\r\n:5\r\n:0\r\n:-1\r\n:0\r\n", "{on_error}");
+        } else {
+            for reply in [&by_policy, &cell] {
+                assert!(
+                    reply.starts_with("-ERR store unavailable"),
+                    "{on_error}: {reply}"
+                );
+            }
+        }
         // The tower layer over the same store settings.
         let store = tollgate_server::store::AnyStore::from_config(&server.config.store)
             .await
