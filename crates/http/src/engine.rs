@@ -496,9 +496,19 @@ impl<S: Store, C: Clock> Engine<S, C> {
             return self.evaluation(Decisions::new(), HeaderList::new(), Disposition::Pass);
         }
         let entries = &prepared.entries;
+        let mut waited = false;
+        let mut evaluation = self.decide_entries(entries, &mut waited).await;
+        evaluation.waited_for_slot = waited;
+        evaluation
+    }
+
+    /// [`decide_ref`](Self::decide_ref) for a request some policy counts; `waited` is set
+    /// when it waited in a line for a concurrency slot.
+    async fn decide_entries(&self, entries: &[Entry], waited: &mut bool) -> Evaluation<S, C> {
         // Others wait for this key's slots: behind them, without asking first. That wait is
         // the request's whole `max_delay`: it does not wait again once it is over.
         let lined_up = self.must_line_up(entries);
+        *waited = lined_up;
         let decided = if lined_up {
             self.wait_for_slot(entries, None).await.map(|(d, _)| d)
         } else {
@@ -510,6 +520,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             Err(e) => return self.failed(e, entries),
         };
         if !lined_up && !decisions.allowed() && self.only_slots_missing(&decisions, entries) {
+            *waited = true;
             decisions = match self.wait_for_slot(entries, Some(decisions)).await {
                 Ok((d, _)) if d.len() == entries.len() => d,
                 Ok(_) => return self.failed(miscounted(), entries),
@@ -680,6 +691,7 @@ impl<S: Store, C: Clock> Engine<S, C> {
             disposition,
             store_failed: false,
             settle: None,
+            waited_for_slot: false,
         }
     }
 

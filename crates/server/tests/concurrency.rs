@@ -1,7 +1,8 @@
 //! Concurrency limits behind the reverse proxy: a recording upstream holds each request for a
 //! while and counts how many it serves at once. Ten clients at once against a limit of three:
 //! rejected past three, or served three at a time in order of arrival with `delay`; a client
-//! that goes away mid-response frees its slot at once; `/v1/check` acquire and `/v1/release`;
+//! that goes away mid-response frees its slot at once, and one that leaves the line is never
+//! forwarded; `/v1/check` acquire and `/v1/release`;
 //! three instances on one Redis share the limit.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -152,20 +153,7 @@ async fn a_client_gone_mid_response_frees_its_slot() {
     let proxy = s.proxy.unwrap();
     let mut held = Vec::new();
     for n in 0..3 {
-        let mut c = TcpStream::connect(proxy).await.unwrap();
-        let req = format!(
-            "GET /v1/export/{n} HTTP/1.1\r\nhost: x\r\nx-api-key: k1\r\nx-client: {n}\r\n\r\n"
-        );
-        c.write_all(req.as_bytes()).await.unwrap();
-        // Until the head and half the body have arrived: mid-response.
-        let mut got = Vec::new();
-        while !got.ends_with(b"half") {
-            let mut b = [0u8; 256];
-            let n = c.read(&mut b).await.unwrap();
-            assert!(n > 0, "closed early");
-            got.extend_from_slice(&b[..n]);
-        }
-        held.push(c);
+        held.push(mid_response(proxy, n).await);
     }
     assert_eq!(export(proxy, 9).await.0, StatusCode::TOO_MANY_REQUESTS);
     drop(held.pop());
@@ -186,6 +174,58 @@ async fn a_client_gone_mid_response_frees_its_slot() {
         String::from_utf8_lossy(&b[..n])
     );
     drop((held, c));
+    s.stop().await;
+}
+
+/// Sends client `n`'s request on a connection of its own.
+async fn send_export(proxy: SocketAddr, n: u32) -> TcpStream {
+    let mut c = TcpStream::connect(proxy).await.unwrap();
+    let req =
+        format!("GET /v1/export/{n} HTTP/1.1\r\nhost: x\r\nx-api-key: k1\r\nx-client: {n}\r\n\r\n");
+    c.write_all(req.as_bytes()).await.unwrap();
+    c
+}
+
+/// Client `n`'s request, read until the head and half the body have arrived: mid-response,
+/// its slot held while the connection is.
+async fn mid_response(proxy: SocketAddr, n: u32) -> TcpStream {
+    let mut c = send_export(proxy, n).await;
+    let mut got = Vec::new();
+    while !got.ends_with(b"half") {
+        let mut b = [0u8; 256];
+        let n = c.read(&mut b).await.unwrap();
+        assert!(n > 0, "closed early");
+        got.extend_from_slice(&b[..n]);
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    c
+}
+
+/// A client that gives up while its request waits in line for a slot: the request never
+/// reaches the upstream, and the slot it would have taken goes to the next in line.
+#[tokio::test]
+async fn a_client_gone_from_the_line_is_not_forwarded() {
+    let (up, seen) = recording_upstream(Duration::from_secs(30)).await;
+    let s = start_text(&config(up, "delay", "")).await;
+    let proxy = s.proxy.unwrap();
+    let mut held = Vec::new();
+    for n in 0..3 {
+        held.push(mid_response(proxy, n).await);
+    }
+    // Client 5 lines up, and leaves while it waits; client 6 lines up behind it.
+    let leaver = send_export(proxy, 5).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(leaver);
+    let next = tokio::spawn(mid_response(proxy, 6));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(held.pop());
+    let next = next.await.unwrap();
+    assert_eq!(*seen.order.lock().unwrap(), [0, 1, 2, 6]);
+    drop((held, next));
     s.stop().await;
 }
 

@@ -158,6 +158,8 @@ pub struct Evaluation<S: Store, C: Clock> {
     /// The true-up of an admitted request whose policies charge by the response
     /// (`charge = "response"`, `count_status`).
     pub(super) settle: Option<Box<Settle<S, C>>>,
+    /// The request waited in a line for a concurrency slot (`action = "delay"`).
+    pub(super) waited_for_slot: bool,
 }
 
 impl<S: Store, C: Clock> Evaluation<S, C> {
@@ -179,6 +181,14 @@ impl<S: Store, C: Clock> Evaluation<S, C> {
     /// that drops it unfed charges every such policy its `cost`, as admission did.
     pub fn take_settle(&mut self) -> Option<Box<Settle<S, C>>> {
         self.settle.take()
+    }
+
+    /// Whether the request waited in a line for a concurrency slot (`action = "delay"`)
+    /// before this answer. Its client may have given up meanwhile: a door that can tell should
+    /// make sure it is still there before passing the request on, and otherwise drop the
+    /// evaluation, which gives the slot back.
+    pub fn waited_for_slot(&self) -> bool {
+        self.waited_for_slot
     }
 
     /// Whether the request goes on (now or after a hold).

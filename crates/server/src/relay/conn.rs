@@ -238,7 +238,7 @@ impl Conn {
         }
         let decided = self.decide(engine, head_len, &authority).await;
         self.inbuf.advance(head_len);
-        let (plan, rate_limit, verdict, settle) = match decided {
+        let (plan, rate_limit, verdict, settle, waited) = match decided {
             Ok(d) => d,
             Err((refusal, version)) => {
                 // The bytes after a head the relay cannot read cannot be trusted to start a
@@ -258,6 +258,11 @@ impl Conn {
             }
             other => other,
         };
+        // A request that waited for a slot goes upstream only if its client is still there:
+        // dropping its true-up gives the slot to the next in line.
+        if waited && !matches!(verdict, Disposition::Respond(_)) && self.client_left(client) {
+            return false;
+        }
         let hold = match verdict {
             Disposition::Respond(answer) => {
                 // The refused request's body is skipped when it is already here; otherwise the
@@ -367,6 +372,7 @@ impl Conn {
         };
         let mut evaluation = engine.evaluate(&info, trace).await;
         let settle = evaluation.take_settle();
+        let waited = evaluation.waited_for_slot();
         let (_, rate_limit, verdict) = evaluation.into_parts();
         match &verdict {
             Disposition::Respond(a) if a.queue_ticket().is_some() => head::write_queued_head(
@@ -387,7 +393,7 @@ impl Conn {
                 |name| engine.header_read(name).is_some(),
             ),
         }
-        Ok((plan_of(&head), rate_limit, verdict, settle))
+        Ok((plan_of(&head), rate_limit, verdict, settle, waited))
     }
 
     /// Answers `refusal` as problem+json and ends the connection (its next bytes cannot be
@@ -412,12 +418,14 @@ impl Conn {
 }
 
 /// What the relay decided on a request head: how to relay it, the rate-limit headers, what to
-/// do, and the true-up to hand its response to.
+/// do, the true-up to hand its response to, and whether the request waited in a line for a
+/// concurrency slot.
 type Decided = (
     Plan,
     tollgate_http::RateLimitHeaders,
     Disposition,
     Option<Box<crate::generation::Settle>>,
+    bool,
 );
 
 fn plan_of(head: &RequestHead<'_>) -> Plan {

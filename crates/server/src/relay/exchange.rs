@@ -2,8 +2,10 @@
 //! request up and the response down at the same time, and the connection back into the pool
 //! only when both were framed to their end with nothing left over.
 
+use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -50,6 +52,25 @@ enum Relayed {
 }
 
 impl Conn {
+    /// Whether the client has closed its connection (or it broke), found without waiting: what
+    /// it sent meanwhile (its body, up to [`HOLD_BUFFER`]) is read into `inbuf`, where the
+    /// exchange reads the body from. Asked of a request that waited for its slot: one whose
+    /// client gave up is not sent upstream. A client that shut only its writing half after
+    /// its request counts as gone, as it does while a held request waits (and as nginx takes
+    /// it).
+    pub(super) fn client_left(&mut self, client: &mut Client) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        while self.inbuf.len() < HOLD_BUFFER {
+            self.inbuf.reserve(READ_CHUNK);
+            match std::pin::pin!(client.read_buf(&mut self.inbuf)).poll(&mut cx) {
+                Poll::Ready(Ok(0) | Err(_)) => return true,
+                Poll::Ready(Ok(_)) => {}
+                Poll::Pending => return false,
+            }
+        }
+        false
+    }
+
     /// Holds the request if it must wait for its slot, then forwards it. `true`: the client
     /// connection may carry another request.
     ///
