@@ -461,8 +461,9 @@ fn two_listeners_on_one_port_are_refused() {
 }
 
 /// Values that validate but could only misbehave are refused with a reason: a proxy timeout
-/// of zero (a 504 for every upstream that does not answer at once), and a fallback to memory
-/// on a store that is memory.
+/// of zero (a 504 for every upstream that does not answer at once), a fallback to memory on a
+/// store that is memory, and a Redis server named for a memory store (each instance would
+/// count alone while its operator believes the counts shared).
 #[test]
 fn settings_that_could_only_misbehave_are_refused() {
     let e = errors(
@@ -480,4 +481,23 @@ fn settings_that_could_only_misbehave_are_refused() {
     let redis =
         "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\non_error = \"local\"\n";
     assert!(Config::parse("t.toml", redis).is_ok());
+    let e = errors("[store]\nurl = \"redis://127.0.0.1:6379\"\n");
+    assert!(
+        e.len() == 1
+            && e[0].starts_with("t.toml:2:7: [store] field \"url\" is for a Redis store")
+            && e[0].contains("\"memory\" (the default)")
+            && e[0].contains("add kind = \"redis\""),
+        "{e:?}"
+    );
+    let e = errors("[store]\nkind = \"memory\"\nnodes = [\"redis://10.0.0.1:7000\"]\n");
+    assert!(
+        e.len() == 1 && e[0].starts_with("t.toml:3:10: [store] field \"nodes\" is for a Redis"),
+        "{e:?}"
+    );
+    let e = errors("[store]\ncluster = true\n");
+    assert!(
+        e.len() == 1 && e[0].starts_with("t.toml:2:11: [store] field \"cluster\""),
+        "{e:?}"
+    );
+    assert!(Config::parse("t.toml", "[store]\nkind = \"memory\"\ncluster = false\n").is_ok());
 }

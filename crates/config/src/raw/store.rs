@@ -217,6 +217,31 @@ fn redis_server(s: &RawStore, out: &StoreConfig, fields_ok: bool, errs: &mut Err
             ok = false;
         }
     }
+    if out.kind == StoreKind::Memory {
+        // A Redis server named for a memory store would be silently unused: every instance
+        // would count alone while its operator believes the counts are shared.
+        let named = s
+            .url
+            .as_ref()
+            .map(|v| ("url", v.span().start))
+            .or_else(|| s.nodes.iter().flatten().next().map(|n| ("nodes", n.span().start)))
+            .or_else(|| {
+                s.cluster
+                    .as_ref()
+                    .filter(|c| *c.get_ref())
+                    .map(|c| ("cluster", c.span().start))
+            });
+        if let Some((field, at)) = named {
+            let default = if s.kind.is_none() { " (the default)" } else { "" };
+            errs.at(
+                at,
+                format!(
+                    "[store] field \"{field}\" is for a Redis store, and this store is \"memory\"{default}, which would not use it: add kind = \"redis\" to share the counts through Redis, or remove {field}"
+                ),
+            );
+            ok = false;
+        }
+    }
     if out.kind == StoreKind::Redis && out.url.is_none() && out.nodes.is_empty() {
         let at = s.kind.as_ref().map_or(0, |k| k.span().start);
         errs.at(at, "[store] kind = \"redis\" needs a server: write url = \"redis://127.0.0.1:6379\" (or nodes = [...] for a cluster)".to_owned());
