@@ -25,7 +25,7 @@
 use std::net::SocketAddr;
 
 use http::{Request, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tollgate::SystemClock;
 use tollgate_http::{PeerAddr, RateLimitLayer};
@@ -386,6 +386,17 @@ async fn a_failed_store_is_answered_by_one_rule_at_every_door() {
                 );
                 assert_eq!(a.json()["status"], 503, "{at}");
             }
+        }
+        if on_error == "allow" {
+            // The described check names the policy it let through unchecked, knowing nothing.
+            let body = answers[2].1.json();
+            assert_eq!(body["fail_open"], true, "{body}");
+            assert_eq!(body["policy"], "per-key", "{body}");
+            assert_eq!(body["limit"], Value::Null, "{body}");
+            let decisions = body["decisions"].as_array().cloned().unwrap_or_default();
+            assert_eq!(decisions.len(), 1, "{body}");
+            assert_eq!(decisions[0]["policy"], "per-key", "{body}");
+            assert_eq!(decisions[0]["remaining"], Value::Null, "{body}");
         }
         let outcome = if on_error == "allow" {
             "fail_open"

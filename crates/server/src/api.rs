@@ -288,6 +288,8 @@ async fn check_by_attributes(
     if let Some(name) = unseen_status::counted_by_status(engine, &prepared) {
         return unseen_status::refuse(name, "POST /v1/check by request attributes");
     }
+    // The matching policies, by index: named in the answer should the store fail open.
+    let matched: smallvec::SmallVec<[usize; 4]> = prepared.keys().map(|(i, _)| i).collect();
     let mut eval = engine.decide(prepared, trace).await;
     let fail_open = eval.store_failed() && eval.allowed();
     // A described request that took concurrency slots gets a lease to give them back with,
@@ -311,6 +313,9 @@ async fn check_by_attributes(
         .into_iter()
         .partition(|d| engine.enforced(d.policy));
     let allowed = status == StatusCode::OK;
+    if fail_open {
+        return undecided(engine, &matched, lease);
+    }
     // The core's one choice of the decision that headers and bodies report.
     let mut body = match enforced.most_restrictive() {
         Some(d) => decision_json(d),
@@ -346,7 +351,7 @@ async fn check_by_attributes(
                     .collect::<Vec<_>>(),
             ),
         );
-        o.insert("fail_open".into(), Value::from(fail_open));
+        o.insert("fail_open".into(), Value::from(false));
         o.insert("lease".into(), Value::from(lease));
     }
     let mut res = json_response(status, &body);
@@ -356,4 +361,38 @@ async fn check_by_attributes(
         all
     };
     res
+}
+
+/// The answer to a described request the store could not decide and `on_error = "allow"` let
+/// through: every matching policy named, as admitted with nothing known (`limit`, `remaining`
+/// and `reset` null), so a caller can tell which policies it went through unchecked. `policy`
+/// is the first enforcing one, as a check by name names its own; no rate-limit headers.
+fn undecided(engine: &Generation, matched: &[usize], lease: Option<String>) -> Response<Body> {
+    let unknown = |name: Option<&str>| {
+        json!({"allowed": true, "policy": name, "limit": null, "remaining": null, "reset": null,
+            "retry_after": null, "delay": null})
+    };
+    let (mut enforced, mut shadow) = (Vec::new(), Vec::new());
+    for (i, p) in engine.http().policies().enumerate() {
+        if matched.contains(&i) {
+            let name = p.policy.name();
+            let list = if engine.enforced(name) {
+                &mut enforced
+            } else {
+                &mut shadow
+            };
+            list.push(unknown(Some(name)));
+        }
+    }
+    let mut body = match enforced.first() {
+        Some(first) => first.clone(),
+        None => unknown(None),
+    };
+    if let Some(o) = body.as_object_mut() {
+        o.insert("decisions".into(), Value::from(enforced));
+        o.insert("shadow".into(), Value::from(shadow));
+        o.insert("fail_open".into(), Value::from(true));
+        o.insert("lease".into(), Value::from(lease));
+    }
+    json_response(StatusCode::OK, &body)
 }

@@ -224,7 +224,13 @@ fn redis_server(s: &RawStore, out: &StoreConfig, fields_ok: bool, errs: &mut Err
             .url
             .as_ref()
             .map(|v| ("url", v.span().start))
-            .or_else(|| s.nodes.iter().flatten().next().map(|n| ("nodes", n.span().start)))
+            .or_else(|| {
+                s.nodes
+                    .iter()
+                    .flatten()
+                    .next()
+                    .map(|n| ("nodes", n.span().start))
+            })
             .or_else(|| {
                 s.cluster
                     .as_ref()
@@ -232,7 +238,11 @@ fn redis_server(s: &RawStore, out: &StoreConfig, fields_ok: bool, errs: &mut Err
                     .map(|c| ("cluster", c.span().start))
             });
         if let Some((field, at)) = named {
-            let default = if s.kind.is_none() { " (the default)" } else { "" };
+            let default = if s.kind.is_none() {
+                " (the default)"
+            } else {
+                ""
+            };
             errs.at(
                 at,
                 format!(
