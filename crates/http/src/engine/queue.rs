@@ -16,7 +16,7 @@ use tollgate::{Clock, Decision, Decisions, Store};
 
 use super::overrides::KeyOverride;
 use super::{
-    Action, Answer, Disposition, Engine, Entry, RateLimitHeaders, RefundGuard, miscounted,
+    Action, Answer, Disposition, Engine, Entry, RateLimitHeaders, RefundGuard, decide::miscounted,
 };
 use crate::key::KeyBuf;
 
