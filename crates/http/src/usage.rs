@@ -73,8 +73,9 @@
 //!   reports something other than what the policy expects; charging the fallback and saying
 //!   so beats guessing.
 //! - **Compressed bodies** (a `Content-Encoding` other than `identity`) are not decompressed:
-//!   the result is [`MissingReason::Compressed`]. Ask the upstream for an identity body
-//!   (a proxy can send `Accept-Encoding: identity`), or read the usage from a header.
+//!   the result is [`MissingReason::Compressed`]. A door must ask the upstream for an
+//!   identity body (the server's proxy sends `Accept-Encoding: identity` when a policy reads
+//!   the body), or a client could hide its usage by accepting gzip.
 //! - **Bodies of other content types** (and responses without a `Content-Type`) are not read:
 //!   [`MissingReason::NotJson`], and feeding their chunks does nothing.
 //! - **Empty bodies** (nothing but whitespace) are [`MissingReason::EmptyBody`], not malformed:

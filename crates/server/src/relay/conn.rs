@@ -390,7 +390,12 @@ impl Conn {
                 req.headers,
                 authority,
                 &self.peer_text,
-                |name| engine.header_read(name).is_some(),
+                (
+                    |name| engine.header_read(name).is_some(),
+                    settle
+                        .as_deref()
+                        .is_some_and(crate::generation::Settle::reads_body),
+                ),
             ),
         }
         Ok((plan_of(&head), rate_limit, verdict, settle, waited))

@@ -372,13 +372,17 @@ fn written_by_relay(name: &[u8]) -> bool {
 /// A name a `Connection` header lists is dropped as hop-by-hop unless `protected` says the
 /// rate limiter read it (a key, a forwarding header): the upstream then sees what was decided
 /// on. The framing and `Host` are the relay's own whatever `Connection` says.
+///
+/// `identity`: a policy reads the request's cost from the response body, which must then come
+/// uncompressed: the client's `Accept-Encoding` is replaced by `identity`. Passed on, it would
+/// let any client turn its usage unreadable (a compressed body) and pay only the fallback cost.
 pub(super) fn write_upstream_head(
     out: &mut Vec<u8>,
     head: &RequestHead<'_>,
     headers: &[httparse::Header<'_>],
     upstream: &Authority,
     client: &[u8],
-    protected: impl Fn(&str) -> bool,
+    (protected, identity): (impl Fn(&str) -> bool, bool),
 ) {
     out.clear();
     out.extend_from_slice(head.method.as_bytes());
@@ -397,6 +401,7 @@ pub(super) fn write_upstream_head(
         let name = h.name.as_bytes();
         if hop_by_hop(name)
             || written_by_relay(name)
+            || (identity && name.eq_ignore_ascii_case(b"accept-encoding"))
             || (listed
                 && !protected(h.name)
                 && connection_listed(headers).any(|l| l.eq_ignore_ascii_case(name)))
@@ -416,6 +421,9 @@ pub(super) fn write_upstream_head(
         }
         Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         Framing::None | Framing::Close => {}
+    }
+    if identity {
+        out.extend_from_slice(b"accept-encoding: identity\r\n");
     }
     out.extend_from_slice(b"x-forwarded-for: ");
     for h in headers
@@ -454,7 +462,7 @@ pub(super) fn write_queued_head(
         .collect();
     let mut bare = head.clone();
     bare.framing = Framing::None;
-    write_upstream_head(out, &bare, &kept, upstream, client, protected);
+    write_upstream_head(out, &bare, &kept, upstream, client, (protected, false));
     if out.ends_with(b"\r\n\r\n") {
         out.truncate(out.len() - 2);
     }

@@ -200,9 +200,14 @@ fn the_upstream_head_is_written_by_the_relay() {
     let head = check(&req).unwrap_or_else(|r| panic!("{r:?}"));
     let mut out = Vec::new();
     let authority: Authority = "127.0.0.1:9".parse().unwrap_or_else(|_| unreachable!());
-    write_upstream_head(&mut out, &head, req.headers, &authority, b"10.0.0.7", |n| {
-        n.eq_ignore_ascii_case("x-api-key")
-    });
+    write_upstream_head(
+        &mut out,
+        &head,
+        req.headers,
+        &authority,
+        b"10.0.0.7",
+        (|n: &str| n.eq_ignore_ascii_case("x-api-key"), false),
+    );
     // A Connection header naming the framing, the host or a key the limiter read takes none
     // of them away: the upstream reads the request that was decided on.
     assert_eq!(
@@ -212,9 +217,53 @@ fn the_upstream_head_is_written_by_the_relay() {
     let mut h = [httparse::EMPTY_HEADER; 4];
     let req = parse(&mut h, b"GET / HTTP/1.0\r\n\r\n");
     let head = check(&req).unwrap_or_else(|r| panic!("{r:?}"));
-    write_upstream_head(&mut out, &head, req.headers, &authority, b"::1", |_| false);
+    write_upstream_head(
+        &mut out,
+        &head,
+        req.headers,
+        &authority,
+        b"::1",
+        (|_: &str| false, false),
+    );
     assert_eq!(
         String::from_utf8_lossy(&out),
         "GET / HTTP/1.1\r\nhost: 127.0.0.1:9\r\nx-forwarded-for: ::1\r\n\r\n"
+    );
+}
+
+/// A request whose cost is read from its response body asks for it uncompressed, whatever
+/// the client accepts (in any case, any number of times): a compressed body would hide the
+/// usage, and the client would pay only the fallback cost.
+#[test]
+fn a_body_read_for_its_cost_is_asked_for_uncompressed() {
+    let raw = b"GET /v1/chat HTTP/1.1\r\nHost: api\r\nAccept-Encoding: gzip\r\naccept-encoding: br\r\nACCEPT-ENCODING: zstd\r\nAccept: */*\r\n\r\n";
+    let mut h = [httparse::EMPTY_HEADER; 8];
+    let req = parse(&mut h, raw);
+    let head = check(&req).unwrap_or_else(|r| panic!("{r:?}"));
+    let authority: Authority = "127.0.0.1:9".parse().unwrap_or_else(|_| unreachable!());
+    let mut out = Vec::new();
+    write_upstream_head(
+        &mut out,
+        &head,
+        req.headers,
+        &authority,
+        b"::1",
+        (|_: &str| false, true),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "GET /v1/chat HTTP/1.1\r\nhost: api\r\nAccept: */*\r\naccept-encoding: identity\r\nx-forwarded-for: ::1\r\n\r\n"
+    );
+    // Without a policy reading the body, the client's choice goes through.
+    write_upstream_head(
+        &mut out,
+        &head,
+        req.headers,
+        &authority,
+        b"::1",
+        (|_: &str| false, false),
+    );
+    assert!(
+        String::from_utf8_lossy(&out).contains("Accept-Encoding: gzip\r\naccept-encoding: br\r\n")
     );
 }
