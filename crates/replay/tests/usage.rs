@@ -130,3 +130,128 @@ fn only_the_statuses_named_count() {
         .collect();
     assert_eq!(denied, [("ip:198.51.100.7", 3)]);
 }
+
+/// The audit's configuration: a budget of 100 tokens an hour charged by the response (10 up
+/// front, and as the fallback), beside one request an hour per address.
+const TOKENS_AND_PER_IP: &str = "[[policy]]\nname = \"tokens\"\nalgorithm = \"fixed_window\"\n\
+    limit = 100\nwindow = \"1h\"\nkey = [\"header:x-api-key\"]\nmatch = { path = \"/v1/chat\" }\n\
+    charge = \"response\"\ncost_from = \"json:usage.total_tokens\"\ncost = 10\n\n\
+    [[policy]]\nname = \"per-ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n\
+    key = [\"ip\"]\n";
+
+/// Asserts what a replay of [`bad_costs`] through [`TOKENS_AND_PER_IP`] decided: every line
+/// counted by both policies, the bad costs charged `cost`, none of them a bad line.
+fn assert_bad_costs_charged_the_fallback(s: &tollgate_replay::Summary) {
+    assert_eq!(s.bad_lines.count, 0, "{:?}", s.bad_lines.first);
+    let policy = |name: &str| {
+        let p = s.result.policies.iter().find(|p| p.name == name);
+        p.map(|p| (p.requests, p.denied))
+    };
+    // per-ip: 9.9.9.9's second request is refused, its first (cost 12.5) having counted.
+    assert_eq!(policy("per-ip"), Some((13, 1)));
+    // tokens: key k2's bad costs are charged 10 each, so its eleventh is refused.
+    assert_eq!(policy("tokens"), Some((13, 1)));
+    assert_eq!((s.result.requests, s.result.denied), (13, 2));
+}
+
+/// The costs of [`assert_bad_costs_charged_the_fallback`]: 9.9.9.9 sends 12.5 then 3 with key
+/// k1 (the audit's two lines), then key k2 sends eleven bad costs from eleven addresses.
+fn bad_costs(json: bool) -> Vec<(String, &'static str, String)> {
+    let mut lines = vec![
+        ("9.9.9.9".to_owned(), "k1", "12.5".to_owned()),
+        ("9.9.9.9".to_owned(), "k1", "3".to_owned()),
+    ];
+    let bad: &[&str] = if json {
+        &["12.5", "-3", "\"abc\"", "1e3", "true", "\"12.5\"", "\"+5\"", "\"\\u0031 2\""]
+    } else {
+        &["12.5", "-3", "abc", "1e3", "+5", "0x10", "1,000", "½"]
+    };
+    for i in 0..11 {
+        lines.push((format!("10.0.0.{i}"), "k2", bad[i % bad.len()].to_owned()));
+    }
+    lines
+}
+
+/// A JSON line whose cost is not a whole number is still a request: every policy counts it,
+/// and a policy charged by the response charges it its `cost`, as the server charges a
+/// response whose cost is bad.
+#[test]
+fn a_json_cost_that_is_not_a_whole_number_is_charged_the_policy_cost() {
+    let dir = tempdir();
+    let lines: Vec<String> = bad_costs(true)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (ip, key, cost))| {
+            format!(
+                r#"{{"ts":{},"method":"POST","path":"/v1/chat","ip":"{ip}","api_key":"{key}","status":200,"cost":{cost}}}"#,
+                (START + i as i64) * 1000
+            )
+        })
+        .collect();
+    let log = write_log(dir.path(), "bad.jsonl", &lines);
+    let s = replay_with(json_lines(TOKENS_AND_PER_IP, log));
+    assert_bad_costs_charged_the_fallback(&s);
+}
+
+/// The same in the combined format, whose cost follows `$msec` and `$request_time`.
+#[test]
+fn a_combined_cost_that_is_not_a_whole_number_is_charged_the_policy_cost() {
+    let dir = tempdir();
+    let lines: Vec<String> = bad_costs(false)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (ip, key, cost))| {
+            let secs = i as i64;
+            let head = line(&ip, secs, "POST", "/v1/chat");
+            format!("{head} \"{key}\" {}.000 0.000 {cost}", START + secs)
+        })
+        .collect();
+    let log = write_log(dir.path(), "access.log", &lines);
+    let s = replay_with(Options::new(config(TOKENS_AND_PER_IP), vec![log]));
+    assert_bad_costs_charged_the_fallback(&s);
+}
+
+/// A line that does not say how the request ended (no status, `null`, `-`, `"abc"`, or a
+/// number that is no status code, such as nginx's `000`) is replayed as a request the server
+/// never answered: admission's charge stands, so a `count_status` policy counts it.
+#[test]
+fn a_line_without_a_status_keeps_its_charge() {
+    let dir = tempdir();
+    let statuses = [
+        "", r#","status":null"#, r#","status":"-""#, r#","status":"abc""#, r#","status":0"#,
+        r#","status":"000""#, r#","status":1000"#, r#","status":99"#,
+    ];
+    let lines: Vec<String> = statuses
+        .iter()
+        .enumerate()
+        .map(|(i, status)| {
+            format!(
+                r#"{{"ts":{},"method":"POST","path":"/login","ip":"192.0.2.{i}","api_key":"a"{status}}}"#,
+                (START + i as i64) * 1000
+            )
+        })
+        .collect();
+    let log = write_log(dir.path(), "statuses.jsonl", &lines);
+    let text = "[[policy]]\nname = \"failed\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"\n\
+                count_status = [\"401\"]\nkey = [\"header:x-api-key\"]\nmatch = { path = \"/login\" }\n";
+    let s = replay_with(json_lines(text, log));
+    assert_eq!(s.bad_lines.count, 0, "{:?}", s.bad_lines.first);
+    let p = &s.result.policies[0];
+    // Three count, the other five are refused: none was given back.
+    assert_eq!((p.requests, p.denied), (8, 5));
+
+    // Combined: `-` (Apache) and `000` (nginx, no response sent) alike.
+    let lines: Vec<String> = ["-", "000", "-", "000"]
+        .iter()
+        .enumerate()
+        .map(|(i, status)| {
+            let head = line(&format!("192.0.2.{i}"), i as i64, "POST", "/login");
+            format!("{} \"a\"", head.replacen("\" 200 ", &format!("\" {status} "), 1))
+        })
+        .collect();
+    let log = write_log(dir.path(), "statuses.log", &lines);
+    let s = replay_with(Options::new(config(text), vec![log]));
+    assert_eq!(s.bad_lines.count, 0, "{:?}", s.bad_lines.first);
+    let p = &s.result.policies[0];
+    assert_eq!((p.requests, p.denied), (4, 1));
+}

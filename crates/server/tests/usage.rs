@@ -37,7 +37,11 @@ async fn ai_upstream() -> SocketAddr {
                         if header("x-stream").is_some() {
                             stream_answer(tokens.unwrap_or(0))
                         } else {
-                            json_answer(tokens)
+                            // Compressed when the client accepts it, as real APIs do (the
+                            // body stays plain: only the label matters to the meter).
+                            let gzip =
+                                header("accept-encoding").is_some_and(|v| v.contains("gzip"));
+                            json_answer(tokens, gzip)
                         }
                     };
                     if stream.write_all(&reply).await.is_err() {
@@ -52,7 +56,7 @@ async fn ai_upstream() -> SocketAddr {
 
 /// A chat completion with `tokens` of usage (no usage at all without), about 4 KiB, the usage
 /// last.
-fn json_answer(tokens: Option<u64>) -> Vec<u8> {
+fn json_answer(tokens: Option<u64>, gzip: bool) -> Vec<u8> {
     let content = "lorem ipsum ".repeat(300);
     let usage = tokens.map_or(String::new(), |t| {
         format!(
@@ -64,8 +68,13 @@ fn json_answer(tokens: Option<u64>) -> Vec<u8> {
     let body = format!(
         r#"{{"id":"chatcmpl-1","object":"chat.completion","model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":"{content}"}},"finish_reason":"stop"}}]{usage}}}"#
     );
+    let encoding = if gzip {
+        "content-encoding: gzip\r\n"
+    } else {
+        ""
+    };
     format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{encoding}content-length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
@@ -180,6 +189,11 @@ async fn charges_what_the_responses_report(s: &Running) {
     let (status, _) = through(proxy, "/v1/chat/completions", ip, &[]).await;
     assert_eq!(status, 200);
     settled(s, "tokens", key, 579).await;
+    // A client that accepts gzip still pays its usage: the upstream is asked for identity.
+    let gzip = [("x-tokens", "79"), ("accept-encoding", "gzip, br")];
+    let (status, _) = through(proxy, "/v1/chat/completions", ip, &gzip).await;
+    assert_eq!(status, 200);
+    settled(s, "tokens", key, 500).await;
     // Past the budget: the charge is taken all the same, and the next request is refused.
     let (status, _) = through(proxy, "/v1/chat/completions", ip, &[("x-tokens", "900")]).await;
     assert_eq!(status, 200);

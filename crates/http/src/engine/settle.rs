@@ -185,6 +185,18 @@ impl<S: Store, C: Clock> Settle<S, C> {
         !self.dues.is_empty()
     }
 
+    /// Whether some policy reads the request's cost from the response body (`cost_from =
+    /// "json:..."`), known before the response: the door must ask the upstream for an
+    /// uncompressed body, or a client that accepts gzip would hide its usage.
+    pub fn reads_cost_from_body(&self) -> bool {
+        self.dues.iter().any(
+            |d| match &self.engine.inner.policies[d.entry.index].http.charge {
+                Charge::Response(from) => from.header().is_none(),
+                Charge::Request => false,
+            },
+        )
+    }
+
     /// Whether the request holds concurrency slots, given back when this settles.
     pub fn holds_slots(&self) -> bool {
         !self.slots.is_empty()

@@ -394,7 +394,7 @@ impl Conn {
                     |name| engine.header_read(name).is_some(),
                     settle
                         .as_deref()
-                        .is_some_and(crate::generation::Settle::reads_body),
+                        .is_some_and(crate::generation::Settle::reads_cost_from_body),
                 ),
             ),
         }
