@@ -162,7 +162,16 @@ fn bad_costs(json: bool) -> Vec<(String, &'static str, String)> {
         ("9.9.9.9".to_owned(), "k1", "3".to_owned()),
     ];
     let bad: &[&str] = if json {
-        &["12.5", "-3", "\"abc\"", "1e3", "true", "\"12.5\"", "\"+5\"", "\"\\u0031 2\""]
+        &[
+            "12.5",
+            "-3",
+            "\"abc\"",
+            "1e3",
+            "true",
+            "\"12.5\"",
+            "\"+5\"",
+            "\"\\u0031 2\"",
+        ]
     } else {
         &["12.5", "-3", "abc", "1e3", "+5", "0x10", "1,000", "½"]
     };
@@ -217,9 +226,17 @@ fn a_combined_cost_that_is_not_a_whole_number_is_charged_the_policy_cost() {
 #[test]
 fn a_line_without_a_status_keeps_its_charge() {
     let dir = tempdir();
+    // Numbers that are no status first: were they read as a 200, each would be given back and
+    // the requests after them admitted.
     let statuses = [
-        "", r#","status":null"#, r#","status":"-""#, r#","status":"abc""#, r#","status":0"#,
-        r#","status":"000""#, r#","status":1000"#, r#","status":99"#,
+        r#","status":0"#,
+        r#","status":"000""#,
+        r#","status":1000"#,
+        r#","status":99"#,
+        "",
+        r#","status":null"#,
+        r#","status":"-""#,
+        r#","status":"abc""#,
     ];
     let lines: Vec<String> = statuses
         .iter()
@@ -246,7 +263,10 @@ fn a_line_without_a_status_keeps_its_charge() {
         .enumerate()
         .map(|(i, status)| {
             let head = line(&format!("192.0.2.{i}"), i as i64, "POST", "/login");
-            format!("{} \"a\"", head.replacen("\" 200 ", &format!("\" {status} "), 1))
+            format!(
+                "{} \"a\"",
+                head.replacen("\" 200 ", &format!("\" {status} "), 1)
+            )
         })
         .collect();
     let log = write_log(dir.path(), "statuses.log", &lines);

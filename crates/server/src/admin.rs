@@ -180,14 +180,28 @@ async fn readiness(shared: &Shared, engine: &Generation) -> Response<Body> {
     }
 }
 
-/// Whether the request's `Host` names this listener: `localhost`, a loopback address, or the
-/// address it is bound to, with or without its port.
+/// Whether the request names this listener: `localhost`, a loopback address, or the address
+/// it is bound to, with or without its port. Both the `Host` header and the target's authority
+/// (HTTP/2's `:authority`, which carries the host there; an absolute-form target's) must, when
+/// present.
 fn own_host(req: &Request<Incoming>, listen: std::net::SocketAddr) -> bool {
-    let Some(host) = req.headers().get(hyper::header::HOST) else {
-        // HTTP/1.0 without Host: no browser sends such a request.
-        return true;
-    };
-    let Ok(host) = tollgate_http::normalize::authority(host.as_bytes(), "Host") else {
+    let header = req.headers().get(hyper::header::HOST).map(|h| h.as_bytes());
+    let target = req.uri().authority().map(|a| a.as_str().as_bytes());
+    if header.is_none() && target.is_none() {
+        // HTTP/1.0 without Host: no browser sends such a request. An HTTP/2 request always
+        // names its authority, a browser's included.
+        return req.version() < hyper::Version::HTTP_2;
+    }
+    header
+        .into_iter()
+        .chain(target)
+        .all(|host| names_listener(host, listen))
+}
+
+/// Whether `host` (a `Host` value or an authority) is `localhost`, a loopback address or the
+/// listener's address, with the listener's port or none.
+fn names_listener(host: &[u8], listen: std::net::SocketAddr) -> bool {
+    let Ok(host) = tollgate_http::normalize::authority(host, "Host") else {
         return false;
     };
     let (name, port) = match host.strip_prefix('[') {

@@ -316,3 +316,31 @@ async fn head_answers_have_no_content_and_a_405_names_the_method() {
     }
     s.stop().await;
 }
+
+/// Over HTTP/2 the host is the `:authority`: a write without the admin token that names
+/// another host (a browser made to resolve it to this listener) is refused as over HTTP/1.1,
+/// and one that names this listener is served.
+#[tokio::test]
+async fn admin_writes_over_http2_need_this_listeners_authority() {
+    let s = start_text(FIVE_PER_MINUTE).await;
+    let port = s.admin.port();
+    let mut h2 = h2_connect(s.admin).await;
+    let body = r#"{"limit": 9, "reason": "r"}"#;
+    let put = |authority: String| {
+        Request::put(format!("http://{authority}/v1/overrides/api/k"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    };
+    for foreign in [format!("evil.example:{port}"), "evil.example".to_owned()] {
+        let r = h2.send_request(put(foreign.clone())).await.unwrap();
+        assert_eq!(r.version(), Version::HTTP_2);
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, ":authority {foreign}");
+    }
+    let r = h2
+        .send_request(put(format!("localhost:{port}")))
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    s.stop().await;
+}
