@@ -80,3 +80,52 @@ async fn a_shadow_policy_never_speaks_for_an_enforcing_one() {
     assert_eq!(server.decisions("trial", "shadow").await, 3);
     server.stop().await;
 }
+
+/// A shadow policy alone, its store down under `on_error = "deny"`: it never blocks, so every
+/// door lets the request through (fail open) where an enforcing policy would be a 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_policy_alone_never_fails_closed() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let up = upstream().await;
+    // A Redis that is not there: a port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .port();
+    let trial_only = POLICIES
+        .split("[[policy]]")
+        .find(|p| p.contains("shadow"))
+        .unwrap_or_default();
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{closed}\"\ntimeout = \"20ms\"\n\
+         on_error = \"deny\"\n\
+         [proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{up}\"\n\
+         trusted_proxies = [\"127.0.0.0/8\"]\n[[policy]]{trial_only}"
+    );
+    let server = Server::start(&text, dir.path()).await;
+    let d = Described {
+        method: "GET",
+        target: "/v1/items",
+        host: "api.example.com",
+        xff: "203.0.113.9",
+        client: "203.0.113.9",
+        api_key: Some("k"),
+    };
+    let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
+    let answers = [
+        ("the proxy", proxy(proxy_addr, &d).await),
+        (
+            "forward-auth",
+            forward_auth(server.api, "/v1/forward-auth", &d).await,
+        ),
+        ("/v1/check", check(server.api, &d).await),
+    ];
+    for (door, a) in &answers {
+        let body = String::from_utf8_lossy(&a.body);
+        assert_eq!(a.status, 200, "{door}: {body}");
+    }
+    assert_eq!(answers[2].1.json()["fail_open"], true);
+    assert_eq!(server.decisions("trial", "fail_open").await, 3);
+    server.stop().await;
+}

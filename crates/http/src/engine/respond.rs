@@ -169,7 +169,10 @@ impl<S: Store, C: Clock> Engine<S, C> {
                 self.inner
                     .outage
                     .failed(&error, &names, self.inner.on_error);
-                let mut evaluation = if self.inner.on_error.admits() {
+                // A shadow policy never blocks, not even for want of a store: a request only
+                // shadow policies apply to goes on whatever `on_error` says.
+                let only_shadow = entries.iter().all(|e| self.is_shadow(e));
+                let mut evaluation = if self.inner.on_error.admits() || only_shadow {
                     // Fail open: no quota was counted, so none is reported.
                     self.evaluation(Decisions::new(), HeaderList::new(), Disposition::Pass)
                 } else {
