@@ -184,12 +184,25 @@ async fn check_rejects_bad_input_with_problem_json() {
         r#"{"policy":"nope","policy":"api","key":"k"}"#,
         r#"{"policy":"api","key":"k","cost":5,"cost":1}"#,
         r#"{"path":"/a","path":"/v1/x","ip":"192.0.2.1"}"#,
+        // ... at any depth, and in a member the quick reading has no use for.
+        r#"{"policy":"api","key":"k","extra":{"a":1,"a":2}}"#,
+        r#"{"policy":"api","key":"k","x":1,"x":2}"#,
+        // The fields in an array are no object.
+        r#"["api","k",1,"check"]"#,
     ] {
         let r = post_json(&s.url("/v1/check"), bad).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}");
         assert_eq!(r.header("content-type"), Some("application/problem+json"));
         assert_eq!(r.json()["status"], 400);
     }
+    // A member the check has no use for is read (the general way) and ignored.
+    let r = post_json(
+        &s.url("/v1/check"),
+        r#"{"policy":"api","key":"k","note":{"a":1}}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["remaining"], 1);
     let r = post_json(&s.url("/v1/check"), r#"{"policy":"nope","key":"k"}"#).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     let r = get(&s.url("/v1/check"), &[]).await;

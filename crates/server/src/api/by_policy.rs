@@ -42,8 +42,11 @@ enum Field<'a> {
     Other,
 }
 
-/// The body's fields the quick reading looks at; any other field is skipped unread.
+/// The body's fields the quick reading looks at. A body with any other member goes the general
+/// way, which looks inside every member (a member given twice at any depth is refused there):
+/// skipped unread here, it could hide one.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Probe<'a> {
     #[serde(borrow)]
     policy: Option<&'a RawValue>,
@@ -105,6 +108,10 @@ impl<'a> Asked<'a> {
         // JSON is UTF-8 text: a body that is not goes the general way, whose parse refuses it
         // (skipping an unknown member, this one would not look inside it).
         std::str::from_utf8(body).ok()?;
+        // An object only: serde would also read the fields from an array, in order.
+        if body.trim_ascii_start().first() != Some(&b'{') {
+            return None;
+        }
         let probe: Probe<'a> = serde_json::from_slice(body).ok()?;
         let policy = Field::raw(probe.policy);
         if matches!(policy, Field::Absent) {
