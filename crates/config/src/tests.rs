@@ -100,6 +100,29 @@ fn semantic_errors_are_collected() {
     assert!(e[0].starts_with("t.toml:2:12:"), "{e:?}");
 }
 
+/// A policy name the RateLimit headers cannot carry is refused when the file is validated
+/// (`tollgate validate` included), not when the server builds its engine.
+#[test]
+fn a_policy_name_must_be_printable_ascii() {
+    for name in ["caf\u{e9}", "tab\\there", "\u{1f600}"] {
+        let e = errors(&format!(
+            "[[policy]]\nname = \"{name}\"\nlimit = 1\nwindow = \"1m\"\n"
+        ));
+        assert!(
+            e.len() == 1
+                && e[0].starts_with("t.toml:2:8: policy ")
+                && e[0].contains("must be printable ASCII"),
+            "{name}: {e:?}"
+        );
+    }
+    let ok = r#"[[policy]]
+name = "api \"v2\" (beta)"
+limit = 1
+window = "1m"
+"#;
+    assert!(Config::parse("t.toml", ok).is_ok(), "{ok}");
+}
+
 #[test]
 fn listener_limits_default_and_set() {
     let c = Config::parse("t.toml", "");

@@ -41,6 +41,16 @@ pub(super) fn validate(at: usize, p: RawPolicy, errs: &mut Errors<'_>) -> Option
         return None;
     };
     let n = name.get_ref().clone();
+    if !n.is_empty() && !tollgate::headers::is_printable_ascii(&n) {
+        // Every answer names its policies in the RateLimit headers, which carry ASCII only.
+        errs.at(
+            name.span().start,
+            format!(
+                "policy {n:?}: field \"name\": a policy name must be printable ASCII (letters, digits, punctuation, spaces) to appear in the RateLimit headers; write e.g. name = \"cafe\""
+            ),
+        );
+        return None;
+    }
     let prefix = format!("policy \"{n}\": ");
     let kind = match &p.algorithm {
         Some(v) => match parse_algorithm(v.get_ref()) {
