@@ -1,8 +1,9 @@
 //! The long-key rule, defined once for every way into Tollgate: a key longer than
 //! [`MAX_RAW_KEY`] bytes is stored as a fixed-length keyed hash of itself, so a client cannot
 //! make the store hold (or the server copy) arbitrarily long keys. So is a key that is not
-//! UTF-8 (the Redis-protocol door takes any bytes): every key a store counts is then text,
-//! which `/v1/top` shows and `/v1/overrides` takes as it is. [`KeyDigest::write_key`]
+//! UTF-8 (the Redis-protocol door takes any bytes), or that holds a control character (a
+//! newline, a NUL): every key a store counts is then printable text, which `/v1/top` shows and
+//! `/v1/overrides` takes as it is. [`KeyDigest::write_key`]
 //! writes every key a caller names the way stores count it (and `/v1/top` shows it).
 //!
 //! The hash is HMAC-SHA256 (RFC 2104, the `hmac` crate) cut to 128 bits: keyed, so with a
@@ -62,14 +63,15 @@ impl KeyDigest {
         out
     }
 
-    /// Appends the key a store counts `value` under: `value` itself when it is UTF-8, at most
-    /// [`MAX_RAW_KEY`] bytes long and does not begin with `#`; otherwise `#` and the 32 hex
-    /// digits of its [`digest`](Self::digest). A value written as itself never begins with
-    /// `#`, so no value can pass for another's digest.
+    /// Appends the key a store counts `value` under: `value` itself when it is UTF-8 without
+    /// control characters, at most [`MAX_RAW_KEY`] bytes long and does not begin with `#`;
+    /// otherwise `#` and the 32 hex digits of its [`digest`](Self::digest). A value written as
+    /// itself never begins with `#`, so no value can pass for another's digest.
     pub fn write_key(&self, value: &[u8], out: &mut impl Extend<u8>) {
         if value.len() <= MAX_RAW_KEY
             && value.first() != Some(&b'#')
             && std::str::from_utf8(value).is_ok()
+            && !has_control(value)
         {
             out.extend(value.iter().copied());
         } else {
@@ -88,6 +90,14 @@ impl KeyDigest {
                 .flat_map(|b| [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0x0f)]]),
         );
     }
+}
+
+/// Whether UTF-8 `text` holds a control character (`char::is_control`: C0, DEL and C1),
+/// read byte by byte: C1 characters are the two-byte sequences `C2 80` to `C2 9F`.
+fn has_control(text: &[u8]) -> bool {
+    text.iter().enumerate().any(|(i, &b)| {
+        b < 0x20 || b == 0x7f || (b == 0xc2 && text.get(i + 1).is_some_and(|n| *n <= 0x9f))
+    })
 }
 
 #[cfg(test)]
@@ -117,6 +127,27 @@ mod tests {
         assert!(std::str::from_utf8(&binary).is_ok());
         assert_ne!(key(b"\xff"), key(b"\xfe"));
         assert_eq!(key("caf\u{e9}".as_bytes()), "caf\u{e9}".as_bytes());
+        // So are keys holding a control character (C0, DEL, C1): `/v1/overrides` takes no
+        // such name, and every stored key must be one it takes. Other characters are kept.
+        for control in [
+            "evil\nkey",
+            "\0nul",
+            "tab\tkey",
+            "del\u{7f}",
+            "c1\u{85}",
+            "c1\u{9f}",
+        ] {
+            let k = key(control.as_bytes());
+            assert_eq!((k.len(), k[0]), (33, b'#'), "{control:?}");
+        }
+        for kept in ["\u{a0}nbsp", "\u{c0}", "\u{100}", "\u{2028}", "a b"] {
+            assert_eq!(key(kept.as_bytes()), kept.as_bytes(), "{kept:?}");
+        }
+        for c in (0..=0x10ffff).filter_map(char::from_u32) {
+            let mut buf = [0u8; 4];
+            let text = c.encode_utf8(&mut buf).as_bytes();
+            assert_eq!(has_control(text), c.is_control(), "{c:?}");
+        }
     }
 
     fn hex(value: &[u8], secret: &[u8]) -> String {
