@@ -159,17 +159,22 @@ where
             "Bad request",
             Some("the body could not be read"),
         )),
-        Err(_) => {
-            let mut res = problem(
-                StatusCode::REQUEST_TIMEOUT,
-                "Request timeout",
-                Some("the body did not arrive within header_read_timeout"),
-            );
-            if http1 {
-                res.headers_mut()
-                    .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            Err(res)
-        }
+        Err(_) => Err(body_too_late(http1)),
     }
+}
+
+/// The 408 of a request body that did not arrive within its time: over HTTP/1 the connection
+/// then closes (`connection: close`), since the rest of that body may still come. Both the
+/// decision API's handler and its HTTP/1.1 quick lane answer it.
+pub(crate) fn body_too_late(http1: bool) -> Response<Body> {
+    let mut res = problem(
+        StatusCode::REQUEST_TIMEOUT,
+        "Request timeout",
+        Some("the body did not arrive within header_read_timeout"),
+    );
+    if http1 {
+        res.headers_mut()
+            .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    res
 }

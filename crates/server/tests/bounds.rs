@@ -167,3 +167,169 @@ fn a_full_listener_says_so() {
         s.stop().await;
     });
 }
+
+/// A configuration with a short `header_read_timeout` of its own, and a policy to check.
+fn timed(header_read_timeout: &str) -> tollgate_server::Config {
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+header_read_timeout = "{header_read_timeout}"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[[policy]]
+name = "api"
+algorithm = "fixed_window"
+limit = 5
+window = "1h"
+key = ["ip"]
+"#
+    );
+    tollgate_server::Config::parse("t.toml", &text).unwrap()
+}
+
+/// Writes each of `parts` to a new connection to `addr`, `pause` apart, then reads until the
+/// server closes it: everything it answered.
+async fn raw_exchange(addr: std::net::SocketAddr, parts: &[&[u8]], pause: Duration) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(pause).await;
+        }
+        c.write_all(part).await.unwrap();
+    }
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the connection was closed");
+    buf
+}
+
+/// An answer's head lines (but the date) and its body.
+fn head_and_body(answer: &[u8]) -> (Vec<String>, Vec<u8>) {
+    let end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {:?}", String::from_utf8_lossy(answer)));
+    let head = String::from_utf8_lossy(&answer[..end])
+        .split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("date:"))
+        .map(str::to_owned)
+        .collect();
+    (head, answer[end + 4..].to_vec())
+}
+
+/// A check whose body stalls on the quick lane (HTTP/1.1 keep-alive, `Content-Length`) is
+/// answered 408 and closed, as the same check sent with `Connection: close` (hyper's) is, in
+/// the same bytes but the date: the quick lane closed it without a word at the head's
+/// timeout.
+#[tokio::test]
+async fn a_body_that_stalls_on_the_quick_lane_is_answered_as_hypers_408() {
+    let s = common::start(timed("1s")).await;
+    let quick = raw_exchange(
+        s.api,
+        &[b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"po"],
+        Duration::ZERO,
+    )
+    .await;
+    let hyper = raw_exchange(
+        s.api,
+        &[
+            b"POST /v1/check HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+            Content-Length: 50\r\n\r\n{\"po",
+        ],
+        Duration::ZERO,
+    )
+    .await;
+    let (quick_head, quick_body) = head_and_body(&quick);
+    let (hyper_head, hyper_body) = head_and_body(&hyper);
+    assert_eq!(
+        hyper_head.first().map(String::as_str),
+        Some("HTTP/1.1 408 Request Timeout"),
+        "{hyper_head:?}"
+    );
+    assert!(
+        hyper_head.iter().any(|l| l == "connection: close"),
+        "{hyper_head:?}"
+    );
+    let said = String::from_utf8_lossy(&hyper_body);
+    assert!(
+        said.contains("the body did not arrive within header_read_timeout"),
+        "{said}"
+    );
+    assert_eq!(quick_head, hyper_head);
+    assert_eq!(
+        String::from_utf8_lossy(&quick_body),
+        String::from_utf8_lossy(&hyper_body)
+    );
+    s.stop().await;
+}
+
+/// A head that stalls is closed without an answer on the quick lane, as hyper closes one (here
+/// after a request the quick lane hands it, answered).
+#[tokio::test]
+async fn a_head_that_stalls_is_closed_without_an_answer() {
+    let s = common::start(timed("1s")).await;
+    let quick = raw_exchange(
+        s.api,
+        &[b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Le"],
+        Duration::ZERO,
+    )
+    .await;
+    assert!(quick.is_empty(), "{:?}", String::from_utf8_lossy(&quick));
+    // Keep-alive, after a check answered: the next head, stalled, is closed without an answer.
+    let check = br#"{"policy":"api","key":"k"}"#;
+    let whole = format!(
+        "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        check.len()
+    );
+    let after = raw_exchange(
+        s.api,
+        &[
+            whole.as_bytes(),
+            check,
+            b"POST /v1/check HTTP/1.1\r\nHost: x\r\n",
+        ],
+        Duration::ZERO,
+    )
+    .await;
+    let text = String::from_utf8_lossy(&after);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert_eq!(text.matches("HTTP/1.1").count(), 1, "{text}");
+    // Hyper's: a request it answers, then the same stalled head.
+    let hyper = raw_exchange(
+        s.api,
+        &[b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nPOST /v1/check HTTP/1.1\r\nHost: x\r\n"],
+        Duration::ZERO,
+    )
+    .await;
+    let text = String::from_utf8_lossy(&hyper);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert_eq!(text.matches("HTTP/1.1").count(), 1, "{text}");
+    s.stop().await;
+}
+
+/// A body has as long again as the head, from the end of the head: a head that takes most of
+/// header_read_timeout and a body that takes most of it again are answered (the quick lane
+/// counted head and body together, and closed such a check without an answer).
+#[tokio::test]
+async fn a_body_has_its_own_time_after_the_head() {
+    let s = common::start(timed("3s")).await;
+    let check = br#"{"policy":"api","key":"late"}"#;
+    let head = format!(
+        "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        check.len()
+    );
+    let (first, rest) = head.as_bytes().split_at(20);
+    let (start, end) = check.split_at(5);
+    let mut middle = rest.to_vec();
+    middle.extend_from_slice(start);
+    // The head whole after 2 s (of 3), the body after 2 s more (of 3 from there): 4 s in all,
+    // past the 3 s one timer for head and body would have allowed.
+    let answer = raw_exchange(s.api, &[first, &middle, end], Duration::from_secs(2)).await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    s.stop().await;
+}

@@ -12,9 +12,12 @@
 //! `Expect`, `Upgrade` or `Connection` other than `keep-alive`. Anything else, the first bytes
 //! it cannot parse included, and the rest of the connection go to hyper with every byte not
 //! yet answered, so hyper answers (or refuses) them as it always did. The bounds are hyper's:
-//! the header read timeout (from the moment a head is awaited, idle keep-alive included), the
-//! head size bound, and the write timeout on answers. `tests/quick_lane.rs` holds its answers
-//! to hyper's, byte for byte but the date.
+//! the header read timeout (from the moment a head is awaited, idle keep-alive included; a
+//! head late is closed without an answer), as long again for the body from the end of its head
+//! (late, it is answered 408 and the connection closed, as the decision API's handler answers
+//! it behind hyper), the head size bound, and the write timeout on answers.
+//! `tests/quick_lane.rs` holds its answers to hyper's, byte for byte but the date, and
+//! `tests/bounds.rs` its 408.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -110,29 +113,49 @@ where
     // unregister with the listener's one channel, which every connection shares, each time.
     let stopping = super::stopped(stop);
     tokio::pin!(stopping);
-    // One timer for the connection, set again for each head.
+    // One timer for the connection, set again for each head, and for a body not whole with it.
     let timeout = tokio::time::sleep(limits.header_read_timeout);
     tokio::pin!(timeout);
     loop {
-        // A whole head (and body), within the header read timeout from now.
+        // A whole head within the header read timeout from now, then its body within as long
+        // again from the end of the head: the time the decision API's handler gives a body
+        // behind hyper (`response::read_body`, started once hyper has read the head).
         timeout
             .as_mut()
             .reset(Instant::now() + limits.header_read_timeout);
+        // The head read whole (its length and its body's), once its body is awaited.
+        let mut awaited: Option<(usize, usize)> = None;
         let (len, body) = loop {
-            match parse(&buf, false) {
-                Parsed::Take(head) => {
-                    let whole = head.len + head.body;
-                    if buf.len() >= whole {
-                        break (head.len, head.body);
+            match awaited {
+                Some((len, body)) if buf.len() >= len + body => break (len, body),
+                Some(_) => {}
+                None => match parse(&buf, false) {
+                    Parsed::Take(head) => {
+                        if buf.len() >= head.len + head.body {
+                            break (head.len, head.body);
+                        }
+                        // The body has its own time from here (no clock read when it came
+                        // with its head, as it usually does).
+                        awaited = Some((head.len, head.body));
+                        timeout
+                            .as_mut()
+                            .reset(Instant::now() + limits.header_read_timeout);
                     }
-                }
-                Parsed::Partial if buf.len() < limits.max_header_bytes => {}
-                Parsed::Partial | Parsed::Other => return Left::HandOff(io, buf.freeze()),
+                    Parsed::Partial if buf.len() < limits.max_header_bytes => {}
+                    Parsed::Partial | Parsed::Other => return Left::HandOff(io, buf.freeze()),
+                },
             }
             let idle = buf.is_empty();
             let more = tokio::select! {
                 r = io.read_buf(&mut buf) => r,
-                () = &mut timeout => return Left::Closed,
+                () = &mut timeout => {
+                    // A head late is closed without an answer, as hyper closes it; a body
+                    // late is answered 408, as hyper's path answers it.
+                    if awaited.is_some() {
+                        body_timed_out(&mut io, &mut out, limits.header_read_timeout).await;
+                    }
+                    return Left::Closed;
+                }
                 // Stopping: a connection between requests has nothing in flight.
                 _ = &mut stopping, if idle => return Left::Closed,
             };
@@ -145,24 +168,39 @@ where
             .check(&buf[..len], &buf[len..len + body], &mut out)
             .await;
         let _ = buf.split_to(len + body);
-        if !answered {
+        if !answered || !send(&mut io, &out, limits.header_read_timeout).await {
             return Left::Closed;
         }
-        // One write first: an answer fits the socket's buffer, so it is usually taken whole
-        // at once, and the timer a slow reader needs (a clock read to set) is not set.
-        let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut io).poll_write(cx, &out)));
-        let sent = match first.await {
-            Poll::Ready(Ok(n)) => n,
-            Poll::Ready(Err(_)) => return Left::Closed,
-            Poll::Pending => 0,
-        };
-        if sent < out.len() {
-            let rest = io.write_all(&out[sent..]);
-            let written = tokio::time::timeout(limits.header_read_timeout, rest).await;
-            if !matches!(written, Ok(Ok(()))) {
-                return Left::Closed;
-            }
+    }
+}
+
+/// Writes `out` to `io`, within `within` when the first write does not take it whole.
+async fn send<S: AsyncWrite + Unpin>(io: &mut S, out: &[u8], within: Duration) -> bool {
+    // One write first: an answer fits the socket's buffer, so it is usually taken whole at
+    // once, and the timer a slow reader needs (a clock read to set) is not set.
+    let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *io).poll_write(cx, out)));
+    let sent = match first.await {
+        Poll::Ready(Ok(n)) => n,
+        Poll::Ready(Err(_)) => return false,
+        Poll::Pending => 0,
+    };
+    if sent < out.len() {
+        let rest = io.write_all(&out[sent..]);
+        let written = tokio::time::timeout(within, rest).await;
+        if !matches!(written, Ok(Ok(()))) {
+            return false;
         }
+    }
+    true
+}
+
+/// Answers a check whose body did not arrive within its time with the decision API's own 408
+/// ([`crate::response::body_too_late`]), then closes `io`, as hyper does after an answer with
+/// `connection: close`.
+async fn body_timed_out<S: AsyncWrite + Unpin>(io: &mut S, out: &mut Vec<u8>, within: Duration) {
+    out.clear();
+    if write_response(crate::response::body_too_late(true), out) && send(io, out, within).await {
+        let _ = tokio::time::timeout(within, io.shutdown()).await;
     }
 }
 
