@@ -12,6 +12,7 @@ use tollgate::{Decision, Decisions, ManualClock, MemoryStore, Store, StoreError,
 use tollgate_config::Config;
 use tollgate_http::{Disposition, RequestInfo};
 
+use crate::format::Cost;
 use crate::stats::RunStats;
 
 /// One check the engine asked the store for.
@@ -114,7 +115,7 @@ pub(crate) struct Logged {
     /// The status the server answered with.
     pub(crate) status: Option<u16>,
     /// What the request cost.
-    pub(crate) cost: Option<u64>,
+    pub(crate) cost: Option<Cost>,
     /// How long it took.
     pub(crate) took: Option<std::time::Duration>,
 }
@@ -205,13 +206,17 @@ impl Run {
         };
         // What the logged response says it cost: policies that charge by the response
         // (`charge = "response"` from the log's cost, `count_status` from its status) are
-        // trued up as the server would have (the memory store answers at once). Concurrency
-        // slots are held until the request ends, by its logged duration.
+        // trued up as the server would have (the memory store answers at once). A line without
+        // a status is a request the server never answered: admission's charge stands. A cost
+        // that is not a whole number is reported as none: the response is then charged the
+        // policy's `cost` and counted as a fallback, as the server charges and counts a bad
+        // one (Settle takes only a whole cost, so the engine's reason is "missing", not "bad";
+        // the charge and the count are the same). Concurrency slots are held until the request
+        // ends, by its logged duration.
         if let Some(mut settle) = evaluation.take_settle() {
-            if let Some(status) = logged.status {
-                let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            if let Some(status) = logged.status.and_then(|s| StatusCode::from_u16(s).ok()) {
                 settle.response(status, &http::HeaderMap::new());
-                if let Some(cost) = logged.cost {
+                if let Some(Cost::Whole(cost)) = logged.cost {
                     settle.reported(cost);
                 }
             }
@@ -276,6 +281,22 @@ impl Run {
             }
             entry.remove().finish();
         }
+    }
+
+    /// What it decided, with each policy's responses charged its `cost` because their cost was
+    /// missing or bad (the server's `tollgate_usage_fallbacks_total`). The requests still
+    /// holding concurrency slots end first: their true-ups are the last fallbacks.
+    pub(crate) fn into_stats(mut self) -> RunStats {
+        for (_, settle) in std::mem::take(&mut self.in_flight) {
+            settle.finish();
+        }
+        let mut stats = self.stats;
+        for (name, fallbacks) in self.engine.usage_fallbacks() {
+            if let Some(p) = stats.policies.iter_mut().find(|p| p.name == name) {
+                p.usage_fallbacks = fallbacks;
+            }
+        }
+        stats
     }
 
     /// Forgets keys whose quota has fully reset, as the server does every ten seconds.

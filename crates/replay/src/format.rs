@@ -86,13 +86,50 @@ pub struct LoggedRequest<'a> {
     pub api_key: Option<Cow<'a, [u8]>>,
     /// The authenticated user, for the `user` key selector.
     pub user: Option<Cow<'a, str>>,
-    /// The status the server answered with (`count_status` counts by it).
+    /// The status the server answered with (`count_status` counts by it): a code from 100 to
+    /// 999, or none.
     pub status: Option<u16>,
     /// What the request cost, when the log says (`charge = "response"` charges it).
-    pub cost: Option<u64>,
+    pub cost: Option<Cost>,
     /// How long the request took, when the log says (`$request_time`): a concurrency limit's
     /// slot is held for it.
     pub took: Option<std::time::Duration>,
+}
+
+/// What a line says a request cost, for the policies charged by the response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cost {
+    /// A whole number (digits only; more than a `u64` holds reads as `u64::MAX`, above every
+    /// policy's bound like the number it stands for).
+    Whole(u64),
+    /// Not a whole number (`12.5`, `-3`, `1e3`, `+5`, `abc`, `true`): the request is still
+    /// replayed, and a policy charged by the response charges it its `cost`, as the server does
+    /// a response whose cost is bad.
+    Bad,
+}
+
+impl Cost {
+    /// `text` read as the server reads a `header:` cost: ASCII digits, spaces around them
+    /// allowed, and nothing else.
+    pub(crate) fn read(text: &[u8]) -> Cost {
+        let digits = text.trim_ascii();
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return Cost::Bad;
+        }
+        let value = digits.iter().try_fold(0u64, |n, d| {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        });
+        Cost::Whole(value.unwrap_or(u64::MAX))
+    }
+}
+
+/// `text` as a status the server could have answered with, a code from 100 to 999: nginx's
+/// `000` (no response was sent) and anything else say nothing of how the request ended.
+fn status_code(text: &[u8]) -> Option<u16> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|s| s.parse::<u16>().ok())
+        .filter(|s| (100..=999).contains(s))
 }
 
 /// Why a line is not a request.
@@ -193,6 +230,41 @@ mod tests {
         assert_eq!((path.as_ref(), host), ("/v1/a?b", None));
         assert!(split_target(Cow::Borrowed("\\x16\\x03")).is_err());
         Ok(())
+    }
+
+    #[test]
+    fn costs_are_read_as_the_server_reads_a_header() {
+        assert_eq!(Cost::read(b"12"), Cost::Whole(12));
+        assert_eq!(Cost::read(b" 0 "), Cost::Whole(0));
+        assert_eq!(
+            Cost::read(b"99999999999999999999999"),
+            Cost::Whole(u64::MAX)
+        );
+        for bad in [
+            &b""[..],
+            b"12.5",
+            b"-3",
+            b"+5",
+            b"1e3",
+            b"abc",
+            b"1 2",
+            b"0x10",
+        ] {
+            assert_eq!(
+                Cost::read(bad),
+                Cost::Bad,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn only_codes_from_100_to_999_are_statuses() {
+        assert_eq!(status_code(b"401"), Some(401));
+        for none in [&b"000"[..], b"0", b"99", b"1000", b"-", b"abc", b""] {
+            assert_eq!(status_code(none), None, "{}", String::from_utf8_lossy(none));
+        }
     }
 
     #[test]

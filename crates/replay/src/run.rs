@@ -19,7 +19,7 @@ use tollgate_config::Config;
 use tollgate_http::{RequestInfo, UserId};
 
 use crate::engine::{Logged, Run};
-use crate::format::{LineError, LoggedRequest};
+use crate::format::{Cost, LineError, LoggedRequest};
 use crate::input::Source;
 pub use crate::options::Options;
 use crate::summary::{Counts, LineRef, Summary};
@@ -30,7 +30,7 @@ use crate::sweep::{self, Candidate};
 /// a replay, which runs through a day in seconds, does it once a minute of log.
 const PURGE_EVERY: Duration = Duration::from_secs(60);
 
-/// How many bad or out-of-order lines are listed by number (all are counted).
+/// How many bad, badly costed or out-of-order lines are listed by number (all are counted).
 const LISTED: usize = 20;
 
 /// How often (in lines) progress is reported.
@@ -317,6 +317,13 @@ impl Replayer {
             self.headers.insert(self.api_key_header.clone(), value);
         }
         self.counts.lines += 1;
+        // Still a request: replayed with a bad cost, as the server hears a response with one.
+        if request.cost == Some(Cost::Bad) {
+            self.counts.bad_costs += 1;
+            if self.counts.bad_costs_listed.len() < LISTED {
+                self.counts.bad_costs_listed.push(LineRef { file, line });
+            }
+        }
         let now = self.tick(request.time, file, line);
         self.extensions.clear();
         if let Some(user) = &request.user {

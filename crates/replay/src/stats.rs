@@ -65,6 +65,9 @@ pub(crate) struct PolicyStats {
     pub(crate) requests: u64,
     /// Of those, the ones it denied.
     pub(crate) denied: u64,
+    /// Responses charged its `cost` because their cost was missing or bad (`charge =
+    /// "response"`), as the engine counts them: filled in when the replay ends.
+    pub(crate) usage_fallbacks: u64,
     /// The window peak demand is measured over: the quota's `w` (its window, or the time a
     /// bucket takes to refill or drain).
     pub(crate) peak_window: Duration,
@@ -80,6 +83,7 @@ impl PolicyStats {
             name,
             requests: 0,
             denied: 0,
+            usage_fallbacks: 0,
             peak_window,
             slice_micros: (window / PEAK_SLICES as u64).max(1),
             keys: HashMap::default(),

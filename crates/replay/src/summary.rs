@@ -1,6 +1,8 @@
 //! The figures of a replay, as `summary.json` holds them and the report and the table show
 //! them: per configuration (the one given, and each sweep candidate), per policy, per key.
 
+mod lines;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -16,31 +18,11 @@ use crate::options::Options;
 use crate::stats::{PolicyStats, RunStats};
 use crate::sweep::Candidate;
 
+pub(crate) use lines::Counts;
+pub use lines::{BadCosts, BadLine, BadLines, LateLine, LineRef, OutOfOrder};
+
 /// How many of the most limited keys each policy lists.
 pub const TOP_KEYS: usize = 10;
-
-/// A line of one of the logs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct LineRef {
-    /// Index into [`Summary::logs`].
-    pub file: usize,
-    /// 1-based line number.
-    pub line: u64,
-}
-
-/// What the reading side counts, for the summary.
-#[derive(Debug, Default)]
-pub(crate) struct Counts {
-    pub(crate) lines: u64,
-    pub(crate) bad: u64,
-    pub(crate) bad_listed: Vec<(LineRef, String)>,
-    pub(crate) late: u64,
-    pub(crate) late_max: Duration,
-    pub(crate) late_listed: Vec<(LineRef, Duration)>,
-    pub(crate) first: Option<Timestamp>,
-    pub(crate) last: Option<Timestamp>,
-    pub(crate) keys_held_max: usize,
-}
 
 /// Everything a replay found.
 #[derive(Clone, Debug, Serialize)]
@@ -53,6 +35,8 @@ pub struct Summary {
     pub lines: u64,
     /// Lines that are not requests, all counted, the first few listed.
     pub bad_lines: BadLines,
+    /// Requests whose cost is not a whole number, all counted, the first few listed.
+    pub bad_costs: BadCosts,
     /// Lines earlier than a line replayed before them.
     pub out_of_order: OutOfOrder,
     /// The first request's time (RFC 3339).
@@ -78,46 +62,6 @@ pub struct LogSummary {
     pub format: String,
     /// Its last line's number.
     pub lines: u64,
-}
-
-/// Lines that are not requests.
-#[derive(Clone, Debug, Serialize)]
-pub struct BadLines {
-    /// How many.
-    pub count: u64,
-    /// The first few, with the reason.
-    pub first: Vec<BadLine>,
-}
-
-/// One bad line.
-#[derive(Clone, Debug, Serialize)]
-pub struct BadLine {
-    /// Where.
-    #[serde(flatten)]
-    pub at: LineRef,
-    /// Why it is not a request.
-    pub reason: String,
-}
-
-/// Lines earlier than one replayed before them: decided at the replay's time of then.
-#[derive(Clone, Debug, Serialize)]
-pub struct OutOfOrder {
-    /// How many.
-    pub count: u64,
-    /// The largest lag, in seconds.
-    pub max_lag_secs: f64,
-    /// The first few, with their lag.
-    pub first: Vec<LateLine>,
-}
-
-/// One line out of order.
-#[derive(Clone, Debug, Serialize)]
-pub struct LateLine {
-    /// Where.
-    #[serde(flatten)]
-    pub at: LineRef,
-    /// How much earlier than the replay's time it was, in seconds.
-    pub lag_secs: f64,
 }
 
 /// What one configuration decided.
@@ -168,6 +112,9 @@ pub struct PolicySummary {
     pub denied: u64,
     /// `denied / requests`.
     pub denied_share: f64,
+    /// Responses charged its `cost` because their line's cost was missing or bad (`charge =
+    /// "response"`): what the server counts in `tollgate_usage_fallbacks_total`.
+    pub usage_fallbacks: u64,
     /// Distinct keys.
     pub keys: u64,
     /// Keys denied at least once.
@@ -300,7 +247,7 @@ impl Summary {
         let mut runs = runs
             .into_iter()
             .zip(&configs)
-            .map(|(r, c)| run_summary(c, r.stats));
+            .map(|(r, c)| run_summary(c, r.into_stats()));
         let result = runs
             .next()
             .unwrap_or_else(|| run_summary(&options.config, RunStats::new(&options.config)));
@@ -322,6 +269,12 @@ impl Summary {
             (Some(a), Some(b)) => b.saturating_duration_since(a),
             _ => Duration::ZERO,
         };
+        let (lines, keys_held_max) = (counts.lines, counts.keys_held_max);
+        let (first_time, last_time) = (
+            counts.first.and_then(rfc3339),
+            counts.last.and_then(rfc3339),
+        );
+        let (bad_lines, bad_costs, out_of_order) = counts.into_listed();
         Summary {
             config: options
                 .config
@@ -329,31 +282,14 @@ impl Summary {
                 .as_ref()
                 .map(|p| p.display().to_string()),
             logs: sources.iter().map(log_summary).collect(),
-            lines: counts.lines,
-            bad_lines: BadLines {
-                count: counts.bad,
-                first: counts
-                    .bad_listed
-                    .into_iter()
-                    .map(|(at, reason)| BadLine { at, reason })
-                    .collect(),
-            },
-            out_of_order: OutOfOrder {
-                count: counts.late,
-                max_lag_secs: secs(counts.late_max),
-                first: counts
-                    .late_listed
-                    .into_iter()
-                    .map(|(at, lag)| LateLine {
-                        at,
-                        lag_secs: secs(lag),
-                    })
-                    .collect(),
-            },
-            first_time: counts.first.and_then(rfc3339),
-            last_time: counts.last.and_then(rfc3339),
+            lines,
+            bad_lines,
+            bad_costs,
+            out_of_order,
+            first_time,
+            last_time,
             duration_secs: secs(duration),
-            keys_held_max: counts.keys_held_max,
+            keys_held_max,
             result,
             sweep,
         }
@@ -422,6 +358,7 @@ fn policy_summary(s: &PolicyStats, pc: &tollgate_config::PolicyConfig) -> Policy
         admitted: s.requests - s.denied,
         denied: s.denied,
         denied_share: share(s.denied, s.requests),
+        usage_fallbacks: s.usage_fallbacks,
         keys: s.keys.len() as u64,
         keys_affected: s.keys.values().filter(|k| k.denied > 0).count() as u64,
         peak,

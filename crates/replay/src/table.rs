@@ -37,6 +37,22 @@ pub(crate) fn refusals(r: &RunSummary) -> String {
     text
 }
 
+/// `2 lines whose cost is not a whole number (first: access.log:7), replayed and charged the
+/// policy's cost`, when there are any: they are requests, not bad lines, and the policies
+/// charged by the response charged them their `cost`, as the server does a bad cost.
+pub(crate) fn bad_costs(s: &Summary) -> Option<String> {
+    let count = s.bad_costs.count;
+    let first = s.bad_costs.first.first()?;
+    let file = s.logs.get(first.file).map_or("?", |l| l.path.as_str());
+    let lines = if count == 1 { "line" } else { "lines" };
+    Some(format!(
+        "{} {lines} whose cost is not a whole number (first: {file}:{}), replayed and charged \
+         the policy's cost",
+        thousands(count),
+        first.line
+    ))
+}
+
 fn percent(share: f64) -> String {
     format!("{:.1}%", share * 100.0)
 }
@@ -159,6 +175,9 @@ pub fn render(s: &Summary) -> String {
             format!("; summary.json (--out) lists the first {listed}")
         };
         let _ = writeln!(out, "  ... and {} more bad lines{rest}", thousands(more));
+    }
+    if let Some(costs) = bad_costs(s) {
+        let _ = writeln!(out, "  {costs}");
     }
     let r = &s.result;
     let _ = writeln!(

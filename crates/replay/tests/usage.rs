@@ -98,6 +98,10 @@ fn a_logged_cost_is_read_as_the_server_reads_one() {
     };
     assert_eq!(policy("tokens"), Some((3, 1)));
     assert_eq!(policy("failed"), Some((4, 1)));
+    // The cost above the bound is the one fallback, and the line is no bad cost: it is whole.
+    let tokens = s.result.policies.iter().find(|p| p.name == "tokens");
+    assert_eq!(tokens.map(|p| p.usage_fallbacks), Some(1));
+    assert_eq!(s.bad_costs.count, 0);
 }
 
 /// Failed logins: only 401s count against 3 a minute, so a user who types the password right
@@ -152,6 +156,27 @@ fn assert_bad_costs_charged_the_fallback(s: &tollgate_replay::Summary) {
     // tokens: key k2's bad costs are charged 10 each, so its eleventh is refused.
     assert_eq!(policy("tokens"), Some((13, 1)));
     assert_eq!((s.result.requests, s.result.denied), (13, 2));
+    // Each admitted one is a fallback, as the server counts it; the lines are counted apart.
+    let fallbacks = |name: &str| {
+        let p = s.result.policies.iter().find(|p| p.name == name);
+        p.map(|p| p.usage_fallbacks)
+    };
+    assert_eq!(
+        (fallbacks("tokens"), fallbacks("per-ip")),
+        (Some(11), Some(0))
+    );
+    assert_eq!(s.bad_costs.count, 12);
+    let listed: Vec<u64> = s.bad_costs.first.iter().map(|l| l.line).collect();
+    assert_eq!(listed, [1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
+    let table = tollgate_replay::table::render(s);
+    assert!(table.contains("; 0 bad, 0 out of order\n"), "{table}");
+    assert!(
+        table.contains("\n  12 lines whose cost is not a whole number (first: "),
+        "{table}"
+    );
+    let json = serde_json::to_value(s).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(json["bad_costs"]["count"], 12);
+    assert_eq!(json["result"]["policies"][0]["usage_fallbacks"], 11);
 }
 
 /// The costs of [`assert_bad_costs_charged_the_fallback`]: 9.9.9.9 sends 12.5 then 3 with key
@@ -198,8 +223,27 @@ fn a_json_cost_that_is_not_a_whole_number_is_charged_the_policy_cost() {
         })
         .collect();
     let log = write_log(dir.path(), "bad.jsonl", &lines);
-    let s = replay_with(json_lines(TOKENS_AND_PER_IP, log));
+    let decisions = dir.path().join("decisions.jsonl");
+    let mut options = json_lines(TOKENS_AND_PER_IP, log);
+    options.decisions = Some(decisions.clone());
+    let s = replay_with(options);
     assert_bad_costs_charged_the_fallback(&s);
+    // The audit's second line: refused by per-ip, its first line (cost 12.5) having counted.
+    let traced = std::fs::read_to_string(&decisions).unwrap_or_else(|e| panic!("{e}"));
+    let second: serde_json::Value = traced
+        .lines()
+        .nth(1)
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_default();
+    assert_eq!(
+        (&second["line"], &second["status"]),
+        (&2.into(), &429.into()),
+        "{traced}"
+    );
+    let per_ip = second["decisions"].as_array().into_iter().flatten();
+    let per_ip: Vec<_> = per_ip.filter(|d| d["policy"] == "per-ip").collect();
+    assert_eq!(per_ip.len(), 1, "{traced}");
+    assert_eq!(per_ip[0]["allowed"], false, "{traced}");
 }
 
 /// The same in the combined format, whose cost follows `$msec` and `$request_time`.

@@ -19,7 +19,7 @@ use memchr::{memchr, memchr2};
 use tollgate::Timestamp;
 
 use super::time::{TimeCache, from_epoch_number};
-use super::{LineError, LoggedRequest, method, present, split_target};
+use super::{Cost, LineError, LoggedRequest, method, present, split_target, status_code};
 
 /// Reads combined lines.
 #[derive(Debug, Default)]
@@ -49,10 +49,7 @@ impl Parser {
                 "the field after the request is not a status",
             ));
         }
-        let status = std::str::from_utf8(status)
-            .ok()
-            .and_then(|s| s.parse::<u16>().ok())
-            .filter(|s| (100..=999).contains(s));
+        let status = status_code(status);
         let _size = token(&mut rest);
         let _referer = quoted(&mut rest)?;
         let _agent = quoted(&mut rest)?;
@@ -86,12 +83,12 @@ impl Parser {
 const TIME_FROM: f64 = 1e8;
 
 /// What ends a line: `[$msec] [$request_time] [cost]`.
-type Trailing = (Option<Timestamp>, Option<Duration>, Option<u64>);
+type Trailing = (Option<Timestamp>, Option<Duration>, Option<Cost>);
 
 /// `[$msec] [$request_time] [cost]` at the end of the line: when nginx wrote it, how long the
 /// request took, and what it cost (`$upstream_http_x_usage_tokens`: the usage the upstream
-/// answered with; `-` for none), which needs both times before it. Either time may stand
-/// alone; a lone number is told apart by its size.
+/// answered with; `-` for none, anything but digits a bad cost), which needs both times
+/// before it. Either time may stand alone; a lone number is told apart by its size.
 fn trailing_times(rest: &mut &[u8]) -> Result<Trailing, LineError> {
     let number = |t: &[u8]| {
         std::str::from_utf8(t)
@@ -109,14 +106,7 @@ fn trailing_times(rest: &mut &[u8]) -> Result<Trailing, LineError> {
     let second = token(rest);
     let cost = match token(rest) {
         None | Some(b"-") => None,
-        Some(c) => Some(
-            std::str::from_utf8(c)
-                .ok()
-                .and_then(|c| c.parse::<u64>().ok())
-                .ok_or_else(|| {
-                    LineError::new("the field after $request_time is not a cost (digits, or -)")
-                })?,
-        ),
+        Some(c) => Some(Cost::read(c)),
     };
     if !rest.trim_ascii().is_empty() {
         return Err(LineError::new(
@@ -315,6 +305,27 @@ mod tests {
         Ok(())
     }
 
+    /// The cost after `$request_time`: digits, `-` for none, and anything else a bad cost
+    /// (the request is replayed all the same); `000` and `-` statuses are none.
+    #[test]
+    fn the_cost_after_request_time() -> Result<(), LineError> {
+        let mut p = Parser::default();
+        for (status, cost, want) in [
+            ("200", "12", (Some(200), Some(Cost::Whole(12)))),
+            ("401", "-", (Some(401), None)),
+            ("000", "2.5", (None, Some(Cost::Bad))),
+            ("-", "-3", (None, Some(Cost::Bad))),
+            ("200", "abc", (Some(200), Some(Cost::Bad))),
+        ] {
+            let line = format!(
+                "1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" {status} 1 \"r\" \"a\" \"k\" 971211336.250 0.1 {cost}"
+            );
+            let r = p.parse(line.as_bytes())?;
+            assert_eq!((r.status, r.cost), want, "{line}");
+        }
+        Ok(())
+    }
+
     #[test]
     fn the_common_format_stops_after_the_size() -> Result<(), LineError> {
         let mut p = Parser::default();
@@ -340,7 +351,6 @@ mod tests {
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1", "not closed"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" soon", "$msec"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 971211336.250 0.1 2 3", "unexpected"),
-            (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 971211336.250 0.1 2.5", "cost"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 1 2", "$msec"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 971211336.250 971211336.250", "$request_time"),
             (b"1.2.3.4 - - [10/Oct/2000:13:55:36 -0700] \"GET / HTTP/1.1\" 200 1 \"r\" \"a\" \"k\" 971211336.250 -0.5", "$request_time"),

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use serde_json::Value;
 
 use super::time::{from_epoch_number, parse_text};
-use super::{LineError, LoggedRequest, method, split_target};
+use super::{Cost, LineError, LoggedRequest, method, split_target, status_code};
 
 /// The JSON field that holds each part of a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub struct JsonFields {
     /// The status the server answered with (default `status`), for `count_status`.
     pub status: String,
     /// What the request cost (default `cost`), for `charge = "response"`: a number, or a
-    /// string of digits.
+    /// string of digits; anything else is a bad cost, charged the policy's `cost`.
     pub cost: String,
     /// How long the request took, in seconds (default `request_time`): a concurrency limit
     /// holds the request's slot for it.
@@ -109,16 +109,8 @@ impl Parser {
                 Cow::Owned(s) => Cow::Owned(s.into_bytes()),
             }),
             user: text(&f.user),
-            status: text(&f.status).and_then(|s| s.parse::<u16>().ok()),
-            cost: match text(&f.cost) {
-                Some(c) => Some(c.parse::<u64>().map_err(|_| {
-                    LineError(Cow::Owned(format!(
-                        "field {:?} is not a cost (a whole number)",
-                        f.cost
-                    )))
-                })?),
-                None => None,
-            },
+            status: text(&f.status).and_then(|s| status_code(s.as_bytes())),
+            cost: cost(object.get(&f.cost)),
             took: match text(&f.duration) {
                 Some(d) => Some(
                     d.parse::<f64>()
@@ -134,6 +126,18 @@ impl Parser {
                 None => None,
             },
         })
+    }
+}
+
+/// The cost `value` says: none when absent, `null`, `""` or `"-"`; a whole number when a
+/// number or a string of digits (`"$upstream_http_x_usage_tokens"`); anything else is bad.
+fn cost(value: Option<&Value>) -> Option<Cost> {
+    match value? {
+        Value::Null => None,
+        Value::String(s) if s.is_empty() || s == "-" => None,
+        Value::String(s) => Some(Cost::read(s.as_bytes())),
+        Value::Number(n) => Some(n.as_u64().map_or(Cost::Bad, Cost::Whole)),
+        Value::Bool(_) | Value::Array(_) | Value::Object(_) => Some(Cost::Bad),
     }
 }
 
@@ -174,6 +178,44 @@ mod tests {
             p.parse(br#"{"time":971211336123,"method":"GET","path":"/","api_key":"-","ip":null}"#)?;
         assert_eq!(r.time, Timestamp::from_millis(971_211_336_123));
         assert_eq!((r.api_key, r.ip, r.user), (None, None, None));
+        Ok(())
+    }
+
+    /// A cost that is not a whole number does not make the line bad: the request is replayed
+    /// with a bad cost, as the server hears a response whose cost is bad.
+    #[test]
+    fn costs_and_statuses_that_say_nothing_are_not_bad_lines() -> Result<(), LineError> {
+        let mut p = Parser::new(JsonFields::default());
+        let mut read = |extra: &str| {
+            let line = format!(r#"{{"time":1,"method":"GET","path":"/"{extra}}}"#);
+            p.parse(line.as_bytes()).map(|r| (r.status, r.cost))
+        };
+        assert_eq!(
+            read(r#","status":"401","cost":"12""#)?,
+            (Some(401), Some(Cost::Whole(12)))
+        );
+        assert_eq!(
+            read(r#","status":200,"cost":7"#)?,
+            (Some(200), Some(Cost::Whole(7)))
+        );
+        for cost in [
+            "12.5", "-3", "-0", "1e3", "\"abc\"", "\"12.5\"", "true", "[1]", "{}",
+        ] {
+            let got = read(&format!(r#","cost":{cost}"#))?;
+            assert_eq!(got, (None, Some(Cost::Bad)), "{cost}");
+        }
+        for cost in ["null", "\"\"", "\"-\""] {
+            assert_eq!(read(&format!(r#","cost":{cost}"#))?, (None, None), "{cost}");
+        }
+        for status in [
+            "0", "\"000\"", "99", "1000", "\"abc\"", "\"-\"", "null", "4.01",
+        ] {
+            assert_eq!(
+                read(&format!(r#","status":{status}"#))?,
+                (None, None),
+                "{status}"
+            );
+        }
         Ok(())
     }
 

@@ -160,6 +160,9 @@ fn totals(out: &mut String, s: &Summary, r: &RunSummary) {
         }
         out.push_str("</ul>\n");
     }
+    if let Some(costs) = crate::table::bad_costs(s) {
+        let _ = writeln!(out, "<p>{}.</p>", escape(&costs));
+    }
     if s.out_of_order.count > 0 {
         let _ = writeln!(
             out,
