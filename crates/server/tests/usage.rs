@@ -253,8 +253,17 @@ async fn an_upstream_failure_keeps_admissions_charge_and_is_no_fallback() {
     };
     let s = start(tollgate_server::Config::parse("t.toml", &config(gone, "")).unwrap()).await;
     let proxy = s.proxy.unwrap();
-    let (status, _) = through(proxy, "/v1/chat/completions", "203.0.113.60", &[]).await;
+    let (status, answer) = through(proxy, "/v1/chat/completions", "203.0.113.60", &[]).await;
     assert_eq!(status, 502);
+    // Tollgate's own answer carries the rate-limit headers, as every answer does.
+    assert!(
+        answer.contains("\r\nx-ratelimit-remaining: 999\r\n"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("\r\nratelimit: \"tokens\";r=999;"),
+        "{answer}"
+    );
     settled(&s, "tokens", "ip:203.0.113.60", 999).await;
     let metrics = get(&s.admin_url("/metrics"), &[]).await;
     let text = String::from_utf8_lossy(&metrics.body);

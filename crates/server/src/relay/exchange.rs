@@ -127,7 +127,7 @@ impl Conn {
                         return self
                             .upstream_error(
                                 client,
-                                (StatusCode::BAD_GATEWAY, settle.as_deref_mut()),
+                                (StatusCode::BAD_GATEWAY, rate_limit, settle.as_deref_mut()),
                                 plan,
                                 stopping,
                                 timeout,
@@ -138,7 +138,11 @@ impl Conn {
                         return self
                             .upstream_error(
                                 client,
-                                (StatusCode::GATEWAY_TIMEOUT, settle.as_deref_mut()),
+                                (
+                                    StatusCode::GATEWAY_TIMEOUT,
+                                    rate_limit,
+                                    settle.as_deref_mut(),
+                                ),
                                 plan,
                                 stopping,
                                 timeout,
@@ -202,7 +206,7 @@ impl Conn {
                     return self
                         .upstream_error(
                             client,
-                            (status, settle.as_deref_mut()),
+                            (status, rate_limit, settle.as_deref_mut()),
                             plan,
                             stopping,
                             timeout,
@@ -322,11 +326,12 @@ impl Conn {
         }
     }
 
-    /// A 502/504 problem (counted as an upstream error). `true` when the connection can go on.
+    /// A 502/504 problem (counted as an upstream error), with the request's rate-limit headers
+    /// as on every answer. `true` when the connection can go on.
     async fn upstream_error(
         &mut self,
         client: &mut Client,
-        (status, settle): (StatusCode, Option<&mut Settle>),
+        (status, rate_limit, settle): (StatusCode, &RateLimitHeaders, Option<&mut Settle>),
         plan: Plan,
         force_close: bool,
         timeout: Duration,
@@ -353,7 +358,7 @@ impl Conn {
         super::response::write_answer(
             &mut self.out,
             status,
-            |_| {},
+            |out| rate_limit.write(out),
             body.as_bytes(),
             plan.version,
             close,
