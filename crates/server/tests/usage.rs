@@ -204,6 +204,38 @@ async fn charges_what_the_responses_report(s: &Running) {
     settled(s, "tokens", "ip:203.0.113.6", 1000).await;
 }
 
+/// Requests pipelined on one connection: each is decided on the count its predecessors'
+/// usage left, on a shared store too (the true-up lands before the next request is read).
+async fn pipelined_requests_see_the_true_up(s: &Running) {
+    let proxy = s.proxy.unwrap();
+    let request = |tokens: u64| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: api.example.com\r\n\
+             x-forwarded-for: 203.0.113.7\r\nx-tokens: {tokens}\r\ncontent-length: 2\r\n\r\n{{}}"
+        )
+    };
+    let mut all = String::new();
+    for tokens in [10, 20, 0] {
+        all.push_str(&request(tokens));
+    }
+    all.push_str(&request(0).replace(
+        "content-length: 2",
+        "connection: close\r\ncontent-length: 2",
+    ));
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    stream.write_all(all.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    let remaining: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("x-ratelimit-remaining: "))
+        .collect();
+    // Admission takes 1 each; the true-ups then charge the rest of 10 and 20, and give the
+    // zeros' 1 back.
+    assert_eq!(remaining, ["999", "989", "969", "969"], "{text}");
+}
+
 /// Five failed logins lock the sixth attempt; successful ones cost nothing.
 async fn failed_logins_count_by_status(s: &Running) {
     let proxy = s.proxy.unwrap();
@@ -232,6 +264,7 @@ async fn usage_is_charged_on_the_memory_store() {
     let s = start(tollgate_server::Config::parse("t.toml", &config(up, "")).unwrap()).await;
     charges_what_the_responses_report(&s).await;
     failed_logins_count_by_status(&s).await;
+    pipelined_requests_see_the_true_up(&s).await;
     // No response went uncounted.
     let metrics = get(&s.admin_url("/metrics"), &[]).await;
     let text = String::from_utf8_lossy(&metrics.body);
@@ -321,6 +354,7 @@ async fn usage_is_charged_on_redis() {
     let s = start(tollgate_server::Config::parse("t.toml", &config(up, &store)).unwrap()).await;
     charges_what_the_responses_report(&s).await;
     failed_logins_count_by_status(&s).await;
+    pipelined_requests_see_the_true_up(&s).await;
     s.stop().await;
 }
 

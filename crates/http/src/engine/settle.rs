@@ -320,18 +320,34 @@ impl<S: Store, C: Clock> Settle<S, C> {
         self.settle();
     }
 
+    /// [`finish`](Self::finish), returning once the store has the true-up: a door that reads
+    /// the next request on the same connection awaits it first, so that request is decided on
+    /// the trued-up count (on a shared store, a spawned true-up could land after it). On a
+    /// store that answers at once it is `finish`.
+    pub async fn finish_in_order(mut self) {
+        if let Some(work) = self.true_up() {
+            work.await;
+        }
+    }
+
     fn settle(&mut self) {
+        if let Some(work) = self.true_up() {
+            self.engine.run_now_or_spawn(work, "a response's true-up");
+        }
+    }
+
+    /// Gives the slots back and works out every policy's true-up: the store calls to make,
+    /// if any. Done once.
+    fn true_up(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
         if self.done {
-            return;
+            return None;
         }
         self.done = true;
         self.engine.release(std::mem::take(&mut self.slots));
         // No response at all (the request never left, or the upstream never answered a
         // head): admission's charge stands as it is (a held request's refund, if any, is its
         // hold's to give).
-        if self.status.is_none() {
-            return;
-        }
+        self.status?;
         let mut charges: SmallVec<[(usize, u32); 2]> = SmallVec::new();
         let mut refunds: SmallVec<[(usize, u32); 2]> = SmallVec::new();
         for (i, due) in self.dues.iter_mut().enumerate() {
@@ -378,35 +394,32 @@ impl<S: Store, C: Clock> Settle<S, C> {
             }
         }
         if charges.is_empty() && refunds.is_empty() {
-            return;
+            return None;
         }
         let engine = self.engine.clone();
         let dues: SmallVec<[Entry; 2]> = self.dues.drain(..).map(|d| d.entry).collect();
-        self.engine.run_now_or_spawn(
-            async move {
-                let checks = |list: &[(usize, u32)]| -> SmallVec<[Check<'_>; 2]> {
-                    list.iter()
-                        .map(|&(i, cost)| Check {
-                            cost,
-                            ..engine.check(&dues[i])
-                        })
-                        .collect()
-                };
-                let now = engine.inner.limiter.clock().now();
-                let store = engine.inner.limiter.store();
-                if !charges.is_empty()
-                    && let Err(error) = store.charge(now, &checks(&charges)).await
-                {
-                    tracing::warn!(%error, "could not charge a response's cost; it is lost");
-                }
-                if !refunds.is_empty()
-                    && let Err(error) = store.refund(now, &checks(&refunds)).await
-                {
-                    tracing::debug!(%error, "could not give back what a response did not cost");
-                }
-            },
-            "a response's true-up",
-        );
+        Some(async move {
+            let checks = |list: &[(usize, u32)]| -> SmallVec<[Check<'_>; 2]> {
+                list.iter()
+                    .map(|&(i, cost)| Check {
+                        cost,
+                        ..engine.check(&dues[i])
+                    })
+                    .collect()
+            };
+            let now = engine.inner.limiter.clock().now();
+            let store = engine.inner.limiter.store();
+            if !charges.is_empty()
+                && let Err(error) = store.charge(now, &checks(&charges)).await
+            {
+                tracing::warn!(%error, "could not charge a response's cost; it is lost");
+            }
+            if !refunds.is_empty()
+                && let Err(error) = store.refund(now, &checks(&refunds)).await
+            {
+                tracing::debug!(%error, "could not give back what a response did not cost");
+            }
+        })
     }
 }
 

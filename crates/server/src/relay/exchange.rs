@@ -179,6 +179,11 @@ impl Conn {
                     if reusable {
                         self.pool.checkin(authority, up);
                     }
+                    // The client's next request on this connection (pipelined, or sent as
+                    // soon as the answer ended) is decided on the trued-up count.
+                    if client_ok && let Some(settle) = settle.take() {
+                        (*settle).finish_in_order().await;
+                    }
                     return client_ok;
                 }
                 Relayed::ClientGone | Relayed::Broken => return false,
