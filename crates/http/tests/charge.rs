@@ -181,3 +181,31 @@ async fn inner_body_reads_header_costs_and_falls_back_for_body_costs() {
     let fallbacks: Vec<(&str, u64)> = by_body.usage_fallbacks().collect();
     assert_eq!(fallbacks, [("tokens", 1)]);
 }
+
+/// `count_status` lists final statuses: codes from 200 to 599 and classes `2xx` to `5xx`. A
+/// 1xx is refused with why (an interim response never ends a request, so it would count
+/// nothing), and so is anything else that is not a status.
+#[test]
+fn count_status_takes_final_statuses_only() {
+    let set = StatusSet::parse(["401", "5xx", " 2XX "]).unwrap_or_else(|e| panic!("{e}"));
+    for (status, counts) in [
+        (401, true),
+        (403, false),
+        (503, true),
+        (204, true),
+        (101, false),
+    ] {
+        assert_eq!(set.contains(status), counts, "{status}");
+    }
+    for interim in ["100", "101", "103", "1xx"] {
+        let e = StatusSet::parse([interim]).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref().is_some_and(|e| e.contains("interim")),
+            "{interim}: {e:?}"
+        );
+    }
+    for bad in ["099", "600", "6xx", "4x1", "40", "4000", "", "abc"] {
+        assert!(StatusSet::parse([bad]).is_err(), "{bad}");
+    }
+    assert!(StatusSet::parse(Vec::<&str>::new()).is_err());
+}

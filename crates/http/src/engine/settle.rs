@@ -41,8 +41,9 @@ pub struct StatusSet {
 }
 
 impl StatusSet {
-    /// Parses `["401", "403", "5xx"]`: three-digit codes from 100 to 599, or classes `1xx` to
-    /// `5xx`. At least one.
+    /// Parses `["401", "403", "5xx"]`: three-digit codes from 200 to 599, or classes `2xx` to
+    /// `5xx`. At least one. A 1xx is refused: an interim response never ends a request, so a
+    /// policy counting one would count nothing.
     pub fn parse<I, T>(items: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = T>,
@@ -56,10 +57,16 @@ impl StatusSet {
             let text = item.as_ref().trim();
             let bytes = text.as_bytes();
             match bytes {
-                [d @ b'1'..=b'5', b'x' | b'X', b'x' | b'X'] => {
+                [b'1', b'0'..=b'9' | b'x' | b'X', b'0'..=b'9' | b'x' | b'X'] => {
+                    return Err(ConfigError::new(
+                        text,
+                        "a 1xx response is interim and never ends a request, so it would never count; list final statuses (200 to 599, or \"2xx\" to \"5xx\")",
+                    ));
+                }
+                [d @ b'2'..=b'5', b'x' | b'X', b'x' | b'X'] => {
                     set.classes[usize::from(d - b'0')] = true;
                 }
-                [b'1'..=b'5', b'0'..=b'9', b'0'..=b'9'] => {
+                [b'2'..=b'5', b'0'..=b'9', b'0'..=b'9'] => {
                     let code = text
                         .parse::<u16>()
                         .map_err(|_| ConfigError::new(text, "not a status"))?;
@@ -70,7 +77,7 @@ impl StatusSet {
                 _ => {
                     return Err(ConfigError::new(
                         text,
-                        "a status is a code from 100 to 599 (\"401\") or a class (\"5xx\")",
+                        "a status is a code from 200 to 599 (\"401\") or a class (\"5xx\")",
                     ));
                 }
             }
