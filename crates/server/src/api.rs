@@ -318,7 +318,7 @@ async fn check_by_attributes(
     }
     // The core's one choice of the decision that headers and bodies report.
     let mut body = match enforced.most_restrictive() {
-        Some(d) => decision_json(d),
+        Some(d) => decision_json(d, engine.holds(d.policy)),
         None => json!({"policy": null, "limit": null, "remaining": null, "reset": null,
             "retry_after": null, "delay": null}),
     };
@@ -337,7 +337,7 @@ async fn check_by_attributes(
                 enforced
                     .as_slice()
                     .iter()
-                    .map(decision_json)
+                    .map(|d| decision_json(d, engine.holds(d.policy)))
                     .collect::<Vec<_>>(),
             ),
         );
@@ -347,7 +347,7 @@ async fn check_by_attributes(
                 shadow
                     .as_slice()
                     .iter()
-                    .map(decision_json)
+                    .map(|d| decision_json(d, engine.holds(d.policy)))
                     .collect::<Vec<_>>(),
             ),
         );

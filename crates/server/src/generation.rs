@@ -321,4 +321,11 @@ impl Generation {
         self.policy(policy)
             .is_none_or(|p| p.action != Action::Shadow)
     }
+
+    /// Whether the policy named `policy` holds requests it cannot admit yet (`delay`): only
+    /// its decisions' `delay` means a wait.
+    pub(crate) fn holds(&self, policy: &str) -> bool {
+        self.policy(policy)
+            .is_some_and(|p| matches!(p.action, Action::Delay { .. }))
+    }
 }

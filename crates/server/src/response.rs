@@ -68,8 +68,9 @@ pub(crate) fn problem_body(status: StatusCode, title: &str, detail: Option<&str>
     body.to_string()
 }
 
-/// One decision as `/v1/check` answers it in JSON: seconds, rounded up; `delay` in (fractional) seconds.
-pub(crate) fn decision_json(d: &Decision) -> Value {
+/// One decision as `/v1/check` answers it in JSON: seconds, rounded up; `delay` in (fractional)
+/// seconds, for a policy that `holds` requests (its action is `delay`), else `null`.
+pub(crate) fn decision_json(d: &Decision, holds: bool) -> Value {
     let mut v = json!({
         "allowed": d.allowed,
         "policy": policy_name(d),
@@ -77,7 +78,8 @@ pub(crate) fn decision_json(d: &Decision) -> Value {
         "remaining": d.remaining,
         "reset": ceil_secs(d.reset),
         "retry_after": d.retry_after.map(|r| ceil_secs(r).max(1)),
-        "delay": d.delay.map(|x| x.as_secs_f64()),
+        // Only a policy whose action is `delay` (`holds`) holds a request.
+        "delay": d.delay.filter(|_| holds).map(|x| x.as_secs_f64()),
     });
     // A lockout says so (its retry_after is when it ends); other decisions are as they were.
     if d.ban.is_ban()

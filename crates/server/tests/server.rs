@@ -615,3 +615,34 @@ async fn the_drain_ends_at_drain_timeout() {
     let answered = inflight.await.unwrap();
     assert!(answered.is_err(), "{answered:?}");
 }
+
+/// `delay` in an answer is a wait only a `delay` policy imposes: a leaky bucket that rejects
+/// lets an admitted request pass at once, so its answers say `null`, by name and described.
+#[tokio::test]
+async fn only_a_delay_policy_answers_a_delay() {
+    let s = start_text(
+        "[[policy]]\nname = \"lb\"\nalgorithm = \"leaky_bucket\"\nqueue = 5\nrate = \"1/s\"\nkey = [\"ip\"]\n\n\
+         [[policy]]\nname = \"held\"\nalgorithm = \"leaky_bucket\"\nqueue = 5\nrate = \"1/s\"\nkey = [\"ip\"]\n\
+         action = \"delay\"\nmax_delay = \"10s\"\nmatch = { path = \"/held/**\" }\n",
+    )
+    .await;
+    for _ in 0..3 {
+        let r = post_json(&s.url("/v1/check"), r#"{"policy":"lb","key":"k"}"#).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert!(r.json()["delay"].is_null(), "{}", r.json());
+        let r = post_json(
+            &s.url("/v1/check"),
+            r#"{"method":"GET","path":"/a","ip":"192.0.2.1"}"#,
+        )
+        .await;
+        assert!(r.json()["decisions"][0]["delay"].is_null(), "{}", r.json());
+    }
+    post_json(&s.url("/v1/check"), r#"{"policy":"held","key":"k"}"#).await;
+    let r = post_json(&s.url("/v1/check"), r#"{"policy":"held","key":"k"}"#).await;
+    assert!(
+        r.json()["delay"].as_f64().is_some_and(|d| d > 0.0),
+        "{}",
+        r.json()
+    );
+    s.stop().await;
+}

@@ -37,7 +37,9 @@ impl Answer<'_> {
             out.extend_from_slice(b",\"banned\":true");
         }
         out.extend_from_slice(b",\"delay\":");
-        match d.and_then(|d| d.delay) {
+        // Only a `delay` policy holds a request: under any other action it passes (or not) at
+        // once, whatever wait its algorithm computed.
+        match d.and_then(|d| d.delay).filter(|_| self.action == "delay") {
             // As the JSON writer formats a float.
             Some(delay) => number(&mut out, &Value::from(delay.as_secs_f64())),
             None => out.extend_from_slice(b"null"),
