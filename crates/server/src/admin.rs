@@ -67,7 +67,7 @@ pub(crate) async fn handle(
         return lists::handle(&shared, rest, req).await;
     }
     if !read {
-        let mut res = problem(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed", None);
+        let mut res = problem(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed", None);
         res.headers_mut()
             .insert(hyper::header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return res;
@@ -95,7 +95,7 @@ pub(crate) async fn handle(
         "/v1/stats" => stats(&shared, &engine).await,
         _ => problem(
             StatusCode::NOT_FOUND,
-            "Not found",
+            "Not Found",
             Some(
                 "admin serves /metrics, /healthz, /readyz, /v1/policies, /v1/top, /v1/overrides, \
                  /v1/bans, /v1/lists, /v1/stats, /v1/queues and the dashboard at /",

@@ -49,7 +49,7 @@ pub(crate) async fn handle(
         (&Method::GET | &Method::HEAD, "/healthz") => text(StatusCode::OK, "ok\n"),
         _ => problem(
             StatusCode::NOT_FOUND,
-            "Not found",
+            "Not Found",
             Some(
                 "the decision API serves POST /v1/check, POST /v1/release, /v1/forward-auth and /v1/forward-auth/nginx",
             ),
@@ -61,7 +61,7 @@ pub(crate) async fn handle(
 fn only_post(detail: &str) -> Response<Body> {
     let mut res = problem(
         StatusCode::METHOD_NOT_ALLOWED,
-        "Method not allowed",
+        "Method Not Allowed",
         Some(detail),
     );
     res.headers_mut().insert(
@@ -72,7 +72,7 @@ fn only_post(detail: &str) -> Response<Body> {
 }
 
 fn bad_request(detail: &str) -> Response<Body> {
-    problem(StatusCode::BAD_REQUEST, "Bad request", Some(detail))
+    problem(StatusCode::BAD_REQUEST, "Bad Request", Some(detail))
 }
 
 /// Reads a JSON body of at most [`MAX_BODY`] bytes; `Err` is the 4xx to answer.

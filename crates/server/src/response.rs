@@ -158,7 +158,7 @@ where
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
         Ok(Err(_)) => Err(problem(
             StatusCode::BAD_REQUEST,
-            "Bad request",
+            "Bad Request",
             Some("the body could not be read"),
         )),
         Err(_) => Err(body_too_late(http1)),
@@ -171,7 +171,7 @@ where
 pub(crate) fn body_too_late(http1: bool) -> Response<Body> {
     let mut res = problem(
         StatusCode::REQUEST_TIMEOUT,
-        "Request timeout",
+        "Request Timeout",
         Some("the body did not arrive within header_read_timeout"),
     );
     if http1 {

@@ -77,7 +77,7 @@ where
 pub(crate) fn bad_field(field: &str, detail: &str) -> Response<Body> {
     let body = json!({
         "type": "about:blank",
-        "title": "Bad request",
+        "title": "Bad Request",
         "status": 400,
         "detail": format!("{field}: {detail}"),
         "field": field,

@@ -66,7 +66,7 @@ pub(crate) async fn handle(shared: &Shared, rest: &str, req: Request<Incoming>) 
 fn usage() -> Response<Body> {
     problem(
         StatusCode::METHOD_NOT_ALLOWED,
-        "Method not allowed",
+        "Method Not Allowed",
         Some("GET /v1/lists[/{name}], PUT or DELETE /v1/lists/{name}/entries/{entry}"),
     )
 }

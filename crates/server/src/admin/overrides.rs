@@ -65,7 +65,7 @@ pub(crate) async fn handle(shared: &Shared, rest: &str, req: Request<Incoming>) 
         }
         _ => problem(
             StatusCode::METHOD_NOT_ALLOWED,
-            "Method not allowed",
+            "Method Not Allowed",
             Some(
                 "GET /v1/overrides[/{policy}[/{key}]], PUT or DELETE /v1/overrides/{policy}/{key}",
             ),

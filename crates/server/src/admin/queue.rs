@@ -47,7 +47,7 @@ pub(crate) async fn handle(
     let Some(queue) = shared.queues.get(&name) else {
         return problem(
             StatusCode::NOT_FOUND,
-            "Not found",
+            "Not Found",
             Some("no queue of this name: GET /v1/queues lists them"),
         );
     };
@@ -66,14 +66,14 @@ pub(crate) async fn handle(
         (_, ["dead"] | ["redrive"] | ["dead", _, "redrive"] | ["dead", _]) => not_allowed(),
         _ => problem(
             StatusCode::NOT_FOUND,
-            "Not found",
+            "Not Found",
             Some("see docs/queue.md for the queue's admin endpoints"),
         ),
     }
 }
 
 fn not_allowed() -> Response<Body> {
-    problem(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed", None)
+    problem(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed", None)
 }
 
 fn unavailable(e: &tollgate::StoreError) -> Response<Body> {
@@ -171,7 +171,7 @@ async fn redrive(queue: &Queue, id: &str, max_depth: u64) -> Response<Body> {
         Ok(Redriven::Full) => full(),
         Ok(Redriven::NotDead) => problem(
             StatusCode::NOT_FOUND,
-            "Not found",
+            "Not Found",
             Some("no dead letter of this queue has this id"),
         ),
         Err(e) => unavailable(&e),
@@ -223,7 +223,7 @@ async fn discard(queue: &Queue, id: &str) -> Response<Body> {
         Ok(true) => json_response(StatusCode::OK, &json!({ "id": id, "state": "discarded" })),
         Ok(false) => problem(
             StatusCode::NOT_FOUND,
-            "Not found",
+            "Not Found",
             Some("no dead letter of this queue has this id"),
         ),
         Err(e) => unavailable(&e),

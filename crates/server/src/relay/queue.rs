@@ -235,7 +235,7 @@ impl Conn {
                 PROBLEM_JSON,
                 crate::response::problem_body(
                     StatusCode::NOT_FOUND,
-                    "Not found",
+                    "Not Found",
                     Some("no queued request has this id (or its status has expired)"),
                 ),
             ),
