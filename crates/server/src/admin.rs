@@ -247,9 +247,19 @@ fn policies_response(shared: &Shared, engine: &Generation) -> Response<Body> {
 fn top_response(shared: &Shared, engine: &Generation, query: &str) -> Response<Body> {
     let mut policy = None;
     let mut n = 20;
+    let mut seen = (false, false);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let value = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
+        // Given twice, one of the two would be ignored: say so rather than pick.
+        let again = match name {
+            "policy" => std::mem::replace(&mut seen.0, true),
+            "n" => std::mem::replace(&mut seen.1, true),
+            _ => false,
+        };
+        if again {
+            return fields::bad_field(name, "is given twice; give it once");
+        }
         match name {
             "policy" => policy = Some(value.into_owned()),
             "n" => match value.parse::<usize>() {

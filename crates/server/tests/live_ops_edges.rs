@@ -89,6 +89,12 @@ async fn malformed_and_oversized_path_segments_are_refused_by_field() {
     }
     let r = get(&s.admin_url("/v1/top?n=99999999999999999999999"), &[]).await;
     assert_eq!(r.json()["field"], "n");
+    // A parameter given twice is refused, not settled by picking one.
+    for (query, field) in [("policy=api&policy=nope", "policy"), ("n=2&n=3", "n")] {
+        let r = get(&s.admin_url(&format!("/v1/top?{query}")), &[]).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{query}");
+        assert_eq!(r.json()["field"], field, "{query}");
+    }
     // The listener still serves, and only the three good overrides exist.
     assert_eq!(
         get(&s.admin_url("/healthz"), &[]).await.status,
