@@ -215,11 +215,21 @@ fn certificate_end(listener: &'static str, files: &TlsConfig) -> i64 {
             listener,
             cert = %files.cert.display(),
             not_after = %rfc3339(end),
-            "TLS certificate expires in {} days",
-            left / 86_400
+            "TLS certificate expires in {}",
+            time_left(left)
         );
     }
     end
+}
+
+/// `secs` (above zero) as a warning says it: in days, or hours and minutes within the last day.
+fn time_left(secs: i64) -> String {
+    match secs {
+        172_800.. => format!("{} days", secs / 86_400),
+        86_400.. => "1 day".to_owned(),
+        3_600.. => format!("{} h {} min", secs / 3_600, secs % 3_600 / 60),
+        _ => format!("{} min", (secs + 59) / 60),
+    }
 }
 
 fn unix_now() -> i64 {
@@ -420,4 +430,17 @@ pub(crate) fn turned_on_or_off(old: &Config, new: &Config) -> bool {
     [server_files, admin_files, proxy_files]
         .iter()
         .any(|files| files(old).is_some() != files(new).is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::time_left;
+
+    #[test]
+    fn time_left_is_said_in_days_then_hours() {
+        assert_eq!(time_left(13 * 86_400 + 5), "13 days");
+        assert_eq!(time_left(86_400 + 3_600), "1 day");
+        assert_eq!(time_left(5 * 3_600 + 61), "5 h 1 min");
+        assert_eq!(time_left(59), "1 min");
+    }
 }
