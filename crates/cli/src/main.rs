@@ -135,6 +135,17 @@ fn validate(file: &Path) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::FAILURE);
         }
     };
+    // What only building the engine finds (a file that validates but that the server would
+    // refuse at start) is found here too.
+    let store = tollgate::MemoryStore::new();
+    if let Err(e) = tollgate_server::http_engine(&config, store, tollgate::SystemClock::new()) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "{}: cannot build the policy engine: {e}",
+            file.display()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
     stdout::write(effective(&config)).context("cannot write the effective configuration")?;
     Ok(ExitCode::SUCCESS)
 }
