@@ -379,3 +379,30 @@ fn a_damaged_cut_or_future_state_file_is_set_aside_and_the_server_starts_empty()
         assert!(server.terminate().success(), "{what}");
     }
 }
+
+/// Two servers on one state file: the second waits for the first to let go of it (a rolling
+/// restart: the old one drains and saves as the new one starts), then restores what the first
+/// saved. Neither ever writes over the other's snapshot.
+#[test]
+fn a_second_server_on_the_same_state_file_waits_for_the_first_to_save() {
+    let d = dir();
+    let state = d.path().join("state");
+    let text = config(&state, "1s", "");
+    let mut first = Server::start(d.path(), &text, None);
+    spend(&first, "tenant", 7);
+    // The second binds its listeners and then waits for the state file, saying so.
+    let second_dir = dir();
+    let second = Server::start(second_dir.path(), &text, None);
+    assert!(
+        wait_log(&second, "another process holds the state file"),
+        "{}",
+        second.log()
+    );
+    assert!(!second.log().contains("state restored"), "{}", second.log());
+    let status = first.terminate();
+    assert!(status.success(), "{status:?}\n{}", first.log());
+    assert!(wait_log(&second, "state restored"), "{}", second.log());
+    for policy in POLICIES {
+        assert_eq!(left(&second, policy, "tenant"), 3, "{policy}");
+    }
+}

@@ -237,6 +237,10 @@ pub async fn run_with(
 ) -> Result<(), ServerError> {
     // A state file first: it may hold the key secret the engine hashes credentials under.
     state::check_writable(&config.store).map_err(ServerError::State)?;
+    // Held until this function returns, after the last snapshot.
+    let _state_lock = state::lock(&config.store)
+        .await
+        .map_err(ServerError::State)?;
     let (restored_store, restored) = state::restore(&config.store);
     let store = match restored_store {
         Some(memory) => AnyStore::Memory(memory),

@@ -94,6 +94,14 @@ pub(crate) fn restore(config: &StoreConfig) -> (Option<MemoryStore>, Restored) {
                 millis = started.elapsed().as_millis() as u64,
                 "state restored"
             );
+            if counts.evicted > 0 {
+                tracing::warn!(
+                    keys = counts.evicted,
+                    max_keys = config.max_keys,
+                    "state file: more keys than [store] max_keys holds; the least recently used \
+                     were not restored, and the next snapshot leaves them out"
+                );
+            }
             if counts.unreadable > 0 {
                 tracing::warn!(
                     keys = counts.unreadable,
@@ -171,7 +179,8 @@ pub(crate) fn apply(shared: &Shared, restored: Restored) {
     }
 }
 
-/// One snapshot at a time: the periodic one and the last one at a stop share the temporary file.
+/// One snapshot at a time in this process: the periodic one and the last one at a stop would
+/// race to rename (the state lock keeps other processes out).
 static WRITING: Mutex<()> = Mutex::new(());
 
 /// Writes the state to `[store] path`, if the server keeps one; what was written.
@@ -209,24 +218,48 @@ fn write_atomically(
 ) -> Result<Written, String> {
     let _one = WRITING.lock().unwrap_or_else(PoisonError::into_inner);
     let (dir, tmp) = temporary(path);
-    let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what} {}: {e}", tmp.display());
     std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    let mut options = OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let out = options.open(&tmp).map_err(|e| fail("create", &e))?;
+    let out = create_new(&tmp).map_err(|e| format!("create {}: {e}", tmp.display()))?;
+    let written = fill(out, &tmp, now, store, extras).and_then(|written| {
+        std::fs::rename(&tmp, path).map_err(|e| format!("rename to {}: {e}", path.display()))?;
+        Ok(written)
+    });
+    if written.is_err() {
+        // A partial file helps nobody, and would take the disk that made it fail.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    let written = written?;
+    File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("flush {}: {e}", dir.display()))?;
+    Ok(written)
+}
+
+/// Writes the state into `out` (the file at `tmp`) and flushes it to the disk.
+fn fill(
+    out: File,
+    tmp: &Path,
+    now: Timestamp,
+    store: &MemoryStore,
+    extras: &Extras,
+) -> Result<Written, String> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what} {}: {e}", tmp.display());
     let mut out = BufWriter::with_capacity(1 << 20, out);
     let written = file::write(&mut out, now, store, extras).map_err(|e| fail("write", &e))?;
     out.flush().map_err(|e| fail("write", &e))?;
     let out = out.into_inner().map_err(|e| fail("write", &e.error()))?;
     out.sync_all().map_err(|e| fail("flush", &e))?;
-    drop(out);
-    std::fs::rename(&tmp, path).map_err(|e| format!("rename to {}: {e}", path.display()))?;
-    File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| format!("flush {}: {e}", dir.display()))?;
     Ok(written)
+}
+
+/// A new file at `path`, readable by this user only. Never an existing one: a file or a
+/// symbolic link planted there (by whoever can write the folder) is refused, not followed.
+fn create_new(path: &Path) -> std::io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)
 }
 
 /// Writes the state every `[store] snapshot_every` until `stop` turns true.
@@ -311,34 +344,128 @@ pub(crate) fn check_writable(config: &StoreConfig) -> Result<(), String> {
             path.join("state").display()
         ));
     }
+    // A snapshot replaces the file by rename: a symbolic link would be replaced by a file (its
+    // target left stale), a FIFO would hang the start, a device would be moved aside.
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && !meta.is_file()
+    {
+        let what = if meta.file_type().is_symlink() {
+            "a symbolic link; name the file it points to"
+        } else {
+            "not a regular file"
+        };
+        return Err(format!("{} is {what}", path.display()));
+    }
     let (dir, tmp) = temporary(path);
     std::fs::create_dir_all(&dir)
         .map_err(|e| format!("cannot make the folder {}: {e}", dir.display()))?;
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(|e| {
-            format!(
-                "cannot write the state file's folder {}: {e}",
-                dir.display()
-            )
-        })?;
+    create_new(&tmp).map_err(|e| {
+        format!(
+            "cannot write the state file's folder {}: {e}",
+            dir.display()
+        )
+    })?;
     let _ = std::fs::remove_file(&tmp);
     Ok(())
 }
 
-/// The folder of the state file at `path`, and the temporary file a snapshot is written to
-/// there before it replaces the state file.
+/// How long a start waits for another process to let go of the state file: one stopping
+/// (draining, then saving) as this one starts, in a rolling restart.
+const LOCK_WAIT: Duration = Duration::from_secs(60);
+
+/// The state file's lock: held by the server that reads and writes the file, from before it
+/// reads it until after its last snapshot. Two processes writing one state file would
+/// replace each other's snapshots, and lose counts either way.
+#[derive(Debug)]
+pub(crate) struct StateLock {
+    _file: Option<File>,
+}
+
+/// Takes the lock of `config`'s state file (a file beside it, `.<name>.lock`), waiting up to
+/// [`LOCK_WAIT`] for a process that holds it (a previous instance saving its last snapshot),
+/// then removes what failed snapshots left behind. Without a state file, nothing.
+pub(crate) async fn lock(config: &StoreConfig) -> Result<StateLock, String> {
+    let (StoreKind::Memory, Some(path)) = (&config.kind, &config.path) else {
+        return Ok(StateLock { _file: None });
+    };
+    let (dir, _) = temporary(path);
+    let lock = dir.join(format!(".{}.lock", file_name(path)));
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let file = options
+        .open(&lock)
+        .map_err(|e| format!("cannot open the state file's lock {}: {e}", lock.display()))?;
+    let started = Instant::now();
+    let mut warned = false;
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_WAIT => {
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(
+                        path = %path.display(),
+                        "another process holds the state file; waiting up to {}s for it to \
+                         stop and save",
+                        LOCK_WAIT.as_secs()
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(format!(
+                    "{} is in use by another process, still after {}s: two servers cannot \
+                     share one state file; give each its own [store] path",
+                    path.display(),
+                    LOCK_WAIT.as_secs()
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(format!("cannot lock {}: {e}", lock.display()));
+            }
+        }
+    }
+    remove_stale_temporaries(&dir, path);
+    Ok(StateLock { _file: Some(file) })
+}
+
+/// Removes the temporary files of snapshots that never finished (a crash mid-write): only the
+/// lock's holder writes them, and it holds the lock now.
+fn remove_stale_temporaries(dir: &Path, path: &Path) {
+    let prefix = format!(".{}.tmp", file_name(path));
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix)
+            && entry.file_type().is_ok_and(|t| t.is_file())
+        {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// The folder of the state file at `path`, and a temporary file a snapshot is written to there
+/// before it replaces the state file: named for this process and this snapshot, so none is
+/// ever an existing file.
 fn temporary(path: &Path) -> (PathBuf, PathBuf) {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let name = path
-        .file_name()
-        .map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(".{name}.tmp"));
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}-{n}",
+        file_name(path),
+        std::process::id()
+    ));
     (dir, tmp)
+}
+
+/// The state file's name, for the files beside it.
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned())
 }
