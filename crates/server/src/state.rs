@@ -98,8 +98,8 @@ pub(crate) fn restore(config: &StoreConfig) -> (Option<MemoryStore>, Restored) {
                 tracing::warn!(
                     keys = counts.evicted,
                     max_keys = config.max_keys,
-                    "state file: more keys than [store] max_keys holds; the least recently used \
-                     were not restored, and the next snapshot leaves them out"
+                    "state file: more keys than [store] max_keys holds; those with the least at \
+                     stake were not restored, and the next snapshot leaves them out"
                 );
             }
             if counts.unreadable > 0 {
