@@ -23,6 +23,7 @@ use crate::{Check, Decision, Decisions, Policy, Quota, Store, Timestamp, Verdict
 
 mod bans;
 mod calendar;
+mod charges;
 mod concurrency;
 pub mod sliding_error;
 
@@ -34,6 +35,7 @@ pub use calendar::{
     calendar_all_or_nothing_charge_and_refund, calendar_day_spans_a_23_hour_day,
     calendar_matches_the_pure_algorithm, calendar_month_resets_at_its_boundary, utc,
 };
+pub use charges::charges_far_past_the_limit;
 
 pub use concurrency::{
     concurrency_admits_the_limit_then_denies, concurrency_all_or_nothing,
@@ -382,6 +384,28 @@ impl Model {
             Model::Leaky(a, s) => charged(a, s.entry(key).or_default(), now, cost),
         }
     }
+
+    /// Decides without consuming (a check of a request that another check refuses).
+    fn evaluate(&mut self, key: u8, now: Timestamp, cost: u32) -> Verdict {
+        match self {
+            Model::Fixed(a, s) => a.evaluate(s.entry(key).or_default(), now, cost),
+            Model::Log(a, s) => a.evaluate(s.entry(key).or_default(), now, cost),
+            Model::Counter(a, s) => a.evaluate(s.entry(key).or_default(), now, cost),
+            Model::Token(a, s) => a.evaluate(s.entry(key).or_default(), now, cost),
+            Model::Leaky(a, s) => a.evaluate(s.entry(key).or_default(), now, cost),
+        }
+    }
+
+    /// Gives `cost` back.
+    fn refund(&mut self, key: u8, now: Timestamp, cost: u32) {
+        match self {
+            Model::Fixed(a, s) => a.refund(s.entry(key).or_default(), now, cost),
+            Model::Log(a, s) => a.refund(s.entry(key).or_default(), now, cost),
+            Model::Counter(a, s) => a.refund(s.entry(key).or_default(), now, cost),
+            Model::Token(a, s) => a.refund(s.entry(key).or_default(), now, cost),
+            Model::Leaky(a, s) => a.refund(s.entry(key).or_default(), now, cost),
+        }
+    }
 }
 
 impl Xorshift {
@@ -652,6 +676,7 @@ macro_rules! store_conformance_tests {
             immediately_matches_the_pure_algorithms,
             charges_match_the_pure_algorithms,
             charges_are_never_refused,
+            charges_far_past_the_limit,
             concurrent_callers_never_over_admit,
             immediate_means_ready_on_first_poll,
             concurrency_admits_the_limit_then_denies,

@@ -31,6 +31,14 @@ const LOCAL_CLOCK: &str = "local now = tonumber(table.remove(ARGV, 1))\n";
 
 const CEIL_MUL_DIV: &str = include_str!("script/ceil_mul_div.lua");
 
+/// Exact integers past 2^53 (`split`, `join`), spliced where a script meets a time that large.
+const BIG_TIME: &str = include_str!("script/big_time.lua");
+
+/// The latest time a bucket's state may hold, as the algorithms cap it (`tollgate`'s
+/// `MAX_TIME`): a charge far past the limit stops there. The scripts cap their exact sums at it
+/// too, and the step a bucket's charge or refund sends is capped here (no sum needs more).
+const MAX_TIME: u64 = u64::MAX >> 1;
+
 /// Which script.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ScriptKind {
@@ -92,7 +100,8 @@ impl ScriptKind {
         };
         let body = self
             .body()
-            .replace("--[[ceil_mul_div]]", CEIL_MUL_DIV.trim());
+            .replace("--[[ceil_mul_div]]", CEIL_MUL_DIV.trim())
+            .replace("--[[big_time]]", BIG_TIME.trim());
         format!("{prelude}{body}")
     }
 }
@@ -262,7 +271,8 @@ pub(crate) fn one_check_args(
 }
 
 /// Appends `multi.lua`'s five values for `check`; `oldest` is how many of a sliding window
-/// log's oldest units to report (enough for any retry time this request can have).
+/// log's oldest units to report (enough for any retry time this request can have). A bucket's
+/// fifth value is its step ([`bucket_step`]), not its cost.
 pub(crate) fn multi_args(
     cmd: &mut Cmd,
     now: Timestamp,
@@ -293,8 +303,25 @@ pub(crate) fn multi_args(
         Quota::LeakyBucket(a) => leaky_params(check, a)?,
         Quota::Concurrency(_) => [0; 3],
     };
-    cmd.arg(code(quota)).arg(p1).arg(p2).arg(p3).arg(check.cost);
+    cmd.arg(code(quota)).arg(p1).arg(p2).arg(p3);
+    match bucket_step(quota, check.cost) {
+        Some(step) => cmd.arg(step),
+        None => cmd.arg(check.cost),
+    };
     Ok(())
+}
+
+/// A bucket's step for `cost`: cost × interval µs, which a charge or a refund moves its time
+/// by, multiplied exactly here (a Lua double is not past 2^53; a charge's cost can take it
+/// there) and capped at [`MAX_TIME`], past which the algorithms cap the time anyway. `None`
+/// for the other algorithms.
+fn bucket_step(quota: &Quota, cost: u32) -> Option<u64> {
+    let interval = match quota {
+        Quota::TokenBucket(a) => a.interval_micros(),
+        Quota::LeakyBucket(a) => a.interval_micros(),
+        _ => return None,
+    };
+    Some(u64::from(cost).saturating_mul(interval).min(MAX_TIME))
 }
 
 /// Appends `multi.lua`'s lockout records, one per check whose policy bans, in order: the
@@ -322,7 +349,7 @@ pub(crate) fn clock_prelude(clock: ClockSource) -> &'static str {
 
 /// Appends `refund.lua`'s five values: give back `cost` of `check`'s quota, only where `guard`
 /// says the units were taken (0: anywhere, as a plain refund does); a concurrency check's
-/// permit.
+/// permit. A bucket's third value is its step ([`bucket_step`]), not its cost.
 pub(crate) fn refund_args(cmd: &mut Cmd, now: Timestamp, check: &Check<'_>, cost: u32, guard: u64) {
     let quota = check.policy.quota();
     let p1 = match quota {
@@ -343,7 +370,12 @@ pub(crate) fn refund_args(cmd: &mut Cmd, now: Timestamp, check: &Check<'_>, cost
         Quota::LeakyBucket(a) => a.interval_micros(),
         Quota::Concurrency(a) => a.lease_ttl_micros(),
     };
-    cmd.arg(code(quota)).arg(int(p1)).arg(cost).arg(int(guard));
+    cmd.arg(code(quota)).arg(int(p1));
+    match bucket_step(quota, cost) {
+        Some(step) => cmd.arg(step),
+        None => cmd.arg(cost),
+    };
+    cmd.arg(int(guard));
     match quota {
         Quota::Concurrency(_) => cmd.arg(permit_id(check.permit)),
         _ => cmd.arg(0),
@@ -359,7 +391,7 @@ mod tests {
         let scripts = Scripts::new(ClockSource::Redis);
         for kind in ScriptKind::ALL {
             let source = &scripts.get(kind).source;
-            assert!(source.starts_with(REDIS_CLOCK) && !source.contains("--[[ceil_mul_div]]"));
+            assert!(source.starts_with(REDIS_CLOCK) && !source.contains("--[["));
         }
         let local = Scripts::new(ClockSource::Local);
         assert_ne!(

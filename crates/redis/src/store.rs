@@ -66,10 +66,12 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// The counters and buckets keep one short string per key and cost O(1) per request. The
 /// sliding window log keeps a sorted set of up to `limit` members, one per admitted unit, and
 /// costs O((1 + cost) log n) per request; about 41 bytes per unit up to 128 units, 118 beyond
-/// (`docs/redis.md`). A concurrency key is a sorted set of the permits held (at most `limit`),
-/// each scored by its expiry; the key's TTL is its newest permit's, so the permits of an
-/// instance that died come back when their `lease_ttl` passes. O(log n) per request and per
-/// release.
+/// (`docs/redis.md`). A charge ([`Store::charge`](tollgate::Store::charge), never refused)
+/// adds at most `limit + 1` members whatever its cost, the units past them counted in its top
+/// member's name: every script call's work is bounded by the quota, never by a caller's cost.
+/// A concurrency key is a sorted set of the permits held (at most `limit`), each scored by its
+/// expiry; the key's TTL is its newest permit's, so the permits of an instance that died come
+/// back when their `lease_ttl` passes. O(log n) per request and per release.
 ///
 /// # Hot-key leases
 ///

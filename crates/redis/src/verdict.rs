@@ -86,7 +86,8 @@ pub(crate) struct Grant {
     pub(crate) window_left: u64,
 }
 
-/// The integers of a script's reply.
+/// The integers of a script's reply: integers, or decimal strings for the values past 2^53
+/// that a Lua number cannot hold exactly (a bucket's time after a charge far past the limit).
 pub(crate) fn integers(reply: Value) -> Result<Vec<i64>, StoreError> {
     let Value::Array(items) = reply else {
         return Err(protocol(&format!(
@@ -97,6 +98,14 @@ pub(crate) fn integers(reply: Value) -> Result<Vec<i64>, StoreError> {
         .into_iter()
         .map(|item| match item {
             Value::Int(i) => Ok(i),
+            Value::BulkString(ref digits) => std::str::from_utf8(digits)
+                .ok()
+                .and_then(|d| d.parse().ok())
+                .ok_or_else(|| {
+                    protocol(&format!(
+                        "expected an integer in the script's reply, got {item:?}"
+                    ))
+                }),
             other => Err(protocol(&format!(
                 "expected an integer in the script's reply, got {other:?}"
             ))),

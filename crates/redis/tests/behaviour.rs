@@ -362,3 +362,68 @@ async fn cluster_unreachable_at_start_follows_on_error() {
         assert!(started.elapsed() < Duration::from_millis(500));
     }
 }
+
+/// A charge far past a sliding window log's limit (a usage report of 200,000, then of
+/// 2^32 − 1, against 5 a minute) leaves at most limit + 1 members in the key, not one per unit
+/// charged: the script's work is bounded by the quota, so Redis answers the next call (another
+/// key's check) at once instead of running one script for ever while every decision waits and
+/// fails open. The key still decides as the memory store's log (the conformance suite compares
+/// them): over its limit for a minute, and a refund gives back what the name counts first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_charge_on_a_log_keeps_few_members() {
+    let store = common::local_store(&server().url()).await;
+    let log = policy(
+        "huge-log",
+        Quota::sliding_window_log(5, Duration::from_secs(60)),
+    );
+    let now = wall();
+    let zcard = |name: &str| -> u64 {
+        server()
+            .command(&["ZCARD", name])
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    for cost in [200_000, u32::MAX] {
+        let key = unique("huge-key");
+        let check = Check::new(&log, key.as_bytes(), cost);
+        let charged = store.charge(now, &[check]).await.unwrap();
+        let charged = charged.into_first().unwrap();
+        assert!(charged.allowed && charged.remaining == 0, "{charged:?}");
+        let name = store.key_of(&check);
+        assert_eq!(zcard(&name), 6, "charged {cost}: limit + 1 members");
+        // Another key's check, right after: decided in Redis (this store fails closed).
+        let other = unique("huge-other");
+        let d = store
+            .apply(now, &[Check::new(&log, other.as_bytes(), 1)])
+            .await
+            .unwrap()
+            .into_first()
+            .unwrap();
+        assert!(d.allowed && d.remaining == 4, "{d:?}");
+        let peek = store
+            .apply(now, &[Check::new(&log, key.as_bytes(), 0)])
+            .await
+            .unwrap()
+            .into_first()
+            .unwrap();
+        assert!(!peek.allowed, "over its limit: {peek:?}");
+        assert_eq!(peek.retry_after, Some(Duration::from_secs(60)));
+        // All but one unit back: the count in the top member's name first, then five members.
+        store
+            .refund(now, &[Check::new(&log, key.as_bytes(), cost - 1)])
+            .await
+            .unwrap();
+        assert_eq!(zcard(&name), 1, "charged {cost}, refunded all but one");
+        let d = store
+            .apply(now, &[Check::new(&log, key.as_bytes(), 4)])
+            .await
+            .unwrap()
+            .into_first()
+            .unwrap();
+        assert!(d.allowed && d.remaining == 0, "{d:?}");
+    }
+    let stats = store.stats();
+    assert_eq!((stats.errors, stats.fallbacks), (0, 0), "{stats:?}");
+}

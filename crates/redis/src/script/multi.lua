@@ -10,7 +10,8 @@
 -- ARGV[1]  1: write when every check admits; 0: a dry run, nothing written; 2: charge every
 --          check's cost whatever its quota says, and write it (never refused)
 -- ARGV[2]  m, how many lockout records follow the state keys (0 with mode 2)
--- ARGV[3 + 5(i-1) ..] per check: algorithm, p1, p2, p3, cost
+-- ARGV[3 + 5(i-1) ..] per check: algorithm, p1, p2, p3, cost (for 4 and 5, the step instead:
+--          cost x interval µs, at most 2^63 - 1, as the caller multiplies it exactly)
 --   1 fixed window            window_us, limit, 0; or for a calendar window, the period's
 --                             end (µs), limit, the next period's end (taken when this clock
 --                             has passed the first)
@@ -18,6 +19,8 @@
 --   3 sliding window counter  window_us, limit, 0
 --   4 token bucket            interval_us, horizon_us, 0
 --   5 leaky bucket            interval_us, depth_us, max_delay_us (2^52 for none)
+--   (A bucket's time past 2^53, which only a charge far past the limit reaches, is kept
+--   exact as a decimal string, and reported so; see big_time.lua.)
 --   6 concurrency             lease_ttl_us, limit, the permit's id (16 hex digits: a string,
 --                             never converted, since a Lua number cannot hold a 64-bit id)
 -- Reply: now, all admitted (0/1), then per check its key's state before this request, as the
@@ -110,6 +113,8 @@ local function load(key, alg, p1, p2, p3)
     return {c = total, added = 0, newest = newest, top = top[1], report = report}
   end
   local stored = tonumber(v or 0)
+  -- Past 2^53 a double is not exact: the stored string itself.
+  if stored >= 9007199254740992 then stored = v end
   return {t = stored, report = {stored}}
 end
 
@@ -149,7 +154,8 @@ local function occupancy(key, s, id, ttl)
 end
 
 -- Whether check (alg, p.., cost) admits on state s (always, when forced); if so, counts it in s.
-local function take(s, alg, p1, p2, p3, cost)
+-- A bucket's step is `cost` as a number and `step` exactly (a string past 2^53).
+local function take(s, alg, p1, p2, p3, cost, step)
   if alg == 6 then
     -- A charge takes no permit: a concurrency limit counts requests in flight, not usage.
     if force or cost == 0 then return true end
@@ -162,26 +168,41 @@ local function take(s, alg, p1, p2, p3, cost)
   elseif alg == 1 or alg == 2 then
     if not force and s.c + cost > p2 then return false end
     s.c = s.c + cost
-    if alg == 2 then s.added = s.added + cost end
+    if alg == 2 then
+      s.added = s.added + cost
+    elseif s.c > 4294967295 then
+      -- A charge's count saturates, as the algorithm's (a u32) does.
+      s.c = 4294967295
+    end
   elseif alg == 3 then
     if not force and s.c + cost + s.weighted > p2 then return false end
     s.c = s.c + cost
-  elseif alg == 4 then
-    local tat = s.t
-    if tat < now then tat = now end
-    if not force and tat + cost * p1 - now > p2 then return false end
-    s.t = tat + cost * p1
+    if s.c > 4294967295 then s.c = 4294967295 end
   else
+    -- Both buckets: the new time is max(time, now) + cost x interval (the step); the token
+    -- bucket admits while it is within the horizon of now, the leaky bucket while it is within
+    -- the depth and the wait (from max(time, now)) within max_delay.
     local start = s.t
-    if start < now then start = now end
-    local e = start + cost * p1
-    if not force and (e - now > p2 or start - now > p3) then return false end
+    if type(start) == 'number' and start < now then start = now end
+    local e
+    if type(start) == 'number' and type(step) == 'number' then e = start + step end
+    if not force then
+      -- Past 2^53 is further ahead than any horizon or depth (at most 100 years).
+      if not e or e - now > p2 or (alg == 5 and start - now > p3) then return false end
+    end
+    if not e or e >= 9007199254740992 then
+      -- A charge far past the limit: exact, and capped at 2^63 - 1 as the algorithms cap it.
+      --[[big_time]]
+      local h, l = split(start)
+      local sh, sl = split(step)
+      e = join(h + sh, l + sl)
+    end
     s.t = e
   end
   return true
 end
 
-local function write(key, s, alg, p1)
+local function write(key, s, alg, p1, p2)
   if alg == 6 then
     if s.ntaken == 0 then return end
     local expires = string.format('%d', now + p1)
@@ -202,24 +223,57 @@ local function write(key, s, alg, p1)
       math.ceil((s.e + p1 - now) / 1000))
   elseif alg == 2 then
     local ss = string.format('%d', now)
-    local first = 0
+    -- The members already at this score, 1..first; the top one is named
+    -- "<score>:<index>+<more>" when it stands for `more` units besides itself.
+    local top
     if s.newest == now then
-      first = tonumber(string.match(s.top, ':(%d+)$'))
+      top = s.top
     elseif s.newest > now then
-      first = redis.call('ZCOUNT', key, ss, ss)
+      top = redis.call('ZREVRANGEBYSCORE', key, ss, ss, 'LIMIT', 0, 1)[1]
     end
-    local args = {}
-    for i = 1, s.added do
-      args[#args + 1] = ss
-      args[#args + 1] = string.format('%s:%010d', ss, first + i)
-      if #args == 1000 or i == s.added then
-        redis.call('ZADD', key, unpack(args))
-        args = {}
+    local first, more = 0, 0
+    if top then
+      first = tonumber(string.match(top, '^%d+:(%d+)'))
+      more = tonumber(string.match(top, '%+(%d+)$') or '0')
+    end
+    -- A log admits nothing while it holds more than its limit, and a score's units count in
+    -- every decision only as far as limit + 1: so a score keeps at most limit + 1 members, and
+    -- the units past them (a charge far past the limit) are counted in its top member's name,
+    -- for refunds. The units of one score saturate at 2^32 - 1, as a log entry's cost does.
+    -- This bounds the call's work by the quota, whatever the cost charged.
+    local units = first + more + s.added
+    if units > 4294967295 then units = 4294967295 end
+    local m = p2 + 1
+    if m > units then m = units end
+    if m < first then m = first end
+    local over = units - m
+    if m > first or over ~= more then
+      local args = {}
+      if more > 0 or m == first then
+        -- The top member's count changes (or it is no longer the top): named anew.
+        redis.call('ZREM', key, top)
+        first = first - 1
+      end
+      for i = first + 1, m do
+        args[#args + 1] = ss
+        if i == m and over > 0 then
+          args[#args + 1] = string.format('%s:%010d+%d', ss, i, over)
+        else
+          args[#args + 1] = string.format('%s:%010d', ss, i)
+        end
+        if #args == 1000 or i == m then
+          redis.call('ZADD', key, unpack(args))
+          args = {}
+        end
       end
     end
     local last = s.newest
     if now > last then last = now end
     redis.call('PEXPIRE', key, math.ceil((last + p1 - now) / 1000))
+  elseif type(s.t) == 'string' then
+    -- Past 2^53 (see take); the TTL need not be exact, only no shorter.
+    redis.call('SET', key, s.t, 'PX',
+      string.format('%d', math.ceil((tonumber(s.t) - now) / 1000) + 2))
   else
     redis.call('SET', key, string.format('%d', s.t), 'PX', math.ceil((s.t - now) / 1000))
   end
@@ -230,6 +284,9 @@ for i = 1, n do
   local b = 2 + (i - 1) * 5
   local alg, p1, p2, p3, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
     tonumber(ARGV[b + 3]), ARGV[b + 4], tonumber(ARGV[b + 5])
+  -- A bucket's step past 2^53 (a charge far past the limit) is exact as its string only.
+  local step = cost
+  if cost >= 9007199254740992 then step = ARGV[b + 5] end
   if alg ~= 6 then p3 = tonumber(p3) end
   local key = KEYS[i]
   local s = states[key]
@@ -250,8 +307,8 @@ for i = 1, n do
   if ban and ban.banned then
     all = false
   elseif all then
-    if take(s, alg, p1, p2, p3, cost) then
-      if cost > 0 then dirty[key] = {s, alg, p1} end
+    if take(s, alg, p1, p2, p3, cost, step) then
+      if cost > 0 then dirty[key] = {s, alg, p1, p2} end
     else
       all = false
       denied[i] = true
@@ -260,13 +317,13 @@ for i = 1, n do
     -- Decided after another check refused the request: its own verdict, on a copy.
     local t = {}
     for k, v in pairs(s) do t[k] = v end
-    if alg ~= 6 and not take(t, alg, p1, p2, p3, cost) then denied[i] = true end
+    if alg ~= 6 and not take(t, alg, p1, p2, p3, cost, step) then denied[i] = true end
   end
 end
 if not all then
   out[2] = 0
 elseif commit then
-  for key, d in pairs(dirty) do write(key, d[1], d[2], d[3]) end
+  for key, d in pairs(dirty) do write(key, d[1], d[2], d[3], d[4]) end
 end
 for j = 1, m do
   local i = order[j]

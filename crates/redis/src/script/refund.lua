@@ -3,11 +3,17 @@
 --
 -- KEYS[i]  the state key of check i
 -- ARGV[1 + 5(i-1) ..] per check: algorithm (codes as in multi.lua), p1 (window_us or
---          interval_us; minus the period's end for a calendar window), cost, guard, 0 (concurrency: the permit's id). The guard ties a
+--          interval_us; minus the period's end for a calendar window), cost (for a bucket, the
+--          step instead: cost x interval µs, at most 2^63 - 1), guard, 0 (concurrency: the
+--          permit's id). The guard ties a
 --          lease's return to where its units were taken: the window end (fixed window, sliding
 --          window counter: nothing comes back once that window is over) or the score they were
 --          logged at (sliding window log); 0 for a plain refund. A concurrency refund gives the
 --          permit back, as release.lua does.
+-- A log's units come back newest first (only at the guard's score, for a lease's): at each
+-- score, first the units its top member's name counts besides itself ("<score>:<index>+<more>",
+-- a charge far past the limit: see multi.lua), then its members from the top. The work is one
+-- step per score emptied, at most the key's members, whatever the cost.
 for i = 1, #KEYS do
   local b = (i - 1) * 5
   local alg, p1, cost, guard = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
@@ -19,14 +25,40 @@ for i = 1, #KEYS do
     if redis.call('ZCARD', key) == 0 then redis.call('DEL', key) end
   elseif alg == 2 then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - p1))
-    if cost > 0 then
-      if guard > 0 then
-        local gs = string.format('%d', guard)
-        local units = redis.call('ZREVRANGEBYSCORE', key, gs, gs, 'LIMIT', 0, cost)
-        if #units > 0 then redis.call('ZREM', key, unpack(units)) end
-      else
-        redis.call('ZREMRANGEBYRANK', key, -cost, -1)
+    local left = cost
+    local hi, lo = '+inf', '-inf'
+    if guard > 0 then
+      hi = string.format('%d', guard)
+      lo = hi
+    end
+    while left > 0 do
+      local top = redis.call('ZREVRANGEBYSCORE', key, hi, lo, 'WITHSCORES', 'LIMIT', 0, 1)
+      if not top[1] then break end
+      local name = top[1]
+      local ss, first = string.match(name, '^(%d+):(%d+)')
+      first = tonumber(first)
+      local more = tonumber(string.match(name, '%+(%d+)$') or '0')
+      if more >= left then
+        -- Only units its name counts: it stays, counting fewer.
+        redis.call('ZREM', key, name)
+        if more > left then
+          name = string.format('%s:%010d+%d', ss, first, more - left)
+        else
+          name = string.format('%s:%010d', ss, first)
+        end
+        redis.call('ZADD', key, top[2], name)
+        break
       end
+      left = left - more
+      -- The members at this score are 1..first, the highest ranks below `rank` (0 for a plain
+      -- refund: this score is the newest).
+      local rank = 0
+      if guard > 0 then rank = redis.call('ZREVRANK', key, name) end
+      local k = first
+      if left < k then k = left end
+      redis.call('ZREMRANGEBYRANK', key, -(rank + k), -(rank + 1))
+      left = left - k
+      if guard > 0 then break end
     end
   else
     local v = redis.call('GET', key)
@@ -62,18 +94,35 @@ for i = 1, #KEYS do
             math.ceil((until_us - now) / 1000))
         end
       else
+        -- Both buckets: `cost` is the step (cost x interval).
         local t = tonumber(v)
-        local back = t - cost * p1
-        if alg == 4 then
-          local floor_at = now
-          if t < floor_at then floor_at = t end
-          if back < floor_at then back = floor_at end
-        elseif t > now then
-          if back < now then back = now end
+        local back
+        if t >= 9007199254740992 then
+          -- A time past 2^53 (a charge far past the limit), exact as its string only: later
+          -- than now, so both buckets come back to now at most.
+          --[[big_time]]
+          local step = cost
+          if cost >= 9007199254740992 then step = ARGV[b + 3] end
+          local h, l = split(v)
+          local sh, sl = split(step)
+          back = join(h - sh, l - sl)
+          if type(back) == 'number' and back < now then back = now end
         else
-          back = t
+          back = t - cost
+          if alg == 4 then
+            local floor_at = now
+            if t < floor_at then floor_at = t end
+            if back < floor_at then back = floor_at end
+          elseif t > now then
+            if back < now then back = now end
+          else
+            back = t
+          end
         end
-        if back <= now then
+        if type(back) == 'string' then
+          redis.call('SET', key, back, 'PX',
+            string.format('%d', math.ceil((tonumber(back) - now) / 1000) + 2))
+        elseif back <= now then
           redis.call('DEL', key)
         else
           redis.call('SET', key, string.format('%d', back), 'PX', math.ceil((back - now) / 1000))

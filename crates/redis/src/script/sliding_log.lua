@@ -6,7 +6,9 @@
 -- ZCARD after pruning, and the k-th oldest unit (when a denial says how long to wait) is one
 -- ZRANGE by rank. Members are "<score>:<index>", the index zero-padded so that at one score the
 -- members are 1..m in both numeric and lexicographic order: adds append m+1.., removals take
--- the top, so an index is never reused while its member lives.
+-- the top, so an index is never reused while its member lives. A charge far past the limit
+-- (multi.lua) keeps at most limit + 1 members at its score, the top one named
+-- "<score>:<index>+<more>" for the units past them: while they live the log admits nothing.
 --
 -- KEYS[1] the sorted set
 -- ARGV    window_us, limit, [cost: 1 when absent], [want: a lease, > cost; at: the score
@@ -64,7 +66,7 @@ if g > 0 then
   local ss = string.format('%d', s)
   local first = 0
   if newest == s then
-    first = tonumber(string.match(top[1], ':(%d+)$'))
+    first = tonumber(string.match(top[1], '^%d+:(%d+)'))
   elseif newest > s then
     first = redis.call('ZCOUNT', k, ss, ss)
   end
