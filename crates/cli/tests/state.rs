@@ -53,6 +53,13 @@ fn a_key_that_spent_7_of_10_has_3_after_a_clean_restart() {
     let state = d.path().join("state");
     let text = config(&state, "1h", "");
     let mut server = Server::start(d.path(), &text, None);
+    // The snapshot series are there before the first snapshot (an hour away), at 0.
+    let metrics = http(server.admin, "GET", "/metrics", "").body;
+    assert!(
+        metrics.contains("tollgate_state_snapshots_total{result=\"written\"} 0")
+            && metrics.contains("tollgate_state_last_snapshot_timestamp_seconds 0"),
+        "{metrics}"
+    );
     spend(&server, "tenant-7", 7);
     spend(&server, "tenant-2", 2);
     let status = server.terminate();

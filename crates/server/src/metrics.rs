@@ -51,6 +51,8 @@ pub(crate) struct Metrics {
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     /// State snapshots (`[store] path`) written and failed, and when the last one was written.
+    /// The server keeps a state file: its snapshot series are exported from the start.
+    state_kept: std::sync::atomic::AtomicBool,
     snapshots_written: AtomicU64,
     snapshots_failed: AtomicU64,
     last_snapshot_unix: AtomicU64,
@@ -168,11 +170,17 @@ impl Metrics {
         list
     }
 
-    /// The state snapshots' counts, once there has been one (a server with `[store] path`).
+    /// The server keeps a state file (`[store] path`): its snapshot series are exported from
+    /// the start, at 0, so an alert on them has a series before the first snapshot.
+    pub(crate) fn keeps_state(&self) {
+        self.state_kept.store(true, Relaxed);
+    }
+
+    /// The state snapshots' counts (a server with `[store] path`).
     fn render_snapshots(&self, out: &mut String) {
         let written = self.snapshots_written.load(Relaxed);
         let failed = self.snapshots_failed.load(Relaxed);
-        if written + failed == 0 {
+        if written + failed == 0 && !self.state_kept.load(Relaxed) {
             return;
         }
         out.push_str(

@@ -268,6 +268,7 @@ pub(crate) async fn keep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     if config.path.is_none() || !matches!(shared.store, AnyStore::Memory(_)) {
         return;
     }
+    shared.metrics.keeps_state();
     let every = config.snapshot_every.max(Duration::from_secs(1));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
