@@ -308,6 +308,8 @@ pub async fn run_with(
     // The admin listener stops last, on a signal of its own: its probes and metrics answer
     // while the other listeners drain.
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
+    // Before the admin listener serves: its /metrics has the snapshot series from the start.
+    state::spawn_keeper(&shared, stop_rx.clone());
     let admin = spawn_admin(&shared, listeners.admin, &tls, admin_stop_rx, limits);
     let mut tasks = spawn_listeners(&shared, listeners.api, &tls, &stop_rx, limits);
     if let Some(l) = listeners.proxy {
@@ -334,7 +336,6 @@ pub async fn run_with(
     }
     tokio::spawn(purge_idle_keys(Arc::clone(&shared), stop_rx.clone()));
     tokio::spawn(live_operations(Arc::clone(&shared), stop_rx.clone()));
-    tokio::spawn(state::keep(Arc::clone(&shared), stop_rx.clone()));
     tokio::spawn(watch_config(Arc::clone(&shared), hup, stop_rx.clone()));
     let s = Arc::clone(&shared);
     tokio::spawn(tls::watch_files(

@@ -262,13 +262,21 @@ fn create_new(path: &Path) -> std::io::Result<File> {
     options.open(path)
 }
 
-/// Writes the state every `[store] snapshot_every` until `stop` turns true.
-pub(crate) async fn keep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+/// Writes the state every `[store] snapshot_every` until `stop` turns true. The snapshot
+/// metrics are exported from the call on (before the task first runs).
+pub(crate) fn spawn_keeper(shared: &Arc<Shared>, stop: watch::Receiver<bool>) {
+    let keeps = shared.engine().config().store.path.is_some();
+    if keeps && matches!(shared.store, AnyStore::Memory(_)) {
+        shared.metrics.keeps_state();
+        tokio::spawn(keep(Arc::clone(shared), stop));
+    }
+}
+
+async fn keep(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let config = shared.engine().config().store.clone();
     if config.path.is_none() || !matches!(shared.store, AnyStore::Memory(_)) {
         return;
     }
-    shared.metrics.keeps_state();
     let every = config.snapshot_every.max(Duration::from_secs(1));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
