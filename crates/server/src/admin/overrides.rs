@@ -200,7 +200,11 @@ async fn put(
         policy = %record.policy,
         key = ?record.key,
         quota = %quota,
-        expires = ?record.expires.map(rfc3339),
+        expires = %record
+            .expires
+            .and_then(|t| i64::try_from(t).ok())
+            .and_then(crate::admin::fields::rfc3339_text)
+            .unwrap_or_else(|| "never".to_owned()),
         reason = ?record.reason,
         "override set"
     );
