@@ -111,6 +111,18 @@ async fn a_poison_message_ends_in_the_redis_dead_letters_and_any_instance_redriv
     let dead = get(&b.admin_url("/v1/queues/hooks/dead"), &[]).await.json();
     assert_eq!(dead["dead_letters"][0]["id"], poison.as_str());
     assert_eq!(dead["dead_letters"][0]["target"], "/hooks/poison");
+    // A page cursor that is no entry is the caller's mistake (400), not a store failure.
+    for bad in ["garbage", "-", "+", "1-", "1-2-3"] {
+        let r = get(
+            &b.admin_url(&format!("/v1/queues/hooks/dead?after={bad}")),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "after={bad}");
+        assert_eq!(r.json()["field"], "after", "after={bad}");
+    }
+    let r = get(&b.admin_url("/v1/queues/hooks/dead?after=0-0"), &[]).await;
+    assert_eq!(r.json()["dead_letters"][0]["id"], poison.as_str());
 
     up.answer("/hooks/poison", 200);
     let r = send("POST", &b.admin_url("/v1/queues/hooks/redrive"), &[], "").await;

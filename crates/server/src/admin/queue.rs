@@ -124,6 +124,16 @@ async fn dead_letters(queue: &Queue, query: Option<&str>) -> Response<Body> {
         .unwrap_or(100)
         .clamp(1, MAX_PAGE);
     let after = param("after").and_then(percent_decode);
+    // An entry is `<number>-<number>` (a Redis stream id; the memory queue writes the same):
+    // anything else is the caller's mistake, not a store that failed.
+    if let Some(a) = after.as_deref()
+        && !is_entry(a)
+    {
+        return crate::admin::fields::bad_field(
+            "after",
+            "must be an entry as the previous page's `next` gave it (digits, '-', digits)",
+        );
+    }
     let page = match queue.backend.dead_letters(after.as_deref(), count).await {
         Ok(page) => page,
         Err(e) => return unavailable(&e),
@@ -268,4 +278,11 @@ mod tests {
         assert_eq!(percent_decode("%zz"), None);
         assert_eq!(percent_decode("%ff"), None);
     }
+}
+
+/// Whether `text` has the form of a queue entry: digits, `-`, digits.
+fn is_entry(text: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    text.split_once('-')
+        .is_some_and(|(ms, seq)| digits(ms) && digits(seq))
 }
