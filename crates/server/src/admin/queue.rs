@@ -262,6 +262,13 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Whether `text` has the form of a queue entry: digits, `-`, digits.
+fn is_entry(text: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    text.split_once('-')
+        .is_some_and(|(ms, seq)| digits(ms) && digits(seq))
+}
+
 #[cfg(test)]
 mod tests {
     use super::percent_decode;
@@ -278,11 +285,4 @@ mod tests {
         assert_eq!(percent_decode("%zz"), None);
         assert_eq!(percent_decode("%ff"), None);
     }
-}
-
-/// Whether `text` has the form of a queue entry: digits, `-`, digits.
-fn is_entry(text: &str) -> bool {
-    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
-    text.split_once('-')
-        .is_some_and(|(ms, seq)| digits(ms) && digits(seq))
 }
