@@ -208,10 +208,10 @@ impl Container {
     fn wait_for(&self, addr: SocketAddr, path: &str) {
         let deadline = Instant::now() + START;
         loop {
-            if let Ok(reply) = try_http(addr, "GET", path, "") {
-                if reply.status == 200 {
-                    return;
-                }
+            if let Ok(reply) = try_http(addr, "GET", path, "")
+                && reply.status == 200
+            {
+                return;
             }
             if self.inspect("{{.State.Running}}") != "true" {
                 panic!("the container stopped:\n{}", self.logs());

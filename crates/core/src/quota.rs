@@ -112,7 +112,7 @@ pub fn format_duration(d: Duration) -> String {
         (1_000, "ms"),
     ];
     for (size, unit) in UNITS {
-        if micros >= size && micros % size == 0 {
+        if micros >= size && micros.is_multiple_of(size) {
             return format!("{}{unit}", micros / size);
         }
     }

@@ -358,7 +358,7 @@ async fn check_policy_and_the_synchronous_checks_decide_as_check_by_name()
             format!("{expected:?}"),
             "step {step}"
         );
-        if seed % 4 == 0 {
+        if seed.is_multiple_of(4) {
             clock.advance(Duration::from_millis((seed >> 24) % 700));
         }
     }

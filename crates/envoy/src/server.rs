@@ -259,10 +259,10 @@ where
     B: tonic::codegen::Body + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
-    if let Some(encoding) = req.headers().get("grpc-encoding") {
-        if encoding.as_bytes() != b"identity" {
-            return Status::unimplemented("compressed requests are not supported").into_http();
-        }
+    if let Some(encoding) = req.headers().get("grpc-encoding")
+        && encoding.as_bytes() != b"identity"
+    {
+        return Status::unimplemented("compressed requests are not supported").into_http();
     }
     let deadline = req
         .headers()

@@ -30,7 +30,7 @@ fn entries(n: usize) -> Vec<ListEntry> {
         x ^= x >> 17;
         x ^= x << 5;
         let ip = 0x0a00_0000 | (x & 0x00ff_ffff);
-        let text = if x % 5 == 0 {
+        let text = if x.is_multiple_of(5) {
             format!("{}/24", std::net::Ipv4Addr::from(ip & 0xffff_ff00))
         } else {
             std::net::Ipv4Addr::from(ip).to_string()

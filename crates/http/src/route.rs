@@ -77,18 +77,17 @@ fn decode_segment(raw: &[u8]) -> Cow<'_, [u8]> {
     let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {
-        if raw[i] == b'%' {
-            if let (Some(h), Some(l)) = (raw.get(i + 1).and_then(hex), raw.get(i + 2).and_then(hex))
-            {
-                let byte = h << 4 | l;
-                if byte == b'/' {
-                    out.extend_from_slice(b"%2F");
-                } else {
-                    out.push(byte);
-                }
-                i += 3;
-                continue;
+        if raw[i] == b'%'
+            && let (Some(h), Some(l)) = (raw.get(i + 1).and_then(hex), raw.get(i + 2).and_then(hex))
+        {
+            let byte = h << 4 | l;
+            if byte == b'/' {
+                out.extend_from_slice(b"%2F");
+            } else {
+                out.push(byte);
             }
+            i += 3;
+            continue;
         }
         out.push(raw[i]);
         i += 1;

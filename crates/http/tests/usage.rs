@@ -114,7 +114,7 @@ fn plant(node: Node, path: &[String], leaf: Node, seed: u64) -> Node {
         other => vec![("other".to_owned(), other)],
     };
     let inner = match fields.get((seed % 7) as usize) {
-        Some((_, Node::Obj(inner))) if seed % 3 == 0 => Node::Obj(inner.clone()),
+        Some((_, Node::Obj(inner))) if seed.is_multiple_of(3) => Node::Obj(inner.clone()),
         _ => Node::Obj(Vec::new()),
     };
     let at = (seed % (fields.len() as u64 + 1)) as usize;
@@ -140,7 +140,7 @@ impl Writer {
     }
 
     fn chance(&mut self, one_in: u64) -> bool {
-        self.random() % one_in == 0
+        self.random().is_multiple_of(one_in)
     }
 
     fn space(&mut self) {

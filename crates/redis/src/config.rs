@@ -180,13 +180,13 @@ fn validate_url(url: &str) -> Result<(), ConfigError> {
     if host.is_empty() || host.starts_with(':') {
         return Err(ConfigError::new(&shown, "no host"));
     }
-    if let Some((_, port)) = host.rsplit_once(':').filter(|(h, _)| !h.ends_with(']')) {
-        if port.parse::<u16>().map_or(true, |p| p == 0) {
-            return Err(ConfigError::new(
-                &shown,
-                &format!("port {port:?} is not a number from 1 to 65535"),
-            ));
-        }
+    if let Some((_, port)) = host.rsplit_once(':').filter(|(h, _)| !h.ends_with(']'))
+        && port.parse::<u16>().map_or(true, |p| p == 0)
+    {
+        return Err(ConfigError::new(
+            &shown,
+            &format!("port {port:?} is not a number from 1 to 65535"),
+        ));
     }
     // The client's own parser has the last word; without the client (the configuration
     // alone, as `tollgate replay` reads it) the checks above are all there is.

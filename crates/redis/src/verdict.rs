@@ -427,20 +427,19 @@ pub(crate) fn charged(
 /// first): one that does would count twice against the pure algorithm's own pruning. Likewise
 /// a concurrency key's permits must all be live.
 fn pruned(quota: &Quota, state: &State, now: u64) -> Result<(), StoreError> {
-    if let State::Permits(o) = state {
-        if (o.own != 0 && o.own <= now) || (o.others > 0 && o.others_earliest <= now) {
-            return Err(protocol(
-                "the concurrency script reported an expired permit",
-            ));
-        }
+    if let State::Permits(o) = state
+        && ((o.own != 0 && o.own <= now) || (o.others > 0 && o.others_earliest <= now))
+    {
+        return Err(protocol(
+            "the concurrency script reported an expired permit",
+        ));
     }
-    if let (Quota::SlidingWindowLog(a), State::Log(s)) = (quota, state) {
-        if s.entries
+    if let (Quota::SlidingWindowLog(a), State::Log(s)) = (quota, state)
+        && s.entries
             .front()
             .is_some_and(|&(t, _)| t + a.window_micros() <= now)
-        {
-            return Err(protocol("the log script reported units outside the window"));
-        }
+    {
+        return Err(protocol("the log script reported units outside the window"));
     }
     Ok(())
 }

@@ -144,7 +144,7 @@ fn each_call_in_a_batch_gets_its_own_answer() {
         )
         .unwrap();
         // Every third key is a hash: GET in the script fails with WRONGTYPE.
-        let poisoned = |t: u32| t % 3 == 0;
+        let poisoned = |t: u32| t.is_multiple_of(3);
         for t in (0..60u32).filter(|&t| poisoned(t)) {
             let key = store.key_of(&Check::new(&policy, format!("k{t}").as_bytes(), 1));
             server.command(&["HSET", &key, "f", "v"]).unwrap();

@@ -195,7 +195,7 @@ fn replay_one(r: &mut Replayer, source: &mut Source, file: usize, report: &mut d
             Ok(request) => r.process(&request, file, line_no),
             Err(e) => r.bad(file, line_no, e),
         }
-        if r.counts.lines % PROGRESS_EVERY == 0 {
+        if r.counts.lines.is_multiple_of(PROGRESS_EVERY) {
             report(r.counts.lines);
         }
     }
@@ -216,7 +216,7 @@ fn replay_merged(r: &mut Replayer, sources: &mut [Source], report: &mut dyn FnMu
             Err(e) => r.bad(file, line_no, e),
         }
         heads[file] = advance(r, source, file);
-        if r.counts.lines % PROGRESS_EVERY == 0 {
+        if r.counts.lines.is_multiple_of(PROGRESS_EVERY) {
             report(r.counts.lines);
         }
     }

@@ -99,28 +99,28 @@ fn check(input: &[u8]) -> Result<(), TestCaseError> {
         }
     }
     // Completeness: an array of bulk strings written canonically at the start is accepted.
-    if input.first() == Some(&b'*') {
-        if let Ok(Value::Array(items)) = redis::parse_redis_value(input) {
-            let args: Option<Vec<Vec<u8>>> = items
-                .into_iter()
-                .map(|v| match v {
-                    Value::BulkString(b) => Some(b),
-                    _ => None,
-                })
-                .collect();
-            if let Some(args) = args {
-                let canonical = encode(&args);
-                if input.starts_with(&canonical) && args.len() <= limits.max_args {
-                    match parsed {
-                        Ok(Parsed::Request(request, used)) => {
-                            prop_assert_eq!(used, canonical.len());
-                            prop_assert_eq!(
-                                request.args(),
-                                args.iter().map(Vec::as_slice).collect::<Vec<_>>()
-                            );
-                        }
-                        other => prop_assert!(false, "refused a canonical frame: {:?}", other),
+    if input.first() == Some(&b'*')
+        && let Ok(Value::Array(items)) = redis::parse_redis_value(input)
+    {
+        let args: Option<Vec<Vec<u8>>> = items
+            .into_iter()
+            .map(|v| match v {
+                Value::BulkString(b) => Some(b),
+                _ => None,
+            })
+            .collect();
+        if let Some(args) = args {
+            let canonical = encode(&args);
+            if input.starts_with(&canonical) && args.len() <= limits.max_args {
+                match parsed {
+                    Ok(Parsed::Request(request, used)) => {
+                        prop_assert_eq!(used, canonical.len());
+                        prop_assert_eq!(
+                            request.args(),
+                            args.iter().map(Vec::as_slice).collect::<Vec<_>>()
+                        );
                     }
+                    other => prop_assert!(false, "refused a canonical frame: {:?}", other),
                 }
             }
         }

@@ -40,7 +40,7 @@ async fn a_ban_on_one_instance_holds_on_the_other_until_lifted() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut n = 0u32;
     loop {
-        let s = if n % 2 == 0 { &a } else { &b };
+        let s = if n.is_multiple_of(2) { &a } else { &b };
         n += 1;
         let r = post_json(&s.url("/v1/check"), &req("/login", ip)).await;
         if r.status == StatusCode::TOO_MANY_REQUESTS && r.json()["banned"] == true {

@@ -291,7 +291,7 @@ proptest! {
         let mut streams: Vec<(Vec<u8>, usize)> =
             rendered.into_iter().zip(&clients).map(|((b, _), c)| (b, c.piece)).collect();
         // Every 16th case (each is another connection and exchange), a plain request alongside.
-        let plain = (round % 16 == 0).then(|| plain_request(round));
+        let plain = round.is_multiple_of(16).then(|| plain_request(round));
         if let Some((bytes, _)) = &plain {
             streams.push((bytes.clone(), 0));
         }

@@ -202,20 +202,22 @@ fn key_secret(v: &S<String>, errs: &mut Errors<'_>) -> Option<Secret> {
 /// only when the fields were valid on their own, `fields_ok`).
 fn redis_server(s: &RawStore, out: &StoreConfig, fields_ok: bool, errs: &mut Errors<'_>) -> bool {
     let mut ok = true;
-    if fields_ok && out.kind == StoreKind::Redis && (out.url.is_some() || !out.nodes.is_empty()) {
-        if let Err(e) = out.redis_config().validate() {
-            let at = s
-                .url
-                .as_ref()
-                .map(|v| v.span().start)
-                .or_else(|| s.kind.as_ref().map(|k| k.span().start))
-                .unwrap_or(0);
-            errs.at(
-                at,
-                format!("[store]: {e}; write e.g. url = \"redis://127.0.0.1:6379\""),
-            );
-            ok = false;
-        }
+    if fields_ok
+        && out.kind == StoreKind::Redis
+        && (out.url.is_some() || !out.nodes.is_empty())
+        && let Err(e) = out.redis_config().validate()
+    {
+        let at = s
+            .url
+            .as_ref()
+            .map(|v| v.span().start)
+            .or_else(|| s.kind.as_ref().map(|k| k.span().start))
+            .unwrap_or(0);
+        errs.at(
+            at,
+            format!("[store]: {e}; write e.g. url = \"redis://127.0.0.1:6379\""),
+        );
+        ok = false;
     }
     if out.kind == StoreKind::Memory {
         // A Redis server named for a memory store would be silently unused: every instance

@@ -196,7 +196,7 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
         _ => None,
     };
     let bytes = text.as_bytes();
-    if bytes.len() % 2 != 0 {
+    if !bytes.len().is_multiple_of(2) {
         return None;
     }
     bytes

@@ -183,10 +183,10 @@ pub(super) fn number(n: u64) -> HeaderValue {
     });
     if let Some(i) = usize::try_from(n).ok().filter(|&i| i <= CACHED_NUMBERS) {
         let (text, starts) = &*DIGITS;
-        if let (Some(&a), Some(&b)) = (starts.get(i), starts.get(i + 1)) {
-            if let Some(digits) = text.get(a as usize..b as usize) {
-                return HeaderValue::from_static(digits);
-            }
+        if let (Some(&a), Some(&b)) = (starts.get(i), starts.get(i + 1))
+            && let Some(digits) = text.get(a as usize..b as usize)
+        {
+            return HeaderValue::from_static(digits);
         }
     }
     HeaderValue::from(n)

@@ -187,10 +187,10 @@ impl JsonScanner {
 
     /// Reads the next bytes of the document.
     pub(super) fn feed(&mut self, path: &JsonPath, bytes: &[u8]) {
-        if let Err((error, at)) = self.scan(path, bytes) {
-            if self.state != State::Failed {
-                self.fail(error, self.offset + at as u64);
-            }
+        if let Err((error, at)) = self.scan(path, bytes)
+            && self.state != State::Failed
+        {
+            self.fail(error, self.offset + at as u64);
         }
         self.offset += bytes.len() as u64;
     }

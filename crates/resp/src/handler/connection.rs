@@ -200,10 +200,10 @@ fn hello(session: &mut Session, args: &[&[u8]], password: &Password, out: &mut R
     if !session.authenticated {
         return out.error(NOAUTH_HELLO);
     }
-    if let Some(name) = name {
-        if !set_name(session, name, out) {
-            return;
-        }
+    if let Some(name) = name
+        && !set_name(session, name, out)
+    {
+        return;
     }
     if let Some(protocol) = protocol {
         out.set_protocol(protocol);

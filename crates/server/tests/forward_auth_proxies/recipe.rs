@@ -51,13 +51,12 @@ fn blocks(text: &str) -> Vec<(String, String)> {
             }
             Some(_) => out.extend(current.take()),
             None => {
-                if let Some(info) = line.strip_prefix("```") {
-                    if let Some(name) = info
+                if let Some(info) = line.strip_prefix("```")
+                    && let Some(name) = info
                         .split_whitespace()
                         .find_map(|w| w.strip_prefix("file="))
-                    {
-                        current = Some((name.to_owned(), String::new()));
-                    }
+                {
+                    current = Some((name.to_owned(), String::new()));
                 }
             }
         }

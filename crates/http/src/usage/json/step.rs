@@ -304,12 +304,12 @@ impl JsonScanner {
         } else {
             u32::from(unit)
         };
-        if self.comparing {
-            if let Some(c) = char::from_u32(scalar) {
-                let mut buf = [0; 4];
-                for &byte in c.encode_utf8(&mut buf).as_bytes() {
-                    self.key_byte(byte, path);
-                }
+        if self.comparing
+            && let Some(c) = char::from_u32(scalar)
+        {
+            let mut buf = [0; 4];
+            for &byte in c.encode_utf8(&mut buf).as_bytes() {
+                self.key_byte(byte, path);
             }
         }
         self.state = State::Str;
