@@ -77,6 +77,15 @@ pub(crate) fn restore(config: &StoreConfig) -> (Option<MemoryStore>, Restored) {
                      start afresh"
                 );
             }
+            // What is still live: entries that ended while the server was down are dropped
+            // as they are put in place.
+            let secs = unix_secs();
+            let overrides = extras
+                .overrides
+                .iter()
+                .filter(|r| r.expires.is_none_or(|end| end > secs))
+                .count();
+            let list_entries = extras.lists.iter().filter(|r| !r.expired(secs)).count();
             let requests: usize = extras
                 .queues
                 .iter()
@@ -87,9 +96,9 @@ pub(crate) fn restore(config: &StoreConfig) -> (Option<MemoryStore>, Restored) {
                 keys = counts.restored,
                 expired = counts.expired,
                 unreadable = counts.unreadable,
-                overrides = extras.overrides.len(),
+                overrides,
                 bans = counts.bans,
-                list_entries = extras.lists.len(),
+                list_entries,
                 queued_requests = requests,
                 millis = started.elapsed().as_millis() as u64,
                 "state restored"
