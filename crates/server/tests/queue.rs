@@ -1,7 +1,8 @@
 //! The `queue` action on the memory store, through the real proxy to a recording upstream:
 //! over-rate requests answered 202 and delivered once with their idempotency key, unchanged;
 //! `delivering` while the upstream holds one; 413, and 429 with `Retry-After` for a full queue;
-//! a 4xx final, a 5xx or a timeout tried again, a poison message in the dead letters until
+//! a 4xx final, a 5xx or a timeout tried again, an upstream that reads a delivery on a pooled
+//! connection and hangs up read once per attempt, a poison message in the dead letters until
 //! re-driven from the admin API, with the gauges; the other policies charged when a request is
 //! queued.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -143,6 +144,61 @@ async fn an_upstream_that_stalls_past_the_timeout_gets_the_request_again() {
         (
             "tollgate_queue_deliveries_total{policy=\"hooks\",result=\"delivered\"}",
             1.0,
+        ),
+        ("tollgate_queue_dead_letters_total{policy=\"hooks\"}", 0.0),
+    ] {
+        assert_eq!(metric(s.admin, series).await, value, "{series}");
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn an_upstream_that_reads_a_delivery_then_hangs_up_reads_it_once_per_attempt() {
+    let up = Recorder::start().await;
+    // The first delivery of /hooks/gone is read whole, then its connection closes unanswered:
+    // the upstream may have acted on it, so it is not sent again until its next attempt.
+    up.hang_up("/hooks/gone", 1);
+    let extra = "queue_backoff = \"10ms\"\n";
+    let s = start_text(&queue_config(up.addr, "5/s", extra, "")).await;
+    let proxy = s.proxy.unwrap();
+    let answers = burst(
+        proxy,
+        &[
+            ("/hooks/ok", "t", "0"),
+            ("/hooks/ok", "t", "1"),
+            ("/hooks/gone", "t", "2"),
+        ],
+    )
+    .await;
+    assert_eq!(answers[0].status, 200, "{:?}", answers[0]);
+    let ok = raw_accepted_id(&answers[1]);
+    let gone = raw_accepted_id(&answers[2]);
+    wait_state(proxy, &ok, "delivered").await;
+    let status = wait_state(proxy, &gone, "delivered").await;
+    let got = up.with_key(&gone);
+    // Read once per attempt, and the status counts every read as an attempt.
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(
+        (status["status"].as_u64(), status["attempts"].as_u64()),
+        (Some(200), Some(2)),
+        "{status}"
+    );
+    // The first went out on the pooled connection of the delivery before it.
+    let before = up.with_key(&ok);
+    assert_eq!(got[0].conn, before[0].conn, "not on a reused connection");
+    assert_ne!(got[1].conn, got[0].conn);
+    assert_eq!(
+        (got[0].body.as_ref(), got[1].body.as_ref()),
+        (&b"2"[..], &b"2"[..])
+    );
+    // The second attempt took a slot of its own (one every 200 ms), not an immediate resend.
+    let gap = got[1].at - got[0].at;
+    assert!(gap >= std::time::Duration::from_millis(50), "{gap:?}");
+    for (series, value) in [
+        ("tollgate_queue_retries_total{policy=\"hooks\"}", 1.0),
+        (
+            "tollgate_queue_deliveries_total{policy=\"hooks\",result=\"delivered\"}",
+            2.0,
         ),
         ("tollgate_queue_dead_letters_total{policy=\"hooks\"}", 0.0),
     ] {

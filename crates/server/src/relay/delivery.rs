@@ -2,7 +2,13 @@
 //! request was queued, then the framing the relay writes now (`content-length`) and the
 //! `idempotency-key`, then the body. The response is read to its end by its framing (so the
 //! connection can go back to the pool) and only its status is kept.
+//!
+//! One call is one attempt, counted once by the drainer: the request goes out whole at most
+//! once. A pooled connection is checked first to be still open, as the proxy checks one for a
+//! request that cannot be sent twice; once the request may have reached the upstream, a
+//! failure ends the attempt (the drainer tries again later, in a slot of its own).
 
+use std::io;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -22,8 +28,9 @@ use crate::queue::{Deliver, Delivered};
 /// Why an exchange ended without a status.
 struct Failure {
     reason: &'static str,
-    /// Nothing came back: on a reused connection, the upstream may have closed it first.
-    nothing_received: bool,
+    /// Not one byte of the request went out (the first write failed): the upstream cannot
+    /// have read any of it, so a new connection may carry it within the same attempt.
+    unsent: bool,
 }
 
 /// The relay's HTTP/1.1 client for queued requests: [`deliver`] over its own connection pool.
@@ -72,7 +79,17 @@ pub(crate) async fn deliver(
         };
         let reused = pooled.is_some();
         let mut conn = match pooled {
-            Some(c) => c,
+            // A pooled connection is checked first to be still open (an upstream may have
+            // closed it on its idle timeout), as the proxy checks one for a request that
+            // cannot be sent twice: one that is not goes before anything was sent on it, and
+            // the next one (or a new one) is tried.
+            Some(c) => {
+                let mut probe = [0u8; 1];
+                match c.try_read(&mut probe) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => c,
+                    _ => continue,
+                }
+            }
             None => match tokio::time::timeout_at(deadline, pool::connect(authority)).await {
                 Ok(Ok(c)) => c,
                 Ok(Err(_)) => return Delivered::Failed("connection refused or failed"),
@@ -86,9 +103,12 @@ pub(crate) async fn deliver(
                 }
                 return Delivered::Answered(status);
             }
-            // The keep-alive race: the upstream closed the idle connection as the request went
-            // out. Once more on a new connection; the idempotency key covers the rest.
-            Err(f) if reused && f.nothing_received => fresh = true,
+            // Not a byte went out on a reused connection (closed by the upstream, though the
+            // check did not see it yet): once more on a new one.
+            Err(f) if reused && f.unsent => fresh = true,
+            // Once the request went out, a connection that closes without an answer cannot
+            // tell an upstream that closed it idle from one that read the request and then
+            // failed: the attempt ends here, so the upstream reads it at most once per attempt.
             Err(f) => return Delivered::Failed(f.reason),
         }
     }
@@ -102,18 +122,25 @@ async fn exchange(
     is_head: bool,
     deadline: Instant,
 ) -> Result<(u16, bool), Failure> {
-    let fail = |reason, nothing_received| Failure {
-        reason,
-        nothing_received,
+    let fail = |reason, unsent| Failure { reason, unsent };
+    let mut written = 0;
+    let write = async {
+        while written < request.len() {
+            match conn.write(&request[written..]).await {
+                Ok(n) if n > 0 => written += n,
+                _ => return false,
+            }
+        }
+        true
     };
-    match tokio::time::timeout_at(deadline, conn.write_all(request)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) => return Err(fail("the connection broke", true)),
+    match tokio::time::timeout_at(deadline, write).await {
+        Ok(true) => {}
+        Ok(false) => return Err(fail("the connection broke", written == 0)),
+        // Past the deadline: no time for another connection.
         Err(_) => return Err(fail("timed out", false)),
     }
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     let mut out = Vec::new();
-    let mut received = false;
     let client = ForClient {
         version: Version::Http11,
         is_head,
@@ -133,8 +160,8 @@ async fn exchange(
         }
         buf.reserve(READ_CHUNK);
         match tokio::time::timeout_at(deadline, conn.read_buf(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => return Err(fail("the connection broke", !received)),
-            Ok(Ok(_)) => received = true,
+            Ok(Ok(0) | Err(_)) => return Err(fail("the connection broke", false)),
+            Ok(Ok(_)) => {}
             Err(_) => return Err(fail("timed out", false)),
         }
     };

@@ -1,12 +1,11 @@
 //! Helpers of the `queue` action's tests: a recording upstream whose answers the test sets per
-//! path (a status, a stall that never answers, a gate the test opens), a status poller, a
-//! metrics reader, and the queue policy's configuration.
+//! path (a status, a stall that never answers, a hang-up that closes unanswered, a gate the
+//! test opens), a status poller, a metrics reader, and the queue policy's configuration.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod cases;
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,6 +31,8 @@ pub struct Arrival {
     pub headers: HeaderMap,
     pub body: Bytes,
     pub at: Instant,
+    /// The upstream connection it came on, numbered in the order they were accepted from 0.
+    pub conn: usize,
 }
 
 impl Arrival {
@@ -55,13 +56,15 @@ impl Gate {
 
 /// An upstream that records every request as it arrives, then answers the status set for its
 /// path (200 by default): after holding it at the path's gate, if there is one, or never, for
-/// as many requests as the path has stalls left.
+/// as many requests as the path has stalls left; or, for as many as it has hang-ups left, not
+/// at all: their connection closes once the request is read whole.
 #[derive(Clone)]
 pub struct Recorder {
     pub addr: SocketAddr,
     arrivals: Arc<Mutex<Vec<Arrival>>>,
     answers: Arc<Mutex<HashMap<String, u16>>>,
     stalls: Arc<Mutex<HashMap<String, u32>>>,
+    hang_ups: Arc<Mutex<HashMap<String, u32>>>,
     gates: Arc<Mutex<HashMap<String, watch::Receiver<bool>>>>,
 }
 
@@ -73,19 +76,21 @@ impl Recorder {
             arrivals: Arc::default(),
             answers: Arc::default(),
             stalls: Arc::default(),
+            hang_ups: Arc::default(),
             gates: Arc::default(),
         };
         let r = rec.clone();
         tokio::spawn(async move {
-            loop {
+            for conn in 0.. {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
                 let r = r.clone();
                 tokio::spawn(async move {
+                    // A request the service fails closes the connection without an answer.
                     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                         let r = r.clone();
-                        async move { Ok::<_, Infallible>(r.record(req).await) }
+                        async move { r.record(req, conn).await }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), svc)
@@ -96,7 +101,11 @@ impl Recorder {
         rec
     }
 
-    async fn record(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn record(
+        &self,
+        req: Request<Incoming>,
+        conn: usize,
+    ) -> Result<Response<Full<Bytes>>, std::io::Error> {
         let (parts, body) = req.into_parts();
         let body = body
             .collect()
@@ -108,13 +117,16 @@ impl Recorder {
             .uri
             .path_and_query()
             .map_or_else(|| path.clone(), ToString::to_string);
-        let stall = match self.stalls.lock().unwrap().get_mut(&path) {
-            Some(left) if *left > 0 => {
-                *left -= 1;
-                true
-            }
-            _ => false,
-        };
+        let take =
+            |counts: &Mutex<HashMap<String, u32>>| match counts.lock().unwrap().get_mut(&path) {
+                Some(left) if *left > 0 => {
+                    *left -= 1;
+                    true
+                }
+                _ => false,
+            };
+        let stall = take(&self.stalls);
+        let hang_up = take(&self.hang_ups);
         let gate = self.gates.lock().unwrap().get(&path).cloned();
         self.arrivals.lock().unwrap().push(Arrival {
             method: parts.method.to_string(),
@@ -123,7 +135,12 @@ impl Recorder {
             headers: parts.headers,
             body,
             at: Instant::now(),
+            conn,
         });
+        if hang_up {
+            // Read whole, and no answer: the connection closes.
+            return Err(std::io::Error::other("hung up"));
+        }
         if stall {
             // No answer and no close: only the proxy's timeout ends this exchange.
             std::future::pending::<()>().await;
@@ -140,7 +157,7 @@ impl Recorder {
             .unwrap_or(200);
         let mut res = Response::new(Full::new(Bytes::from_static(b"recorded")));
         *res.status_mut() = StatusCode::from_u16(status).unwrap();
-        res
+        Ok(res)
     }
 
     /// Answers `status` to requests for `path` from now on.
@@ -151,6 +168,12 @@ impl Recorder {
     /// Never answers the next `n` requests for `path` (they are recorded, then left hanging).
     pub fn stall(&self, path: &str, n: u32) {
         self.stalls.lock().unwrap().insert(path.to_owned(), n);
+    }
+
+    /// Reads the next `n` requests for `path` whole, records them, then closes their connection
+    /// without an answer.
+    pub fn hang_up(&self, path: &str, n: u32) {
+        self.hang_ups.lock().unwrap().insert(path.to_owned(), n);
     }
 
     /// Holds the requests for `path` from now on until the gate is released.
