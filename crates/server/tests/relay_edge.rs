@@ -1044,3 +1044,170 @@ async fn a_bare_lf_in_chunked_trailers_cannot_smuggle_a_request() {
     }
     s.stop().await;
 }
+
+// 16. Request bodies that come too slowly: the client's doing (408), not the upstream's (504).
+
+/// An upstream that reads a request head (and, for `/read`, its body) and never answers.
+async fn silent_upstream() -> Up {
+    upstream(|mut c| async move {
+        let Some(head) = c.head().await else { return };
+        if target(&head) == "/read" {
+            let _ = c.body(&head).await;
+        }
+        c.hold().await;
+    })
+    .await
+}
+
+/// The proxy in front of `up` with `[proxy] timeout` of `timeout` and a `header_read_timeout`
+/// of `stall` (the longest a request body may go without a byte). Its one policy counts only
+/// the requests answered 408 (`count_status`).
+async fn proxy_with_stall(
+    up: &Up,
+    timeout: &str,
+    stall: Duration,
+) -> (common::Running, SocketAddr) {
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{}\"\ntimeout = \"{timeout}\"\n\n\
+         [[policy]]\nname = \"all\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nwindow = \"1h\"\n\
+         key = [\"ip\"]\ncount_status = [\"408\"]\n",
+        up.addr
+    );
+    let config = tollgate_server::Config::parse("t.toml", &common::with_ports(&text)).unwrap();
+    let limits = tollgate_server::Limits {
+        header_read_timeout: stall,
+        ..config.limits
+    };
+    let s = common::start_with_limits(config, limits).await;
+    let addr = s.proxy.unwrap();
+    (s, addr)
+}
+
+/// Waits (bounded) until the client's count under the policy of [`proxy_with_stall`] has
+/// `want` left: the true-up lands as the exchange ends, and a peek may come first.
+async fn left_settles_at(s: &common::Running, want: u64) {
+    let mut seen = None;
+    for _ in 0..200 {
+        let r = common::post_json(
+            &s.url("/v1/check"),
+            r#"{"policy":"all","key":"ip:127.0.0.1","cost":0}"#,
+        )
+        .await;
+        seen = r.json()["remaining"].as_u64();
+        if seen == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{seen:?} left, not {want}");
+}
+
+#[tokio::test]
+async fn a_request_body_slower_than_its_bounds_gets_408_and_the_connection_closes() {
+    let up = silent_upstream().await;
+    let (s, addr) = proxy_with_stall(&up, "1500ms", Duration::from_millis(500)).await;
+    let stalled_length = "POST /hold HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\n\r\nabc";
+    let stalled_chunked =
+        "POST /hold HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab";
+    // A body that stops (no byte for header_read_timeout), by length and chunked; then one
+    // that keeps coming, a byte at a time, but is not whole within the proxy timeout.
+    for case in [stalled_length, stalled_chunked, "trickle"] {
+        let mut c = Client::connect(addr).await;
+        let writer = if case == "trickle" {
+            let mut w = c.w.take().unwrap();
+            tokio::spawn(async move {
+                let head = "POST /hold HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\n\r\n";
+                if w.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                for _ in 0..1000 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    if w.write_all(b"x").await.is_err() {
+                        return;
+                    }
+                }
+            })
+        } else {
+            c.send(case).await;
+            tokio::spawn(async {})
+        };
+        let r = c.response().await;
+        assert_eq!(
+            r.status, 408,
+            "{case:?}: the client's slowness, not the upstream's: {r:?}"
+        );
+        assert_eq!(r.header("connection"), Some("close"), "{case:?}: {r:?}");
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/problem+json"),
+            "{case:?}: {r:?}"
+        );
+        assert!(r.body().contains("\"status\":408"), "{case:?}: {r:?}");
+        assert!(r.body().contains("request body"), "{case:?}: {r:?}");
+        assert!(r.header("x-ratelimit-limit").is_some(), "{case:?}: {r:?}");
+        // The rest of the body may still come: nothing more is read as a request.
+        let rest = c.rest().await;
+        assert!(rest.is_empty(), "{case:?}: nothing after the 408: {rest:?}");
+        writer.abort();
+    }
+    // Each 408 counts as the status the client got.
+    left_settles_at(&s, 997).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn an_upstream_that_never_answers_a_whole_request_still_gets_504() {
+    let up = silent_upstream().await;
+    let (s, addr) = proxy_with_stall(&up, "1500ms", Duration::from_millis(500)).await;
+    let at_once = "POST /read HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello";
+    // Waiting to be told to continue: its silence is the upstream's doing.
+    let expect =
+        "POST /hold HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n";
+    for case in [at_once, "in pieces", expect, "unread"] {
+        let mut c = Client::connect(addr).await;
+        let writer = match case {
+            // Whole, in pieces closer together than header_read_timeout.
+            "in pieces" => {
+                let mut w = c.w.take().unwrap();
+                tokio::spawn(async move {
+                    let head = "POST /read HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n";
+                    for piece in [head, "he", "l", "lo"] {
+                        if w.write_all(piece.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    std::future::pending::<()>().await;
+                })
+            }
+            // Larger than the sockets between hold: the upstream never reads it, the body
+            // waits on the upstream.
+            "unread" => {
+                let mut w = c.w.take().unwrap();
+                tokio::spawn(async move {
+                    let body = pattern(16 * 1024 * 1024);
+                    let head = format!(
+                        "POST /hold HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if w.write_all(head.as_bytes()).await.is_ok() {
+                        let _ = w.write_all(&body).await;
+                    }
+                    std::future::pending::<()>().await;
+                })
+            }
+            _ => {
+                c.send(case).await;
+                tokio::spawn(async {})
+            }
+        };
+        let r = c.response().await;
+        assert_eq!(r.status, 504, "{case:?}: {r:?}");
+        assert!(r.body().contains("\"status\":504"), "{case:?}: {r:?}");
+        assert!(r.header("x-ratelimit-limit").is_some(), "{case:?}: {r:?}");
+        writer.abort();
+    }
+    // A 504 is not a 408: none of them counts.
+    left_settles_at(&s, 1000).await;
+    s.stop().await;
+}

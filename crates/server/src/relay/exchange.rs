@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -14,7 +15,7 @@ use hyper::http::uri::Authority;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tollgate_http::RateLimitHeaders;
 
 use crate::generation::Settle;
@@ -29,6 +30,10 @@ use super::response::{ForClient, response_head};
 
 /// Body bytes a held (`delay`) request may buffer while it waits; past that, reading stops.
 const HOLD_BUFFER: usize = 64 * 1024;
+
+/// The windows a request body's stall bound (`header_read_timeout`) is watched in: see
+/// [`BodyClock`].
+const STALL_WINDOWS: u32 = 4;
 
 /// How an exchange with the upstream ended.
 enum Relayed {
@@ -47,6 +52,10 @@ enum Relayed {
         nothing_received: bool,
         timed_out: bool,
     },
+    /// The client's body came too slowly, before any answer reached it: no byte for
+    /// `header_read_timeout` (`stalled`), or not whole within `[proxy] timeout` while the
+    /// relay waited on the client.
+    BodyLate { stalled: bool },
     /// The exchange broke after the client got part of a response.
     Broken,
 }
@@ -187,6 +196,29 @@ impl Conn {
                     return client_ok;
                 }
                 Relayed::ClientGone | Relayed::Broken => return false,
+                Relayed::BodyLate { stalled } => {
+                    // The client's fault, not the upstream's: 408, as nginx answers once
+                    // client_body_timeout passes, and the connection closes (the rest of the
+                    // body may still come).
+                    let detail = if stalled {
+                        "the request body stalled for longer than header_read_timeout"
+                    } else {
+                        "the request body was not whole within the proxy timeout"
+                    };
+                    return self
+                        .answer_here(
+                            client,
+                            (
+                                StatusCode::REQUEST_TIMEOUT,
+                                rate_limit,
+                                settle.as_deref_mut(),
+                            ),
+                            ("Request Timeout", detail),
+                            plan.version,
+                            (true, timeout),
+                        )
+                        .await;
+                }
                 Relayed::MalformedBody => {
                     self.refuse(client, MALFORMED_BODY, plan.version).await;
                     return false;
@@ -248,6 +280,19 @@ impl Conn {
         // `ClientRead::next_bytes`; pipelined bytes end the watch).
         let watch_client = settle.as_deref().is_some_and(Settle::holds_slots);
         let body_sent = AtomicBool::new(false);
+        // Set while the upload waits for body bytes the client owes (not while it waits for
+        // the upstream to take them): an exchange that times out then is the client's doing.
+        let awaiting_client = AtomicBool::new(false);
+        // Set once a `100 Continue` reached the client: an `Expect: 100-continue` client owes
+        // its body from then on (or from its first byte, if it sent it anyway).
+        let continued = AtomicBool::new(false);
+        let owed = Owed {
+            stall: self.limits.header_read_timeout,
+            expect_continue: plan.expect_continue,
+            awaiting: &awaiting_client,
+            continued: &continued,
+            answered: &answered,
+        };
         let upload = async {
             upload(
                 &mut client_read,
@@ -255,7 +300,7 @@ impl Conn {
                 &mut up_write,
                 &mut self.uphead,
                 plan.framing,
-                &sent,
+                (&sent, owed),
             )
             .await?;
             if !watch_client {
@@ -282,7 +327,7 @@ impl Conn {
             },
             (rate_limit, settle),
             client_side,
-            (&sent, &answered),
+            (&sent, &answered, &continued),
             (deadline, gap),
         );
         tokio::pin!(upload, download);
@@ -303,6 +348,8 @@ impl Conn {
                     }
                     // The upstream stopped reading: what it answers (or not) tells the rest.
                     Err(UploadError::Upstream) => uploaded = Some(false),
+                    // Only before an answer (past one, the upload waits on as it did).
+                    Err(UploadError::Stalled) => return Relayed::BodyLate { stalled: true },
                 },
             }
         };
@@ -315,6 +362,12 @@ impl Conn {
                     client_ok: d.client_ok && body_done,
                 }
             }
+            // The time ran out while the relay waited for the client's body: the client's
+            // doing. (Waiting for the upstream to take the body, or to answer it, is the
+            // upstream's: 504.)
+            Err(DownloadError::BeforeHead {
+                timed_out: true, ..
+            }) if awaiting_client.load(Ordering::Relaxed) => Relayed::BodyLate { stalled: false },
             Err(DownloadError::BeforeHead {
                 nothing_received,
                 timed_out,
@@ -342,16 +395,11 @@ impl Conn {
         timeout: Duration,
     ) -> bool {
         self.shared.metrics.upstream_error();
-        // The client gets this status: `count_status` counts it (a 5xx error budget does); a
-        // cost read from the response keeps admission's charge.
-        if let Some(settle) = settle {
-            settle.answered_here(status.as_u16());
-        }
         // A body the upstream never took is still on the client connection: close after.
         let close = force_close
             || plan.close
             || !matches!(plan.framing, Framing::None | Framing::Length(0));
-        let (title, detail) = if status == StatusCode::GATEWAY_TIMEOUT {
+        let words = if status == StatusCode::GATEWAY_TIMEOUT {
             ("Upstream timed out", "the upstream did not answer in time")
         } else {
             (
@@ -359,13 +407,38 @@ impl Conn {
                 "the upstream could not be reached or failed mid-answer",
             )
         };
+        self.answer_here(
+            client,
+            (status, rate_limit, settle),
+            words,
+            plan.version,
+            (close, timeout),
+        )
+        .await
+    }
+
+    /// The relay's own problem answer in place of the upstream's (502, 504, 408), with the
+    /// request's rate-limit headers as on every answer. `true` when the connection can go on.
+    async fn answer_here(
+        &mut self,
+        client: &mut Client,
+        (status, rate_limit, settle): (StatusCode, &RateLimitHeaders, Option<&mut Settle>),
+        (title, detail): (&str, &str),
+        version: super::head::Version,
+        (close, timeout): (bool, Duration),
+    ) -> bool {
+        // The client gets this status: `count_status` counts it (a 5xx error budget does); a
+        // cost read from the response keeps admission's charge.
+        if let Some(settle) = settle {
+            settle.answered_here(status.as_u16());
+        }
         let body = crate::response::problem_body(status, title, Some(detail));
         super::response::write_answer(
             &mut self.out,
             status,
             |out| rate_limit.write(out),
             body.as_bytes(),
-            plan.version,
+            version,
             close,
         );
         let written = deadline::within(&mut self.timer, timeout, client.write_all(&self.out))
@@ -382,18 +455,103 @@ enum UploadError {
     Malformed,
     /// The upstream would not take the request.
     Upstream,
+    /// The client sent no byte of the body it owes for `header_read_timeout`, before any
+    /// answer went to it.
+    Stalled,
+}
+
+/// What the upload needs to hold a client to its body's bounds, and to tell the relay whose
+/// wait it is.
+struct Owed<'a> {
+    /// No byte of a body for this long is the client's fault: `header_read_timeout`, as for a
+    /// head (nginx's client_body_timeout).
+    stall: Duration,
+    /// `Expect: 100-continue`: until told to go on, or until its body starts anyway, the
+    /// client waits on the upstream, not the other way round.
+    expect_continue: bool,
+    /// Set while the upload waits for body bytes the client owes.
+    awaiting: &'a AtomicBool,
+    /// A `100 Continue` reached the client.
+    continued: &'a AtomicBool,
+    /// A final head is on its way to the client: past it, a stalled body is left to the
+    /// download's bounds, as before.
+    answered: &'a AtomicBool,
+}
+
+/// The stall bound of a request body, watched on a timer of the upload's own (the connection's
+/// is the download's) without reading the clock per chunk: the bound is cut in
+/// [`STALL_WINDOWS`] windows, a read that returns only marks its window heard, and the timer
+/// moves once per window (one clock read). [`STALL_WINDOWS`] windows in a row without a byte
+/// are a stall: found between the bound and a window past it after the client's last byte.
+/// Armed at the first wait for owed bytes: a body that came with its head, or a request
+/// without one, never touches it.
+#[derive(Default)]
+struct BodyClock {
+    /// Windows in a row without a byte.
+    quiet: u32,
+    /// A byte came in the current window.
+    heard: bool,
+    /// No longer watched (an answer went to the client).
+    off: bool,
+}
+
+impl BodyClock {
+    /// Reads the client's next body bytes into `inbuf`, within the stall bound. `Err`: stalled.
+    async fn read(
+        &mut self,
+        client: &mut ClientRead<'_>,
+        inbuf: &mut BytesMut,
+        mut timer: Pin<&mut Option<Sleep>>,
+        owed: &Owed<'_>,
+    ) -> Result<io::Result<usize>, UploadError> {
+        let window = owed.stall / STALL_WINDOWS;
+        if timer.is_none() && !self.off {
+            timer.set(Some(tokio::time::sleep(window)));
+        }
+        loop {
+            let Some(sleep) = timer.as_mut().as_pin_mut() else {
+                return Ok(client.read_buf(inbuf).await);
+            };
+            tokio::select! {
+                biased;
+                r = client.read_buf(inbuf) => {
+                    self.heard = true;
+                    return Ok(r);
+                }
+                () = sleep => {}
+            }
+            // A window ended. Those that passed while the upload waited on the upstream end
+            // here at once, as one: the window its last read was heard in.
+            self.quiet = if self.heard { 0 } else { self.quiet + 1 };
+            self.heard = false;
+            if self.quiet >= STALL_WINDOWS {
+                if !owed.answered.load(Ordering::Relaxed) {
+                    return Err(UploadError::Stalled);
+                }
+                self.off = true;
+                timer.set(None);
+                continue;
+            }
+            if let Some(sleep) = timer.as_mut().as_pin_mut() {
+                sleep.reset(Instant::now() + window);
+            }
+        }
+    }
 }
 
 /// Writes the request head to the upstream, with the body's first bytes when they are already
 /// here, then the rest of the body, framed as the head says: a length as it came, chunked
 /// written again (trailers checked and dropped).
+///
+/// A client that owes body bytes and sends none for `header_read_timeout` is cut off
+/// ([`UploadError::Stalled`]); while the upload waits on it, `owed.awaiting` says so.
 async fn upload(
     client: &mut ClientRead<'_>,
     inbuf: &mut BytesMut,
     up: &mut WriteHalf<'_>,
     head: &mut Vec<u8>,
     framing: Framing,
-    sent: &AtomicBool,
+    (sent, owed): (&AtomicBool, Owed<'_>),
 ) -> Result<(), UploadError> {
     let encoding = if framing == Framing::Chunked {
         Encoding::Chunked
@@ -410,12 +568,25 @@ async fn upload(
     up.write_all(head)
         .await
         .map_err(|_| UploadError::Upstream)?;
+    // Some of the body is here: an `Expect: 100-continue` client did not wait.
+    let mut started = take > 0;
+    let mut clock = BodyClock::default();
+    let mut timer = std::pin::pin!(None::<Sleep>);
     while !body.done() {
         if inbuf.is_empty() {
             inbuf.reserve(READ_CHUNK);
-            match client.read_buf(inbuf).await {
+            let read = if !owed.expect_continue || started || owed.continued.load(Ordering::Relaxed)
+            {
+                owed.awaiting.store(true, Ordering::Relaxed);
+                let read = clock.read(client, inbuf, timer.as_mut(), &owed).await?;
+                owed.awaiting.store(false, Ordering::Relaxed);
+                read
+            } else {
+                client.read_buf(inbuf).await
+            };
+            match read {
                 Ok(0) | Err(_) => return Err(UploadError::Client),
-                Ok(_) => {}
+                Ok(_) => started = true,
             }
         }
         head.clear();
@@ -493,7 +664,7 @@ async fn download(
     io: Download<'_, '_, '_>,
     (rate_limit, mut settle): (&RateLimitHeaders, Option<&mut Settle>),
     mut client: ForClient,
-    (sent, answered): (&AtomicBool, &AtomicBool),
+    (sent, answered, continued): (&AtomicBool, &AtomicBool, &AtomicBool),
     (deadline, gap): (Instant, Duration),
 ) -> Result<Downloaded, DownloadError> {
     let Download {
@@ -522,6 +693,8 @@ async fn download(
                 {
                     read_response(settle, &upbuf[..head.len]);
                 }
+                // `HTTP/1.1 100 `: the client is told to send its body.
+                let go_on = head.interim && upbuf.get(9..12) == Some(b"100".as_slice());
                 upbuf.advance(head.len);
                 if head.interim {
                     if !out.is_empty() {
@@ -529,6 +702,9 @@ async fn download(
                             .await
                             .and_then(Result::ok)
                             .ok_or(DownloadError::AfterHead)?;
+                        if go_on {
+                            continued.store(true, Ordering::Relaxed);
+                        }
                     }
                     continue;
                 }
