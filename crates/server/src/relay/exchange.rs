@@ -4,36 +4,35 @@
 
 use std::future::Future;
 use std::io;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
 use hyper::StatusCode;
 use hyper::http::uri::Authority;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{ReadHalf, WriteHalf};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tollgate_http::RateLimitHeaders;
 
 use crate::generation::Settle;
 
-use super::body::{BodyCopy, Encoding, Framing, Malformed, Trailers};
-use super::client::{Client, ClientRead, ClientWrite};
+use super::body::Framing;
+use super::client::Client;
 use super::conn::{Conn, Plan, READ_CHUNK};
-use super::deadline::{self, Timer};
+use super::deadline::{self};
 use super::head::MALFORMED_BODY;
 use super::pool;
-use super::response::{ForClient, response_head};
+use super::response::ForClient;
+
+mod download;
+mod upload;
+
+use download::{Download, DownloadError, download};
+use upload::{Owed, UploadError, upload};
 
 /// Body bytes a held (`delay`) request may buffer while it waits; past that, reading stops.
 const HOLD_BUFFER: usize = 64 * 1024;
-
-/// The windows a request body's stall bound (`header_read_timeout`) is watched in: see
-/// [`BodyClock`].
-const STALL_WINDOWS: u32 = 4;
 
 /// How an exchange with the upstream ended.
 enum Relayed {
@@ -446,341 +445,4 @@ impl Conn {
             .is_some_and(|r| r.is_ok());
         written && !close
     }
-}
-
-enum UploadError {
-    /// The client closed or failed before its body was all read.
-    Client,
-    /// The client's chunked body is malformed.
-    Malformed,
-    /// The upstream would not take the request.
-    Upstream,
-    /// The client sent no byte of the body it owes for `header_read_timeout`, before any
-    /// answer went to it.
-    Stalled,
-}
-
-/// What the upload needs to hold a client to its body's bounds, and to tell the relay whose
-/// wait it is.
-struct Owed<'a> {
-    /// No byte of a body for this long is the client's fault: `header_read_timeout`, as for a
-    /// head (nginx's client_body_timeout).
-    stall: Duration,
-    /// `Expect: 100-continue`: until told to go on, or until its body starts anyway, the
-    /// client waits on the upstream, not the other way round.
-    expect_continue: bool,
-    /// Set while the upload waits for body bytes the client owes.
-    awaiting: &'a AtomicBool,
-    /// A `100 Continue` reached the client.
-    continued: &'a AtomicBool,
-    /// A final head is on its way to the client: past it, a stalled body is left to the
-    /// download's bounds, as before.
-    answered: &'a AtomicBool,
-}
-
-/// The stall bound of a request body, watched on a timer of the upload's own (the connection's
-/// is the download's) without reading the clock per chunk: the bound is cut in
-/// [`STALL_WINDOWS`] windows, a read that returns only marks its window heard, and the timer
-/// moves once per window (one clock read). [`STALL_WINDOWS`] windows in a row without a byte
-/// are a stall: found between the bound and a window past it after the client's last byte.
-/// Armed at the first wait for owed bytes: a body that came with its head, or a request
-/// without one, never touches it.
-#[derive(Default)]
-struct BodyClock {
-    /// Windows in a row without a byte.
-    quiet: u32,
-    /// A byte came in the current window.
-    heard: bool,
-    /// No longer watched (an answer went to the client).
-    off: bool,
-}
-
-impl BodyClock {
-    /// Reads the client's next body bytes into `inbuf`, within the stall bound. `Err`: stalled.
-    async fn read(
-        &mut self,
-        client: &mut ClientRead<'_>,
-        inbuf: &mut BytesMut,
-        mut timer: Pin<&mut Option<Sleep>>,
-        owed: &Owed<'_>,
-    ) -> Result<io::Result<usize>, UploadError> {
-        let window = owed.stall / STALL_WINDOWS;
-        if timer.is_none() && !self.off {
-            timer.set(Some(tokio::time::sleep(window)));
-        }
-        loop {
-            let Some(sleep) = timer.as_mut().as_pin_mut() else {
-                return Ok(client.read_buf(inbuf).await);
-            };
-            tokio::select! {
-                biased;
-                r = client.read_buf(inbuf) => {
-                    self.heard = true;
-                    return Ok(r);
-                }
-                () = sleep => {}
-            }
-            // A window ended. Those that passed while the upload waited on the upstream end
-            // here at once, as one: the window its last read was heard in.
-            self.quiet = if self.heard { 0 } else { self.quiet + 1 };
-            self.heard = false;
-            if self.quiet >= STALL_WINDOWS {
-                if !owed.answered.load(Ordering::Relaxed) {
-                    return Err(UploadError::Stalled);
-                }
-                self.off = true;
-                timer.set(None);
-                continue;
-            }
-            if let Some(sleep) = timer.as_mut().as_pin_mut() {
-                sleep.reset(Instant::now() + window);
-            }
-        }
-    }
-}
-
-/// Writes the request head to the upstream, with the body's first bytes when they are already
-/// here, then the rest of the body, framed as the head says: a length as it came, chunked
-/// written again (trailers checked and dropped).
-///
-/// A client that owes body bytes and sends none for `header_read_timeout` is cut off
-/// ([`UploadError::Stalled`]); while the upload waits on it, `owed.awaiting` says so.
-async fn upload(
-    client: &mut ClientRead<'_>,
-    inbuf: &mut BytesMut,
-    up: &mut WriteHalf<'_>,
-    head: &mut Vec<u8>,
-    framing: Framing,
-    (sent, owed): (&AtomicBool, Owed<'_>),
-) -> Result<(), UploadError> {
-    let encoding = if framing == Framing::Chunked {
-        Encoding::Chunked
-    } else {
-        Encoding::Identity
-    };
-    let mut body = BodyCopy::new(framing, encoding, Trailers::Drop);
-    // The head goes out with whatever body bytes are already here, in one write. A request
-    // without a body leaves `head` whole, to be sent again if a reused connection loses it.
-    let take = body
-        .copy(inbuf, head)
-        .map_err(|Malformed| UploadError::Malformed)?;
-    inbuf.advance(take);
-    up.write_all(head)
-        .await
-        .map_err(|_| UploadError::Upstream)?;
-    // Some of the body is here: an `Expect: 100-continue` client did not wait.
-    let mut started = take > 0;
-    let mut clock = BodyClock::default();
-    let mut timer = std::pin::pin!(None::<Sleep>);
-    while !body.done() {
-        if inbuf.is_empty() {
-            inbuf.reserve(READ_CHUNK);
-            let read = if !owed.expect_continue || started || owed.continued.load(Ordering::Relaxed)
-            {
-                owed.awaiting.store(true, Ordering::Relaxed);
-                let read = clock.read(client, inbuf, timer.as_mut(), &owed).await?;
-                owed.awaiting.store(false, Ordering::Relaxed);
-                read
-            } else {
-                client.read_buf(inbuf).await
-            };
-            match read {
-                Ok(0) | Err(_) => return Err(UploadError::Client),
-                Ok(_) => started = true,
-            }
-        }
-        head.clear();
-        let take = body
-            .copy(inbuf, head)
-            .map_err(|Malformed| UploadError::Malformed)?;
-        inbuf.advance(take);
-        if !head.is_empty() {
-            up.write_all(head)
-                .await
-                .map_err(|_| UploadError::Upstream)?;
-        }
-    }
-    sent.store(true, Ordering::Relaxed);
-    Ok(())
-}
-
-enum DownloadError {
-    /// Nothing reached the client: it can still be answered 502/504.
-    BeforeHead {
-        nothing_received: bool,
-        timed_out: bool,
-    },
-    /// The client got part of a response.
-    AfterHead,
-}
-
-struct Downloaded {
-    /// The upstream connection ended cleanly and may carry another request.
-    reusable: bool,
-    /// The client connection may carry another request.
-    client_ok: bool,
-}
-
-/// The buffers and sockets the download works with.
-struct Download<'a, 'r, 'w> {
-    up: &'a mut ReadHalf<'r>,
-    upbuf: &'a mut BytesMut,
-    client: &'a mut ClientWrite<'w>,
-    out: &'a mut Vec<u8>,
-    timer: &'a mut Timer,
-}
-
-/// Hands the true-up the status and headers of the response head `head` (a head the relay
-/// already parsed once: parsed again here only for a request that has a true-up).
-fn read_response(settle: &mut Settle, head: &[u8]) {
-    if !settle.reads_response() {
-        // Only concurrency slots to give back: the response says nothing they need.
-        return;
-    }
-    // Room for the usual head on the stack; a head with more lines (cookies by the hundred)
-    // is read again with room for as many as the relay accepts at all.
-    let mut few = [httparse::EMPTY_HEADER; 48];
-    let mut response = httparse::Response::new(&mut few);
-    match response.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {
-            let status = response.code.unwrap_or(200);
-            settle.response_from(status, response.headers.iter().map(|h| (h.name, h.value)));
-        }
-        Err(httparse::Error::TooManyHeaders) => {
-            let mut many = vec![httparse::EMPTY_HEADER; super::response::MAX_RESPONSE_HEADERS];
-            let mut response = httparse::Response::new(&mut many);
-            if let Ok(httparse::Status::Complete(_)) = response.parse(head) {
-                let status = response.code.unwrap_or(200);
-                settle.response_from(status, response.headers.iter().map(|h| (h.name, h.value)));
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Reads the upstream's response head (interim 1xx ones forwarded), writes the client's version
-/// of it with the rate-limit headers, then relays the body, framed for the client by the relay.
-async fn download(
-    io: Download<'_, '_, '_>,
-    (rate_limit, mut settle): (&RateLimitHeaders, Option<&mut Settle>),
-    mut client: ForClient,
-    (sent, answered, continued): (&AtomicBool, &AtomicBool, &AtomicBool),
-    (deadline, gap): (Instant, Duration),
-) -> Result<Downloaded, DownloadError> {
-    let Download {
-        up,
-        upbuf,
-        client: to_client,
-        out,
-        timer,
-    } = io;
-    let mut received = false;
-    let base_close = client.close;
-    let head = loop {
-        // Whether the request is all upstream is read as the head is written: it may still be
-        // going up.
-        client.close = base_close || !sent.load(Ordering::Relaxed);
-        match response_head(upbuf, out, rate_limit, client) {
-            Err(_) => {
-                return Err(DownloadError::BeforeHead {
-                    nothing_received: false,
-                    timed_out: false,
-                });
-            }
-            Ok(Some(head)) => {
-                if !head.interim
-                    && let Some(settle) = settle.as_deref_mut()
-                {
-                    read_response(settle, &upbuf[..head.len]);
-                }
-                // `HTTP/1.1 100 `: the client is told to send its body.
-                let go_on = head.interim && upbuf.get(9..12) == Some(b"100".as_slice());
-                upbuf.advance(head.len);
-                if head.interim {
-                    if !out.is_empty() {
-                        deadline::within(timer, gap, to_client.write_all(out))
-                            .await
-                            .and_then(Result::ok)
-                            .ok_or(DownloadError::AfterHead)?;
-                        if go_on {
-                            continued.store(true, Ordering::Relaxed);
-                        }
-                    }
-                    continue;
-                }
-                break head;
-            }
-            Ok(None) => {}
-        }
-        upbuf.reserve(READ_CHUNK);
-        match deadline::until(timer, deadline, up.read_buf(upbuf)).await {
-            None => {
-                return Err(DownloadError::BeforeHead {
-                    nothing_received: !received,
-                    timed_out: true,
-                });
-            }
-            Some(Ok(0) | Err(_)) => {
-                return Err(DownloadError::BeforeHead {
-                    nothing_received: !received,
-                    timed_out: false,
-                });
-            }
-            Some(Ok(_)) => received = true,
-        }
-    };
-    answered.store(true, Ordering::Relaxed);
-
-    // The body; its first bytes go out with the head, in one write. Past the head, neither side
-    // may stall the exchange for longer than `gap` at a time (nginx's proxy_read_timeout and
-    // send_timeout).
-    let mut body = BodyCopy::new(head.framing, head.encoding, Trailers::Forward);
-    loop {
-        let take = match settle.as_deref_mut() {
-            Some(settle) if settle.reads_body() => {
-                body.copy_tapped(upbuf, out, &mut |chunk| settle.feed(chunk))
-            }
-            _ => body.copy(upbuf, out),
-        }
-        .map_err(|Malformed| DownloadError::AfterHead)?;
-        upbuf.advance(take);
-        if !out.is_empty() {
-            deadline::within(timer, gap, to_client.write_all(out))
-                .await
-                .and_then(Result::ok)
-                .ok_or(DownloadError::AfterHead)?;
-            out.clear();
-        }
-        if body.done() {
-            break;
-        }
-        upbuf.reserve(READ_CHUNK);
-        let Some(read) = deadline::within(timer, gap, up.read_buf(upbuf)).await else {
-            return Err(DownloadError::AfterHead);
-        };
-        match read {
-            Ok(0) => {
-                // The upstream closed: the end of a close-delimited body, or a body cut short.
-                if !body.close(out) {
-                    return Err(DownloadError::AfterHead);
-                }
-                deadline::within(timer, gap, to_client.write_all(out))
-                    .await
-                    .and_then(Result::ok)
-                    .ok_or(DownloadError::AfterHead)?;
-                out.clear();
-                return Ok(Downloaded {
-                    reusable: false,
-                    client_ok: !head.client_close,
-                });
-            }
-            Err(_) => return Err(DownloadError::AfterHead),
-            Ok(_) => {}
-        }
-    }
-    Ok(Downloaded {
-        // Bytes past the response's end: the upstream is out of step; never reused.
-        reusable: !head.upstream_close && upbuf.is_empty(),
-        client_ok: !head.client_close,
-    })
 }
