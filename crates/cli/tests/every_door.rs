@@ -327,10 +327,7 @@ async fn a_failed_store_is_answered_by_one_rule_at_every_door() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let up = upstream().await;
     // A Redis that is not there: a port nothing listens on.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap_or_else(|e| panic!("{e}"))
-        .port();
+    let closed = closed_port();
     let descriptors = dir.path().join("ratelimit");
     std::fs::create_dir_all(&descriptors).unwrap_or_else(|e| panic!("{e}"));
     std::fs::write(
@@ -358,15 +355,7 @@ async fn a_failed_store_is_answered_by_one_rule_at_every_door() {
              [envoy]\nconfig_dir = \"ratelimit\"\n{POLICY}"
         );
         let server = Server::start(&text, dir.path()).await;
-        let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
-        let answers = [
-            ("the proxy", proxy(proxy_addr, &d).await),
-            (
-                "forward-auth",
-                forward_auth(server.api, "/v1/forward-auth", &d).await,
-            ),
-            ("/v1/check", check(server.api, &d).await),
-        ];
+        let answers = at_three_doors(&server, &d).await;
         for (door, a) in &answers {
             let at = format!("on_error = {on_error} at {door}");
             // Neither answer claims a quota nobody counted.

@@ -88,10 +88,7 @@ async fn a_shadow_policy_alone_never_fails_closed() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let up = upstream().await;
     // A Redis that is not there: a port nothing listens on.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap_or_else(|e| panic!("{e}"))
-        .port();
+    let closed = closed_port();
     let trial_only = POLICIES
         .split("[[policy]]")
         .find(|p| p.contains("shadow"))
@@ -112,15 +109,7 @@ async fn a_shadow_policy_alone_never_fails_closed() {
         client: "203.0.113.9",
         api_key: Some("k"),
     };
-    let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
-    let answers = [
-        ("the proxy", proxy(proxy_addr, &d).await),
-        (
-            "forward-auth",
-            forward_auth(server.api, "/v1/forward-auth", &d).await,
-        ),
-        ("/v1/check", check(server.api, &d).await),
-    ];
+    let answers = at_three_doors(&server, &d).await;
     for (door, a) in &answers {
         let body = String::from_utf8_lossy(&a.body);
         assert_eq!(a.status, 200, "{door}: {body}");

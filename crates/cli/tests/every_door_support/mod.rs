@@ -483,3 +483,25 @@ pub(super) async fn twice_at_each_door(
     second(&again, "the tower layer");
     checked
 }
+
+/// `d` at the three doors of a running server that decide a request as its upstream reads it:
+/// the reverse proxy, `/v1/forward-auth` and `POST /v1/check` by attributes, each named.
+pub(super) async fn at_three_doors(server: &Server, d: &Described) -> [(&'static str, Answer); 3] {
+    let proxy_addr = server.proxy.unwrap_or_else(|| panic!("no proxy"));
+    [
+        ("the proxy", proxy(proxy_addr, d).await),
+        (
+            "forward-auth",
+            forward_auth(server.api, "/v1/forward-auth", d).await,
+        ),
+        ("/v1/check", check(server.api, d).await),
+    ]
+}
+
+/// A loopback port nothing listens on (bound, then let go): a Redis that is not there.
+pub(super) fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .port()
+}
