@@ -8,6 +8,11 @@
 //! one run, not runs on different machines. Resident memory from `/proc/self/statm` (Linux).
 //!
 //! `cargo bench -p tollgate --bench snapshot` (`-- 200000` for fewer keys)
+//!
+//! `-- restore` (with `ROUNDS=n`, default 5) times only restores, each the best and median of
+//! its rounds, of stores with different pasts: one that never reached `max_keys`, one that did
+//! and evicted (twice its keys through it), that one's restore restored again, and the evicted
+//! one into a store of 1,000 keys.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -69,6 +74,14 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(1_000_000);
+    if std::env::args().any(|a| a == "restore") {
+        let rounds = std::env::var("ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5);
+        restores(keys, rounds);
+        return;
+    }
     let dir = std::env::temp_dir().join(format!("tollgate-snapshot-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("state");
@@ -161,4 +174,83 @@ fn main() {
     );
     assert_eq!(restored.len() as u64, keys);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Restores `bytes` into stores built by `builder`, `rounds` times: the best and the median
+/// time, and the last store.
+fn timed_restore(
+    what: &str,
+    builder: impl Fn() -> tollgate::store::MemoryStoreBuilder,
+    bytes: &[u8],
+    rounds: usize,
+) -> MemoryStore {
+    let mut times = Vec::with_capacity(rounds);
+    let mut last = None;
+    for _ in 0..rounds.max(1) {
+        drop(last.take());
+        let t = Instant::now();
+        let restored = MemoryStore::restore_snapshot(builder(), T0, &mut &bytes[..]).unwrap();
+        times.push(t.elapsed());
+        last = Some(restored);
+    }
+    let (store, counts) = last.unwrap();
+    times.sort_unstable();
+    println!(
+        "{what:<44} {:>7} kept {:>7} evicted   best {:>8.1} ms  median {:>8.1} ms  ({} rounds)",
+        counts.restored,
+        counts.evicted,
+        times[0].as_secs_f64() * 1e3,
+        times[times.len() / 2].as_secs_f64() * 1e3,
+        times.len()
+    );
+    store
+}
+
+/// Restores of stores with different pasts, one fixed-window policy: one that never reached
+/// `max_keys`; one that did, twice its keys having gone through it (it evicted: which keys it
+/// kept decides where they sit in their tables); that one's restore, snapshotted and restored
+/// again; and the evicted one into a store of 1,000 keys, which drops nearly all of them.
+fn restores(keys: u64, rounds: usize) {
+    let policy = Policy::new(
+        "api",
+        Quota::fixed_window(100, Duration::from_secs(3600)).unwrap(),
+    )
+    .unwrap();
+    let snapshot = |store: &MemoryStore| {
+        let mut bytes = Vec::new();
+        store.write_snapshot(T0, &mut bytes).unwrap();
+        bytes
+    };
+    let roomy = || MemoryStore::builder().max_keys(2 * keys as usize);
+    let bound = || MemoryStore::builder().max_keys(keys as usize);
+    let never = roomy().build();
+    for i in 0..keys {
+        never.apply_now(T0, &[Check::new(&policy, &i.to_le_bytes(), 1)]);
+    }
+    let bytes = snapshot(&never);
+    drop(never);
+    timed_restore("never evicted", roomy, &bytes, rounds);
+    drop(bytes);
+    let full = bound().build();
+    for i in 0..2 * keys {
+        full.apply_now(T0, &[Check::new(&policy, &i.to_le_bytes(), 1)]);
+    }
+    let bytes = snapshot(&full);
+    drop(full);
+    let again = timed_restore(
+        "evicted (2 x max_keys keys through it)",
+        bound,
+        &bytes,
+        rounds,
+    );
+    let bytes2 = snapshot(&again);
+    drop(again);
+    timed_restore("  its restore's snapshot, restored", bound, &bytes2, rounds);
+    drop(bytes2);
+    timed_restore(
+        "  into max_keys = 1000",
+        || MemoryStore::builder().max_keys(1000),
+        &bytes,
+        rounds,
+    );
 }

@@ -347,6 +347,16 @@ impl MemoryStore {
         }
     }
 
+    /// Every table's layout, summed (see [`table::Layout`]).
+    #[cfg(test)]
+    fn layout(&self) -> table::Layout {
+        let mut layout = table::Layout::default();
+        for shard in self.inner.shards.iter() {
+            shard.read().layout(&mut layout);
+        }
+        layout
+    }
+
     /// The low bits pick the shard; the tables place keys by their high bits.
     #[inline]
     fn shard_index(&self, hash: u64) -> usize {

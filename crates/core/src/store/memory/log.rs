@@ -288,10 +288,10 @@ impl LogEntries for CompactLog {
                     *newest_cost -= take;
                     *total -= take;
                     left -= take;
-                    if *newest_cost == 0 {
-                        if let Some((t, c)) = older.pop_back() {
-                            (*newest, *newest_cost) = (t, c);
-                        }
+                    if *newest_cost == 0
+                        && let Some((t, c)) = older.pop_back()
+                    {
+                        (*newest, *newest_cost) = (t, c);
                     }
                 }
             }
@@ -386,6 +386,12 @@ pub(super) struct LogTable {
 }
 
 impl LogTable {
+    /// Adds the records' table to `layout`.
+    #[cfg(test)]
+    pub(super) fn layout(&self, layout: &mut super::table::Layout) {
+        layout.add(&self.records);
+    }
+
     pub(super) fn len(&self) -> usize {
         self.records.len()
     }
@@ -407,6 +413,23 @@ impl LogTable {
             hash,
             log: Mutex::new(log),
         });
+    }
+
+    /// See [`Table::would_crowd`].
+    pub(super) fn would_crowd(&self, hashes: impl ExactSizeIterator<Item = u64>) -> bool {
+        self.records.would_crowd(hashes)
+    }
+
+    /// Adds logs of keys it does not hold, their hashes unique (see [`Table::extend`]).
+    pub(super) fn extend(&mut self, logs: Vec<(u64, CompactLog)>) {
+        self.records.extend(
+            logs.into_iter()
+                .map(|(hash, log)| Record {
+                    hash,
+                    log: Mutex::new(log),
+                })
+                .collect(),
+        );
     }
 
     /// Removes `hash`; its log, if it was there.

@@ -128,6 +128,14 @@ impl Shard {
         self.len.get_mut()
     }
 
+    /// Adds its tables' layouts to `layout`.
+    #[cfg(test)]
+    pub(super) fn layout(&self, layout: &mut super::table::Layout) {
+        for table in &self.tables {
+            table.layout(layout);
+        }
+    }
+
     pub(super) fn log_bytes(&self) -> usize {
         self.log_bytes.load(Ordering::Relaxed)
     }
@@ -405,11 +413,11 @@ impl Shard {
     /// When a quarter or more of the keys added since the last sweep are keys it dropped, the
     /// doubled shard keeps its expired entries instead (see `ghosts`); a full one never does.
     fn make_room(&mut self, now: Timestamp, limits: Limits) {
-        let cap = limits.keys;
-        let len = *self.len_mut();
-        if len < self.sweep_at && len < cap {
+        if !self.room_due(limits) {
             return;
         }
+        let cap = limits.keys;
+        let len = *self.len_mut();
         let returned = std::mem::take(self.returns.get_mut());
         let added = len.saturating_sub(self.swept_len);
         if len < cap && added > 0 && returned * 4 >= added {
@@ -428,6 +436,13 @@ impl Shard {
         }
         self.swept_len = *self.len_mut();
         self.sweep_at = (self.swept_len * 2).clamp(MIN_SWEEP.min(cap), cap);
+    }
+
+    /// Whether [`make_room`](Self::make_room) has work before one more key: a sweep, and an
+    /// eviction if the shard is full.
+    fn room_due(&self, limits: Limits) -> bool {
+        let len = self.len();
+        len >= self.sweep_at || len >= limits.keys
     }
 
     /// Drops entries whose quota has fully reset; returns how many.

@@ -185,8 +185,7 @@ impl MemoryStore {
 
     /// Restores one chunk; how many entries it held.
     ///
-    /// The entries come in the order of their hashes (a table's order): each shard's table is
-    /// first made large enough for the chunk's keys it receives, so they land at their homes.
+    /// Each shard's entries go in together (`Shard::restore_all`), in the order they came.
     fn restore_chunk(
         &self,
         frame: &[u8],
@@ -225,26 +224,27 @@ impl MemoryStore {
             return Ok(n);
         };
         let limits = self.inner.limits;
-        let mut per_shard = vec![0usize; self.inner.shards.len()];
-        for (hash, _) in &entries {
-            per_shard[self.shard_index(*hash)] += 1;
-        }
-        for (i, &k) in per_shard.iter().enumerate() {
-            if k > 0 {
-                self.inner.shards.write(i).reserve(fingerprint, quota, k);
-            }
-        }
+        let mut per_shard: Vec<Vec<(u64, Restored<'_>)>> =
+            (0..self.inner.shards.len()).map(|_| Vec::new()).collect();
         for (hash, entry) in entries {
-            if self
-                .shard(hash)
-                .write()
-                .restore(fingerprint, quota, hash, entry, now, limits)
-            {
-                counts.restored += 1;
-            } else {
-                counts.expired += 1;
+            per_shard[self.shard_index(hash)].push((hash, entry));
+        }
+        for (i, entries) in per_shard.into_iter().enumerate() {
+            if entries.is_empty() {
+                continue;
             }
+            let k = entries.len();
+            let added =
+                self.inner
+                    .shards
+                    .write(i)
+                    .restore_all(fingerprint, quota, entries, now, limits);
+            counts.restored += added as u64;
+            counts.expired += (k - added) as u64;
         }
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests;

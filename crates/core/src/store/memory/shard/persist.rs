@@ -11,7 +11,7 @@ use super::super::packing::{Packed, SPILLED, Slot};
 use super::super::quota_codec;
 use super::policy_table::{PolicyTable, lock};
 use super::{Limits, Shard, add_bytes};
-use crate::algorithm::{Algorithm, LogEntries};
+use crate::algorithm::{Algorithm, LogEntries, SlidingWindowLog};
 use crate::store::snapshot::Put;
 use crate::{Quota, Timestamp};
 
@@ -118,7 +118,7 @@ impl Shard {
     /// Adds one restored entry of the table `fingerprint` with `quota`, unless it has expired
     /// by `now`, its algorithm is not the quota's, or the key is there already; whether it was
     /// added.
-    pub(in crate::store::memory) fn restore(
+    fn restore(
         &mut self,
         fingerprint: u64,
         quota: &Quota,
@@ -134,21 +134,10 @@ impl Shard {
             return false;
         }
         match (quota, entry) {
-            (Quota::SlidingWindowLog(alg), Restored::Log(mut bytes)) => {
-                let mut log = CompactLog::default();
-                while bytes.len() >= 12 {
-                    let (t, rest) = bytes.split_at(8);
-                    let (c, rest) = rest.split_at(4);
-                    bytes = rest;
-                    let t = u64::from_le_bytes(t.try_into().unwrap_or_default());
-                    let c = u32::from_le_bytes(c.try_into().unwrap_or_default());
-                    if c > 0 && log.newest_time().is_none_or(|newest| newest <= t) {
-                        log.charge(alg, Timestamp::from_micros(t), c);
-                    }
-                }
-                if log.total() == 0 || alg.expires_at_log(&log) <= now {
+            (Quota::SlidingWindowLog(alg), Restored::Log(bytes)) => {
+                let Some(log) = restored_log(alg, bytes, now) else {
                     return false;
-                }
+                };
                 self.make_room(now, limits);
                 *self.len_mut() += 1;
                 add_bytes(&self.log_bytes, log.bytes() as isize);
@@ -170,15 +159,127 @@ impl Shard {
         }
     }
 
-    /// Makes room in the table `fingerprint` (made with `quota` when there is none) for
-    /// `additional` more keys.
-    pub(in crate::store::memory) fn reserve(
+    /// Adds one chunk's entries of this shard, of the table `fingerprint` with `quota`, as
+    /// [`restore`](Self::restore) adds each in turn; how many it added.
+    ///
+    /// One at a time, each key is probed for and walks from its home to an empty slot: short
+    /// walks for keys spread over the homes, but keys crowded into a few (a snapshot of a store
+    /// that evicted the lowest hashes first, as eviction did before it scattered its ties) each
+    /// walked the whole run: a million took 19 s. So when the keys would crowd the table (see
+    /// `Table::would_crowd`), and the shard has room for all of them and holds none of that
+    /// table yet, so that no eviction can happen and nothing depends on their order, they are
+    /// counted in as `restore` counts each (its sweeps and all) but placed in the order of their
+    /// hashes, a batch at a time, in one pass over the slots (`Table::extend`): linear whatever
+    /// their homes.
+    pub(in crate::store::memory) fn restore_all(
         &mut self,
         fingerprint: u64,
         quota: &Quota,
-        additional: usize,
-    ) {
-        self.table_for(fingerprint, quota).reserve(additional);
+        mut entries: Vec<(u64, Restored<'_>)>,
+        now: Timestamp,
+        limits: Limits,
+    ) -> usize {
+        let fresh = self
+            .table_index(fingerprint)
+            .is_none_or(|i| self.tables[i].len() == 0);
+        let fits = self.len() + entries.len() <= limits.keys;
+        self.reserve(fingerprint, quota, entries.len(), limits);
+        let crowded = fresh
+            && fits
+            && self
+                .table_for(fingerprint, quota)
+                .would_crowd(entries.iter().map(|&(hash, _)| hash));
+        if !crowded {
+            let mut added = 0;
+            for (hash, entry) in entries {
+                added += usize::from(self.restore(fingerprint, quota, hash, entry, now, limits));
+            }
+            return added;
+        }
+        // Stable: a hash given twice (in no snapshot this store wrote) is restored from the
+        // first of its entries that has not expired, as `restore` finds it there for the next.
+        entries.sort_by_key(|&(hash, _)| hash);
+        match quota {
+            Quota::SlidingWindowLog(alg) => {
+                let mut added: Vec<(u64, CompactLog)> = Vec::new();
+                let mut last = None;
+                for (hash, entry) in entries {
+                    let Restored::Log(bytes) = entry else {
+                        continue;
+                    };
+                    if last == Some(hash) {
+                        continue;
+                    }
+                    let Some(log) = restored_log(alg, bytes, now) else {
+                        continue;
+                    };
+                    last = Some(hash);
+                    if self.room_due(limits) {
+                        // A sweep counts the keys in the tables: the ones counted go in first.
+                        let batch = std::mem::take(&mut added);
+                        self.table_for(fingerprint, quota).logs.extend(batch);
+                    }
+                    self.make_room(now, limits);
+                    *self.len_mut() += 1;
+                    add_bytes(&self.log_bytes, log.bytes() as isize);
+                    added.push((hash, log));
+                }
+                let n = added.len();
+                self.table_for(fingerprint, quota).logs.extend(added);
+                n
+            }
+            Quota::Concurrency(_) => 0,
+            quota => by_algorithm!(quota,
+                alg => self.restore_packed(alg, fingerprint, quota, entries, now, limits),
+                _log => 0, _permits => 0),
+        }
+    }
+
+    /// [`restore_all`](Self::restore_all)'s counters and buckets, `entries` in the order of
+    /// their hashes.
+    fn restore_packed<A: Packed>(
+        &mut self,
+        alg: &A,
+        fingerprint: u64,
+        quota: &Quota,
+        entries: Vec<(u64, Restored<'_>)>,
+        now: Timestamp,
+        limits: Limits,
+    ) -> usize {
+        let mut added = Vec::new();
+        let (mut n, mut last) = (0, None);
+        for (hash, entry) in entries {
+            let Restored::Packed(slot) = entry else {
+                continue;
+            };
+            let state = alg.narrow(slot);
+            if last == Some(hash) || alg.expires_at(&state) <= now {
+                continue;
+            }
+            last = Some(hash);
+            if self.room_due(limits) {
+                // A sweep counts the keys in the tables: the ones counted go in first.
+                let batch = std::mem::take(&mut added);
+                self.table_for(fingerprint, quota).extend(alg, batch);
+            }
+            self.make_room(now, limits);
+            *self.len_mut() += 1;
+            added.push((hash, state));
+            n += 1;
+        }
+        self.table_for(fingerprint, quota).extend(alg, added);
+        n
+    }
+
+    /// Makes room in the table `fingerprint` (made with `quota` when there is none) for
+    /// `additional` more keys, or as many as the shard may hold: a restore into a store smaller
+    /// than its snapshot evicts as it adds, and each eviction ranks the whole table, so a table
+    /// sized for every key of the snapshot made each round read all its slots for the few keys
+    /// it drops (a million keys into `max_keys = 1000`: 25 s).
+    fn reserve(&mut self, fingerprint: u64, quota: &Quota, additional: usize, limits: Limits) {
+        let table = self.table_for(fingerprint, quota);
+        let room = limits.keys.saturating_sub(table.len());
+        table.reserve(additional.min(room));
     }
 
     /// The table of `fingerprint`, made with `quota` when there is none.
@@ -196,6 +297,23 @@ impl Shard {
         };
         &mut self.tables[i]
     }
+}
+
+/// A restored sliding log, from its `(time, cost)` entries; `None` when it holds nothing or has
+/// expired by `now`.
+fn restored_log(alg: &SlidingWindowLog, mut bytes: &[u8], now: Timestamp) -> Option<CompactLog> {
+    let mut log = CompactLog::default();
+    while bytes.len() >= 12 {
+        let (t, rest) = bytes.split_at(8);
+        let (c, rest) = rest.split_at(4);
+        bytes = rest;
+        let t = u64::from_le_bytes(t.try_into().unwrap_or_default());
+        let c = u32::from_le_bytes(c.try_into().unwrap_or_default());
+        if c > 0 && log.newest_time().is_none_or(|newest| newest <= t) {
+            log.charge(alg, Timestamp::from_micros(t), c);
+        }
+    }
+    (log.total() > 0 && alg.expires_at_log(&log) > now).then_some(log)
 }
 
 fn export_packed<A: Packed>(table: &PolicyTable, alg: &A, now: u64, chunks: &mut Chunker<'_>) {
