@@ -24,6 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(super) type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
 
 /// The map keys are already keyed SipHash outputs: hashing them again would only cost time.
+/// But the low bits of every key in one shard are the same (they picked the shard), and a
+/// `HashMap` places by its hash's low bits: the hash is the key turned by half, so its random
+/// high half places it.
 #[derive(Default)]
 pub(super) struct PassThrough(u64);
 
@@ -35,7 +38,7 @@ impl Hasher for PassThrough {
     }
 
     fn write_u64(&mut self, n: u64) {
-        self.0 = n;
+        self.0 = n.rotate_left(32);
     }
 
     fn finish(&self) -> u64 {
@@ -265,6 +268,25 @@ mod tests {
     use super::*;
 
     /// Every length from 0 to 72 bytes, under several keys, against the `siphasher` crate.
+    /// Keys of one shard share their low bits; the map's hash of them must not, or they would
+    /// all start their probes in the same few places.
+    #[test]
+    fn one_shards_keys_spread_over_a_maps_buckets() {
+        use std::hash::BuildHasher;
+        let build = BuildHasherDefault::<PassThrough>::default();
+        let mut seen = std::collections::HashSet::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..1024 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Shard 5 of 64: the low six bits fixed.
+            let key = (x & !0x3f) | 5;
+            seen.insert(build.hash_one(key) & 0x3ff);
+        }
+        assert!(seen.len() > 500, "{} of 1024 buckets", seen.len());
+    }
+
     #[test]
     fn agrees_with_siphasher_on_every_length() {
         let mut next = crate::test_rng::xorshift(0x9e37_79b9_7f4a_7c15_u64);
