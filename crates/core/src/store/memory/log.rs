@@ -231,11 +231,13 @@ impl LogEntries for CompactLog {
                 newest,
                 older,
             } => {
+                // Saturating: a log spilled from inline entries summing past `u32::MAX` holds
+                // more than its total says (see `push`).
                 if let Some((_, cost)) = older.pop_front() {
-                    *total -= cost;
+                    *total = total.saturating_sub(cost);
                     *oldest = older.front().map_or(*newest, |(t, _)| t);
                 } else {
-                    *total -= *newest_cost;
+                    *total = total.saturating_sub(*newest_cost);
                     *newest_cost = 0;
                 }
             }
@@ -258,6 +260,13 @@ impl LogEntries for CompactLog {
             older,
         } = self
         {
+            // The total counts to `u32::MAX` (more than any limit): units past it are not
+            // logged, so the entries always sum to the total and giving them back never takes
+            // it below zero. Such a log refuses everything until its entries leave the window.
+            let cost = cost.min(u32::MAX - *total);
+            if cost == 0 {
+                return;
+            }
             if *newest_cost == 0 {
                 (*oldest, *newest, *newest_cost) = (t, t, cost);
             } else if *newest == t {
@@ -286,7 +295,7 @@ impl LogEntries for CompactLog {
                 while left > 0 && *newest_cost > 0 {
                     let take = left.min(*newest_cost);
                     *newest_cost -= take;
-                    *total -= take;
+                    *total = total.saturating_sub(take);
                     left -= take;
                     if *newest_cost == 0
                         && let Some((t, c)) = older.pop_back()

@@ -396,3 +396,28 @@ fn the_log_table_agrees_with_a_set() {
     expected.sort_unstable();
     assert_eq!(seen, expected);
 }
+
+/// Charges past `u32::MAX` in all (forced charges, never refused): the total stops there, the
+/// entries sum to it, and giving them back or letting them leave never takes it below zero
+/// (it used to underflow: a panic in a debug build, a wrapped total in a release one).
+#[test]
+fn a_total_past_u32_max_stops_there_and_comes_back_down_exactly() {
+    let mut log = CompactLog::default();
+    log.push(1_000, 3);
+    log.spill();
+    log.push(2_000, u32::MAX - 10);
+    log.push(3_000, u32::MAX);
+    log.push(3_000, 7);
+    assert_eq!(log.total(), u64::from(u32::MAX));
+    let sum: u64 = log.entries().map(|(_, c)| u64::from(c)).sum();
+    assert_eq!(sum, u64::from(u32::MAX), "the entries sum to the total");
+    log.take_newest(5);
+    assert_eq!(log.total(), u64::from(u32::MAX) - 5);
+    let mut pops = 0;
+    while log.newest_time().is_some() {
+        log.pop_oldest();
+        pops += 1;
+        assert!(pops < 10, "the log empties");
+    }
+    assert_eq!(log.total(), 0);
+}
