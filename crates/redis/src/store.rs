@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use redis::{RedisError, Value};
 use tollgate::{Check, Decisions, MemoryStore, StoreError, Timestamp};
+#[cfg(doc)]
+use tollgate::{OnError, Store};
 
 use crate::config::{ClockSource, ConfigError, RedisConfig};
 use crate::deny_cache::{CacheKey, DenyCache};
