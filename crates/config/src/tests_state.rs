@@ -53,6 +53,12 @@ fn refusals_name_the_field() {
             "at least 1s",
         ),
         ("[store]\npath = \"/tmp/\"\n", "t.toml:2:8", "not a folder"),
+        // A folder that is there already, named without its slash.
+        (
+            "[store]\npath = \"/tmp\"\n",
+            "t.toml:2:8",
+            "/tmp is a folder",
+        ),
     ];
     for (text, at, says) in cases {
         let e = errors(text);

@@ -45,7 +45,23 @@ pub(super) fn validate(s: &RawStore, out: &mut StoreConfig, errs: &mut Errors<'_
         } else {
             // Relative to the configuration's folder, as every path the file names: the working
             // directory of a service (`/` under systemd) is no place for state.
-            out.path = Some(errs.relative(text));
+            let path = errs.relative(text);
+            // A folder that exists already where the file should be: said here, with the line,
+            // rather than when the server starts.
+            if path.is_dir() {
+                errs.at(
+                    v.span().start,
+                    format!(
+                        "[store] field \"path\": {} is a folder; name the state file in it, e.g. \
+                         path = \"{}\"",
+                        path.display(),
+                        std::path::Path::new(text).join("state").display()
+                    ),
+                );
+                ok = false;
+            } else {
+                out.path = Some(path);
+            }
         }
     }
     if let Some(v) = &s.snapshot_every {
