@@ -3,10 +3,10 @@
 //! reload reads again and watches.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-use super::{Config, ConfigError, Envoy};
+use super::{Config, ConfigError, Envoy, WatchedFiles};
 
 /// Where `tollgate serve --envoy-config DIR` serves Envoy's rate limit service when no
 /// `[server] grpc_listen` says otherwise: envoyproxy/ratelimit's port, on loopback like every
@@ -36,6 +36,7 @@ impl Config {
     /// (subfolders included) in place of `[envoy] config_dir`, on `[server] grpc_listen` or
     /// [`DEFAULT_GRPC_LISTEN`].
     pub fn with_envoy_dir(mut self, dir: &Path) -> Result<Config, ConfigError> {
+        let read_from = WatchedFiles::envoy_folder(dir);
         let domains = tollgate_envoy::load_envoy_config_dir(dir).map_err(ConfigError::Envoy)?;
         tollgate_envoy::Config::new()
             .domains(domains.clone())
@@ -49,6 +50,7 @@ impl Config {
             config_dir: dir.to_path_buf(),
             domains,
             failure_mode,
+            read_from,
         });
         self.grpc_listen.get_or_insert(DEFAULT_GRPC_LISTEN);
         self.envoy_dir = Some(dir.to_path_buf());
@@ -64,16 +66,5 @@ impl Config {
             (None, Some(dir)) => Config::envoy_only(dir),
             (None, None) => Ok(Config::builtin()),
         }
-    }
-
-    /// The files this configuration was read from, for the reload watch: its file and the
-    /// envoyproxy/ratelimit files of its Envoy folder (those present now: a file added or
-    /// removed changes the list).
-    pub fn watched_files(&self) -> Vec<PathBuf> {
-        let mut files: Vec<PathBuf> = self.source.iter().cloned().collect();
-        if let Some(envoy) = &self.envoy {
-            files.extend(tollgate_envoy::envoy_config_files(&envoy.config_dir).unwrap_or_default());
-        }
-        files
     }
 }

@@ -18,6 +18,7 @@ mod raw;
 mod schema;
 mod telemetry;
 mod tls;
+mod watched;
 
 pub use build::{
     http_engine, http_engine_counting, key_hash_secret, memory_store, process_secret,
@@ -45,6 +46,7 @@ pub use queue::{MAX_BACKOFF, QueueSettings};
 pub use raw::DEFAULT_CONFIG;
 pub use telemetry::TelemetryConfig;
 pub use tls::{TlsConfig, TlsError};
+pub use watched::WatchedFiles;
 
 /// Which store keeps the counters.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -224,6 +226,8 @@ pub struct Envoy {
     /// `failure_mode`: `allow` or `unavailable` (`deny`) when the store fails (default:
     /// `[store] on_error`).
     pub failure_mode: OnError,
+    /// What the folder's files held when they were read ([`Config::read_from`]).
+    read_from: WatchedFiles,
 }
 
 /// One `[[policy]]`, validated.
@@ -341,6 +345,8 @@ impl fmt::Display for PolicyConfig {
 pub struct Config {
     /// Where it was read from (`None` for the built-in default); reloads re-read it.
     pub source: Option<PathBuf>,
+    /// What its file held when it was read ([`Config::read_from`]).
+    read_from: WatchedFiles,
     /// `[server] listen`: the decision API.
     pub listen: SocketAddr,
     /// `[server] grpc_listen`: Envoy's rate limit service (gRPC), answering from `[envoy]`.
@@ -404,6 +410,7 @@ impl Config {
         })?;
         let mut config = Config::parse_as(&path.display().to_string(), &text, envoy_dir_given)?;
         config.source = Some(path.to_path_buf());
+        config.read_from.push(path, Some(text.into_bytes()));
         Ok(config)
     }
 
@@ -444,6 +451,7 @@ impl Config {
         // fall back to an empty policy set rather than panic.
         Config::parse("<built-in default>", DEFAULT_CONFIG).unwrap_or_else(|_| Config {
             source: None,
+            read_from: WatchedFiles::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             grpc_listen: None,
             resp_listen: None,

@@ -261,6 +261,7 @@ pub(super) fn validate(
     }
     Some(Config {
         source: None,
+        read_from: crate::WatchedFiles::default(),
         listen: listeners.listen?,
         grpc_listen: listeners.grpc_listen?,
         resp_listen: listeners.resp_listen?,

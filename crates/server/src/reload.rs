@@ -115,7 +115,9 @@ pub(crate) async fn watch_config(
     #[cfg(not(unix))] _hup: Option<()>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut last = watched(shared.engine().config());
+    // What the running configuration was read from, not the files now: an edit made while
+    // the server started is a change to take in.
+    let mut last = shared.engine().config().read_from();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -143,17 +145,19 @@ pub(crate) async fn watch_config(
             }
             continue;
         }
-        let now = watched(config);
+        let now = config.files_now();
         if !forced && now == last {
             continue;
         }
+        // Read before the reload reads them: an edit landing in between differs from `last`
+        // at the next look, and is taken in then.
         last = now;
         let from = from_text(config);
         match shared.reload() {
             Ok(()) => {
                 tracing::info!(from = %from, "configuration reloaded");
                 // The new configuration may watch other files (another Envoy folder).
-                last = watched(shared.engine().config());
+                last = shared.engine().config().read_from();
             }
             Err(e) => tracing::error!(
                 from = %from,
@@ -161,18 +165,6 @@ pub(crate) async fn watch_config(
             ),
         }
     }
-}
-
-/// The watched files of `config` with their contents (`None`: unreadable).
-fn watched(config: &Config) -> Vec<(std::path::PathBuf, Option<Vec<u8>>)> {
-    config
-        .watched_files()
-        .into_iter()
-        .map(|path| {
-            let bytes = std::fs::read(&path).ok();
-            (path, bytes)
-        })
-        .collect()
 }
 
 /// Where `config` is read from, for the logs.

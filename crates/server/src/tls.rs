@@ -84,6 +84,9 @@ pub(crate) struct Tls {
     not_after: AtomicI64,
     /// Whether the current certificate's passing its end has been logged.
     expiry_logged: AtomicBool,
+    /// The files it was first loaded from, and what they held then: where [`watch_files`]
+    /// starts, so that a certificate written while the server started is a change it takes in.
+    first: (TlsConfig, Seen),
 }
 
 impl std::fmt::Debug for Tls {
@@ -104,6 +107,8 @@ impl Tls {
         plaintext: Plaintext,
     ) -> Result<Arc<Tls>, TlsError> {
         let alpn: Vec<Vec<u8>> = alpn.iter().map(|p| p.to_vec()).collect();
+        // Read before they are loaded: a rotation racing the load shows as a change.
+        let seen = contents(files);
         let config = build(files, &alpn)?;
         Ok(Arc::new(Tls {
             listener,
@@ -112,6 +117,7 @@ impl Tls {
             current: ArcSwap::from_pointee(config),
             not_after: AtomicI64::new(certificate_end(listener, files)),
             expiry_logged: AtomicBool::new(false),
+            first: (files.clone(), seen),
         }))
     }
 
@@ -301,16 +307,8 @@ pub(crate) async fn watch_files<F>(
     if listeners.is_empty() {
         return;
     }
-    let mut state: Vec<(TlsConfig, Seen)> = Vec::with_capacity(listeners.len());
-    for (_, files_of) in &listeners {
-        let files = files_of(config().config()).unwrap_or_else(|| TlsConfig {
-            cert: PathBuf::new(),
-            key: PathBuf::new(),
-            client_ca: None,
-        });
-        let seen = contents(&files);
-        state.push((files, seen));
-    }
+    let mut state: Vec<(TlsConfig, Seen)> =
+        listeners.iter().map(|(tls, _)| tls.first.clone()).collect();
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

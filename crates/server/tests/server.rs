@@ -440,6 +440,35 @@ async fn reload_on_file_change_keeps_counters_and_rejects_bad_files() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An edit made after the file was read but before the server watches it (while the store
+/// connects, the state is restored, the listeners start) is a change like any other: the watch
+/// compares the files with what the running configuration was read from, not with what they
+/// held when it first looked.
+#[tokio::test]
+async fn an_edit_made_while_the_server_starts_is_taken_in() {
+    let dir = std::env::temp_dir().join(format!("tollgate-reload-early-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tollgate.toml");
+    let policy = |limit: u32| {
+        with_ports(&format!(
+            "[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = {limit}\nwindow = \"1h\"\n"
+        ))
+    };
+    std::fs::write(&path, policy(3)).unwrap();
+    let config = tollgate_server::Config::load(&path).unwrap();
+    std::fs::write(&path, policy(5)).unwrap();
+    let s = start(config).await;
+    wait_for(|| async {
+        post_json(&s.url("/v1/check"), r#"{"policy":"api","key":"k"}"#)
+            .await
+            .json()["limit"]
+            == 5
+    })
+    .await;
+    s.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn proxy_config(upstream: std::net::SocketAddr, extra: &str) -> String {
     format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{upstream}\"\ntimeout = \"1s\"\n\n{extra}"

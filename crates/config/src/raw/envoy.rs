@@ -45,6 +45,7 @@ fn validate(
         return None;
     };
     let path = errs.relative(dir.get_ref());
+    let read_from = crate::WatchedFiles::envoy_folder(&path);
     let domains = match tollgate_envoy::load_envoy_config_dir(&path) {
         Ok(d) => d,
         Err(err) => {
@@ -84,5 +85,6 @@ fn validate(
         config_dir: path,
         domains,
         failure_mode,
+        read_from,
     })
 }
