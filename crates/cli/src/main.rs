@@ -315,13 +315,16 @@ async fn run(path: Option<PathBuf>, envoy: Option<PathBuf>, config: Config) -> a
             policy.name()
         );
     }
+    // At once: the addresses (which port 0 leaves to the system) are known from the bind, and
+    // connections made from now on are held until the server answers them.
     let _ = stdout::write(banner);
-    systemd::ready();
-    tollgate_server::run(config, listeners, async {
+    let stopping = async {
         shutdown.await;
         systemd::stopping();
-    })
-    .await?;
+    };
+    // Ready, to a service manager, once the server answers: the store connected, the state
+    // restored (which may first wait for another server's lock on the state file).
+    tollgate_server::run_serving(config, listeners, stopping, systemd::ready).await?;
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 //! listeners are bound, stopping once a shutdown signal arrived. Without `NOTIFY_SOCKET` (not
 //! started by systemd) and off Unix, each call does nothing.
 
-/// The listeners are bound: connections are accepted from now on.
+/// The server answers: its listeners serve, its store and state are ready.
 pub(crate) fn ready() {
     #[cfg(unix)]
     notify(sd_notify::NotifyState::Ready);

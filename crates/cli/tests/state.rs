@@ -7,6 +7,7 @@ mod serve_support;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
+use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -397,18 +398,38 @@ fn a_second_server_on_the_same_state_file_waits_for_the_first_to_save() {
     let text = config(&state, "1s", "");
     let mut first = Server::start(d.path(), &text, None);
     spend(&first, "tenant", 7);
-    // The second binds its listeners and then waits for the state file, saying so.
+    // The second binds its listeners and then waits for the state file, saying so, and tells
+    // a service manager it is ready only once it has restored it and answers.
     let second_dir = dir();
-    let second = Server::start(second_dir.path(), &text, None);
+    let socket = second_dir.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&socket).unwrap();
+    let second = Server::start_with_env(
+        second_dir.path(),
+        &text,
+        None,
+        &[("NOTIFY_SOCKET", socket.as_path())],
+    );
     assert!(
         wait_log(&second, "another process holds the state file"),
         "{}",
         second.log()
     );
     assert!(!second.log().contains("state restored"), "{}", second.log());
+    notify.set_nonblocking(true).unwrap();
+    let mut message = [0u8; 64];
+    assert!(
+        notify.recv(&mut message).is_err(),
+        "READY=1 while waiting for the state file"
+    );
     let status = first.terminate();
     assert!(status.success(), "{status:?}\n{}", first.log());
     assert!(wait_log(&second, "state restored"), "{}", second.log());
+    notify.set_nonblocking(false).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let n = notify.recv(&mut message).expect("READY=1 once restored");
+    assert_eq!(&message[..n], b"READY=1\n");
     for policy in POLICIES {
         assert_eq!(left(&second, policy, "tenant"), 3, "{policy}");
     }

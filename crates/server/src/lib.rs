@@ -224,8 +224,21 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
+    run_serving(config, listeners, shutdown, || {}).await
+}
+
+/// [`run`], calling `serving` once every listener serves: the store is connected, the state
+/// file restored and the engine built. What a service manager's readiness means (systemd's
+/// `READY=1`): the listeners accept connections as soon as they are bound, but answer only
+/// from then on, and restoring may first wait for another server's lock on the state file.
+pub async fn run_serving(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+    serving: impl FnOnce(),
+) -> Result<(), ServerError> {
     let limits = config.limits;
-    run_with(config, listeners, shutdown, limits).await
+    serve_until(config, listeners, shutdown, limits, serving).await
 }
 
 /// [`run`] with explicit listener [`Limits`], in place of the configuration's.
@@ -234,6 +247,16 @@ pub async fn run_with(
     listeners: Listeners,
     shutdown: impl Future<Output = ()>,
     limits: Limits,
+) -> Result<(), ServerError> {
+    serve_until(config, listeners, shutdown, limits, || {}).await
+}
+
+async fn serve_until(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+    limits: Limits,
+    serving: impl FnOnce(),
 ) -> Result<(), ServerError> {
     // A state file first: it may hold the key secret the engine hashes credentials under.
     state::check_writable(&config.store).map_err(ServerError::State)?;
@@ -343,6 +366,7 @@ pub async fn run_with(
         move || s.engine(),
         stop_rx.clone(),
     ));
+    serving();
 
     shutdown.await;
     tracing::info!(

@@ -63,6 +63,16 @@ impl Server {
     /// `start_at`: a UTC date and time (`"2027-01-31 23:59:57"`) the server's clock starts from
     /// and runs on from, through libfaketime.
     pub fn start(dir: &Path, config: &str, start_at: Option<&str>) -> Server {
+        Server::start_with_env(dir, config, start_at, &[])
+    }
+
+    /// [`Server::start`] with environment variables set for the server (`NOTIFY_SOCKET`).
+    pub fn start_with_env(
+        dir: &Path,
+        config: &str,
+        start_at: Option<&str>,
+        env: &[(&str, &Path)],
+    ) -> Server {
         let file = dir.join("tollgate.toml");
         let text = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{config}"
@@ -78,6 +88,7 @@ impl Server {
                 .env("TZ", "UTC")
                 .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
         }
+        cmd.envs(env.iter().copied());
         let mut child = cmd
             .args(["serve", "--config"])
             .arg(&file)
