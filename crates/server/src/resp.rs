@@ -50,8 +50,10 @@ impl Decide for ServerDecide {
         }
         let (decisions, _, disposition) = evaluation.into_parts();
         match disposition {
-            // The caller holds the request; keep its slot rather than give it back.
-            Disposition::Hold(hold) => drop(tokio::spawn(hold.wait())),
+            // A `delay` policy: the answer has no field for the wait, so it comes when the
+            // request's slot does, as forward-auth's 200 does. A caller acting on it at once
+            // then goes no faster than the policy's rate.
+            Disposition::Hold(hold) => hold.wait().await,
             // Refused before any policy counted it: a deny list (the HTTP doors' 403) is a
             // denial that no wait would lift; anything else is said as the HTTP doors say it.
             Disposition::Respond(answer) if decisions.is_empty() => {

@@ -235,3 +235,27 @@ async fn cl_throttle_follows_on_error_when_the_store_fails() {
         s.stop().await;
     }
 }
+
+/// Under a policy whose action is `delay`, the door's answer has no field to say how long to
+/// wait, so it answers when the request's slot comes, as forward-auth's 200 does: a client
+/// acting on the answer at once still goes no faster than the policy's rate.
+#[tokio::test]
+async fn a_delayed_check_is_answered_when_its_slot_comes() {
+    let text = "[server]\nlisten = \"127.0.0.1:0\"\nresp_listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [[policy]]\nname = \"smooth\"\nalgorithm = \"leaky_bucket\"\nrate = \"2/s\"\nqueue = 1\nkey = [\"ip\"]\naction = \"delay\"\nmax_delay = \"5s\"\n";
+    let s = start(tollgate_server::Config::parse("t.toml", text).unwrap()).await;
+    let resp = s.resp.expect("the door is listening");
+    let check = [command(&["TOLLGATE.CHECK", "smooth", "k"])];
+    // The first passes at once; the second's slot is half a second later.
+    let first = pipeline(resp, &check, ":-1\r\n").await;
+    let started = std::time::Instant::now();
+    let second = pipeline(resp, &check, ":-1\r\n").await;
+    let held = started.elapsed();
+    assert!(first.starts_with("*5\r\n:1\r\n:2\r\n:1\r\n"), "{first}");
+    assert!(second.starts_with("*5\r\n:1\r\n:2\r\n:0\r\n"), "{second}");
+    assert!(
+        held >= std::time::Duration::from_millis(400),
+        "the delayed check was answered after {held:?}: {second}"
+    );
+    s.stop().await;
+}
