@@ -67,6 +67,15 @@ impl FromStr for Cidr {
             Some((a, p)) => (a, Some(p)),
             None => (text, None),
         };
+        if let Some((_, zone)) = addr.split_once('%') {
+            return Err(ConfigError::new(
+                input,
+                format!(
+                    "a zone id (%{zone}) names an interface of this host, not a network: write \
+                     the address without it"
+                ),
+            ));
+        }
         let addr: IpAddr = addr.parse().map_err(|_| {
             ConfigError::new(
                 input,

@@ -181,9 +181,10 @@ impl<S, C> EngineBuilder<S, C> {
                 "ipv6_prefix must be from 0 to 128",
             ));
         }
+        let has_jwt = self.jwt.is_some();
         let mut compiled = Vec::with_capacity(self.policies.len());
         for http in self.policies {
-            compiled.push(compile(http, self.jwt.is_some(), &self.usage)?);
+            compiled.push(compile(http, has_jwt, &self.usage)?);
         }
         let limiter = Limiter::builder()
             .store(self.store)
@@ -211,7 +212,7 @@ impl<S, C> EngineBuilder<S, C> {
                 headers_read.push(name);
             }
         }
-        let lists = Lists::new(self.lists)?;
+        let lists = Lists::new(self.lists, has_jwt)?;
         Ok(Engine {
             inner: Arc::new(Inner {
                 reads_path,
@@ -271,7 +272,14 @@ fn compile(
         };
         let bound = bucket.max_delay().map_or(max_delay, |d| d.min(max_delay));
         let quota = Quota::LeakyBucket(bucket.clone().with_max_delay(bound));
-        http.policy = Policy::new(&name, quota).map_err(|e| ConfigError::new(&name, e.reason()))?;
+        let bounded = Policy::new(&name, quota).map_err(|e| ConfigError::new(&name, e.reason()))?;
+        // The same policy but for the bound: its ban is kept. (A leaky bucket has no lease.)
+        http.policy = match http.policy.ban() {
+            Some(ban) => bounded
+                .with_ban(*ban)
+                .map_err(|e| ConfigError::new(&name, e.reason()))?,
+            None => bounded,
+        };
     }
     if http.action == Action::Queue && !matches!(http.policy.quota(), Quota::LeakyBucket(_)) {
         return fail("action \"queue\" needs algorithm \"leaky_bucket\"");

@@ -145,11 +145,35 @@ pub(crate) struct Lists {
 type Sources = (Vec<ListSpec>, Vec<(String, ListEntry)>);
 
 impl Lists {
-    /// The lists `config` describes, with no live entries; refused: two lists of one name.
-    pub(crate) fn new(config: Vec<ListSpec>) -> Result<Lists, ConfigError> {
+    /// The lists `config` describes, with no live entries; refused: two lists of one name, and
+    /// a `jwt:` key entry when the engine verifies no JWT (`has_jwt` false), which no request
+    /// could match.
+    pub(crate) fn new(config: Vec<ListSpec>, has_jwt: bool) -> Result<Lists, ConfigError> {
         for (i, spec) in config.iter().enumerate() {
             if config[..i].iter().any(|s| s.name == spec.name) {
                 return Err(ConfigError::new(&spec.name, "two lists have this name"));
+            }
+            let jwt = spec.entries.iter().find(|e| {
+                matches!(
+                    e,
+                    ListEntry::Key {
+                        selector: KeySelector::Jwt(_),
+                        ..
+                    }
+                )
+            });
+            if let Some(entry) = jwt
+                && !has_jwt
+            {
+                return Err(ConfigError::new(
+                    &entry.to_string(),
+                    format!(
+                        "list \"{}\": a jwt: key needs a verification key to ever match; add \
+                         [jwt] with hs256_secret_env, rs256_public_key_file or \
+                         es256_public_key_file",
+                        spec.name
+                    ),
+                ));
             }
         }
         let lists = Lists::default();

@@ -145,12 +145,13 @@ pub(crate) fn form_urlencoded_value(query: &str, name: &str) -> Option<String> {
 
 /// Unix seconds of `text`, an RFC 3339 time or a duration from `now` (the time since the
 /// epoch, to the nanosecond), rounded up to the second: what is kept is whole seconds, and an
-/// entry must never end before the time asked. In the future.
+/// entry must never end before the time asked. In the future, and at most the last second an
+/// RFC 3339 time can write (9999-12-31T23:59:59Z), so that it can be shown.
 pub(crate) fn expiry(text: &str, now: Duration) -> Result<u64, BadField> {
     let exact = match OffsetDateTime::parse(text.trim(), &Rfc3339) {
-        Ok(t) => {
-            u64::try_from(t.unix_timestamp_nanos()).map_or(Duration::ZERO, Duration::from_nanos)
-        }
+        // Before 1970: in the past.
+        Ok(t) => u64::try_from(t.unix_timestamp())
+            .map_or(Duration::ZERO, |secs| Duration::new(secs, t.nanosecond())),
         Err(_) => match parse_duration(text) {
             Ok(d) if d.is_zero() => return Err(BadField::new("expires", "is not in the future")),
             Ok(d) => now.saturating_add(d),
@@ -167,11 +168,19 @@ pub(crate) fn expiry(text: &str, now: Duration) -> Result<u64, BadField> {
         return Err(BadField::new("expires", "is not in the future"));
     }
     let whole = exact.as_secs();
-    Ok(if exact.subsec_nanos() > 0 {
-        whole + 1
+    let whole = if exact.subsec_nanos() > 0 {
+        whole.saturating_add(1)
     } else {
         whole
-    })
+    };
+    if i64::try_from(whole).ok().and_then(rfc3339_text).is_none() {
+        return Err(BadField::new(
+            "expires",
+            "is too far in the future: at most 9999-12-31T23:59:59Z (leave it out for an \
+             entry that never expires)",
+        ));
+    }
+    Ok(whole)
 }
 
 #[cfg(test)]

@@ -279,7 +279,7 @@ async fn delete(
         return unknown_list(&name);
     }
     // Removed as it was written: its canonical form when it parses, else as given.
-    let text = ListEntry::parse(&entry).map_or(entry, |e| e.to_string());
+    let text = ListEntry::parse(&entry).map_or_else(|_| entry.clone(), |e| e.to_string());
     let from_query = req
         .uri()
         .query()
@@ -292,7 +292,17 @@ async fn delete(
         Ok(r) => r.or(from_query),
         Err(res) => return *res,
     };
-    match shared.lists.delete(&name, &text, || shared.engine()).await {
+    let mut deleted = shared.lists.delete(&name, &text, || shared.engine()).await;
+    // An IPv4-mapped entry kept before such entries were kept as their IPv4 form.
+    if let (Ok(false), Ok(cidr)) = (&deleted, entry.parse::<tollgate_http::Cidr>())
+        && cidr.to_string() != text
+    {
+        deleted = shared
+            .lists
+            .delete(&name, &cidr.to_string(), || shared.engine())
+            .await;
+    }
+    match deleted {
         Ok(true) => {
             tracing::info!(
                 list = %name,

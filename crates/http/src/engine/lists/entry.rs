@@ -75,9 +75,24 @@ impl ListEntry {
                          digits), never the credential itself",
                     ));
                 }
-                format!("{kind}:{name}").parse::<KeySelector>()?
+                let selector = format!("{kind}:{name}").parse::<KeySelector>()?;
+                // A header's name is case-insensitive, and a request's key holds it in lower
+                // case: another spelling could never equal it.
+                if let KeySelector::Header(header) = &selector
+                    && header.as_str() != name
+                {
+                    return Err(bad(&format!(
+                        "write it as /v1/top shows it, the header's name in lower case: \
+                         \"header:{}:{hash}\"",
+                        header.as_str()
+                    )));
+                }
+                selector
             }
-            "user" if !rest.is_empty() => KeySelector::User,
+            "user" if !rest.is_empty() => {
+                user_key(rest).map_err(|reason| bad(&reason))?;
+                KeySelector::User
+            }
             "ip" if !rest.is_empty() => {
                 ip_key(rest).map_err(|reason| bad(&reason))?;
                 KeySelector::Ip
@@ -112,12 +127,27 @@ impl ListEntry {
 
     /// An address or network (`203.0.113.0/24`, `2001:db8::/32`, `198.51.100.7`) or, failing
     /// that, a key ([`ListEntry::key`]).
+    ///
+    /// An IPv4-mapped network (`::ffff:192.0.2.7`, `::ffff:192.0.2.0/120`) is its IPv4
+    /// network (`192.0.2.7/32`, `192.0.2.0/24`): it matches the same clients, and is then one
+    /// entry whichever form it is written in.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         match text.parse::<Cidr>() {
-            Ok(cidr) => Ok(ListEntry::Ip(cidr)),
+            Ok(cidr) => Ok(ListEntry::Ip(unmapped(cidr))),
             Err(e) if looks_like_address(text) => Err(e),
             Err(_) => ListEntry::key(text),
         }
+    }
+}
+
+/// `cidr`, or the IPv4 network it is when it is an IPv4-mapped one (prefix 96 or longer).
+fn unmapped(cidr: Cidr) -> Cidr {
+    match cidr.addr() {
+        IpAddr::V6(v6) if cidr.prefix() >= 96 => v6
+            .to_ipv4_mapped()
+            .and_then(|v4| Cidr::new(IpAddr::V4(v4), cidr.prefix() - 96).ok())
+            .unwrap_or(cidr),
+        _ => cidr,
     }
 }
 
@@ -167,9 +197,34 @@ fn ip_key(rest: &str) -> Result<(), String> {
     }
 }
 
+/// Checks that `rest`, after `user:`, is a user's key as requests have it: the id itself, or
+/// `#` and the 32 hex digits of its digest for an id the store keys by its digest (longer than
+/// 256 bytes, beginning with `#`, or holding a control character), as `/v1/top` shows it.
+fn user_key(rest: &str) -> Result<(), String> {
+    // The long-key rule (`KeyDigest::write_key`): what it writes as it is.
+    let as_is = rest.len() <= tollgate::key_digest::MAX_RAW_KEY
+        && !rest.starts_with('#')
+        && !rest.chars().any(char::is_control);
+    let digest = rest.strip_prefix('#').is_some_and(|hex| {
+        hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    });
+    if as_is || digest {
+        Ok(())
+    } else {
+        Err(
+            "this user id is keyed by its digest (it is longer than 256 bytes, begins with '#' \
+             or holds a control character): write the key as /v1/top shows it, \
+             \"user:#<32 hex digits>\""
+                .to_owned(),
+        )
+    }
+}
+
 /// Whether `text` was meant as an address or network (so its error is the address's).
 fn looks_like_address(text: &str) -> bool {
     let head = text.split('/').next().unwrap_or(text);
+    // An address with a zone id (`fe80::1%eth0`): its own error says what is wrong.
+    let head = head.split('%').next().unwrap_or(head);
     !head.is_empty()
         && head
             .bytes()
