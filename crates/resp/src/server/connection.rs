@@ -202,7 +202,16 @@ async fn batch<D: Decide, S: Store, C: Clock>(
     let mut used = 0;
     let mut answered = 0;
     loop {
-        if answered == max_pipeline || out.len() >= FLUSH_AT {
+        if out.len() >= FLUSH_AT {
+            return (used, End::More);
+        }
+        // An `EXEC`'s commands, before any request after it, and apart from the pipeline
+        // bound: the transaction was one request.
+        if Handler::<D, S, C>::exec_pending(session) {
+            handler.exec_next(session, out).await;
+            continue;
+        }
+        if answered == max_pipeline {
             return (used, End::More);
         }
         match parse_request(&input[used..], frame) {
@@ -249,3 +258,6 @@ pub(super) async fn close_gracefully(mut stream: impl AsyncRead + AsyncWrite + U
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
