@@ -34,14 +34,18 @@ pub enum Gate {
 /// its running engine's lists.
 pub type AddressGate = Arc<dyn Fn(IpAddr) -> Option<Gate> + Send + Sync>;
 
-/// The client address the request's descriptors carry, if any.
+/// The client address the request's descriptors carry, if any. A link-local IPv6 address may
+/// carry its zone (`fe80::1%eth0`), the interface it came in on: the address is the client.
 pub(super) fn address(request: &RateLimitRequest) -> Option<IpAddr> {
-    request
+    let text = request
         .descriptors
         .iter()
         .flat_map(|d| &d.entries)
-        .find(|e| e.key == REMOTE_ADDRESS)
-        .and_then(|e| e.value.trim().parse::<IpAddr>().ok())
+        .find(|e| e.key == REMOTE_ADDRESS)?
+        .value
+        .trim();
+    let unzoned = text.split_once('%').map_or(text, |(address, _)| address);
+    unzoned.parse::<IpAddr>().ok()
 }
 
 /// The answer a list gives, all descriptors alike.
@@ -70,5 +74,34 @@ pub(super) fn answer(gate: &Gate, count: usize) -> RateLimitResponse {
         statuses,
         response_headers_to_add: headers,
         request_headers_to_add: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+
+    fn with_address(value: &str) -> RateLimitRequest {
+        RateLimitRequest {
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: REMOTE_ADDRESS.to_owned(),
+                    value: value.to_owned(),
+                }],
+                ..RateLimitDescriptor::default()
+            }],
+            ..RateLimitRequest::default()
+        }
+    }
+
+    #[test]
+    fn a_zoned_address_is_its_address() {
+        let parsed = |v: &str| address(&with_address(v));
+        assert_eq!(parsed("fe80::1%eth0"), "fe80::1".parse().ok());
+        assert_eq!(parsed(" 192.0.2.7 "), "192.0.2.7".parse().ok());
+        assert_eq!(parsed("not an address"), None);
+        assert_eq!(parsed("%eth0"), None);
     }
 }
