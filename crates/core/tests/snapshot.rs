@@ -268,3 +268,48 @@ fn a_restore_into_a_smaller_store_counts_what_it_kept() {
         MemoryStore::restore_snapshot(MemoryStore::builder(), T0, &mut &bytes[..]).unwrap();
     assert_eq!((counts.restored, counts.evicted), (5_001, 0));
 }
+
+/// A snapshot written by a build whose store hashed every key with SipHash, eight-byte ones
+/// too (format 1, kept as written): its keys are found again, eight-byte ones included (an
+/// IPv4 address written out, an eight-character API key, a `u64`), and the restored store
+/// writes snapshots that say it hashes so, which restore the same keys again.
+#[test]
+fn a_snapshot_of_the_format_before_restores_every_key() {
+    let hour = Duration::from_secs(3600);
+    let fixed = Policy::new("fixed", Quota::fixed_window(10, hour).unwrap()).unwrap();
+    let bucket = Policy::new(
+        "bucket",
+        Quota::token_bucket(10, "10/h".parse().unwrap()).unwrap(),
+    )
+    .unwrap();
+    // What the file holds: key i spent i + 1 of each policy at T0.
+    let keys: [&[u8]; 4] = [
+        b"10.0.0.1",
+        b"apikey-8",
+        &42u64.to_le_bytes(),
+        b"customer-42",
+    ];
+    let bytes = include_bytes!("fixtures/store-format-1.snapshot");
+    assert_eq!(
+        u16::from_le_bytes([bytes[5], bytes[6]]),
+        1,
+        "a format 1 file"
+    );
+    let now = T0.saturating_add(Duration::from_secs(1));
+    let (store, counts) =
+        MemoryStore::restore_snapshot(MemoryStore::builder(), now, &mut &bytes[..]).unwrap();
+    assert_eq!(counts.restored, 8, "{counts:?}");
+    let remaining = |store: &MemoryStore| -> Vec<u64> {
+        keys.iter()
+            .flat_map(|k| {
+                [&fixed, &bucket].map(|p| store.apply_one_now(now, &Check::new(p, k, 0)).remaining)
+            })
+            .collect()
+    };
+    let expected = vec![9, 9, 8, 8, 7, 7, 6, 6];
+    assert_eq!(remaining(&store), expected);
+    let again = snapshot(&store, now);
+    let (store, _) =
+        MemoryStore::restore_snapshot(MemoryStore::builder(), now, &mut &again[..]).unwrap();
+    assert_eq!(remaining(&store), expected);
+}

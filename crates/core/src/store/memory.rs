@@ -69,6 +69,7 @@ mod table;
 pub use snapshot::{RestoreCounts, STORE_FORMAT, SnapshotCounts};
 
 use immediate::{ApplyOne, Immediate};
+pub(crate) use key_hash::Words;
 use key_hash::{Hashed, KeyHasher};
 use shard::{Limits, Mode, Shard, Shared};
 use shard_lock::{Lock, ShardLocks};
@@ -93,8 +94,9 @@ struct Inner {
     limits: Limits,
     /// Keys the hash of a key: random per store (or a snapshot's).
     hasher: KeyHasher,
-    /// The hasher's key, which a snapshot keeps.
+    /// The hasher's key and how it hashes eight-byte keys, which a snapshot keeps.
     hash_key: (u64, u64),
+    words: Words,
 }
 
 /// Builds a [`MemoryStore`].
@@ -104,12 +106,15 @@ pub struct MemoryStoreBuilder {
     max_log_bytes: usize,
     shards: Option<usize>,
     hash_key: Option<(u64, u64)>,
+    words: Words,
 }
 
 impl MemoryStoreBuilder {
-    /// The key of the keys' hash: a snapshot's, so that its keys are found again.
-    pub(crate) fn hash_key(mut self, key: (u64, u64)) -> Self {
+    /// The key of the keys' hash, and how eight-byte keys are hashed: a snapshot's, so that its
+    /// keys are found again.
+    pub(crate) fn hash_key(mut self, key: (u64, u64), words: Words) -> Self {
         self.hash_key = Some(key);
+        self.words = words;
         self
     }
 
@@ -167,8 +172,9 @@ impl MemoryStoreBuilder {
                 shards,
                 shard_mask: count as u64 - 1,
                 limits,
-                hasher: KeyHasher::new(hash_key.0, hash_key.1),
+                hasher: KeyHasher::new(hash_key.0, hash_key.1, self.words),
                 hash_key,
+                words: self.words,
             }),
         }
     }
@@ -193,6 +199,7 @@ impl MemoryStore {
             max_log_bytes: DEFAULT_MAX_LOG_BYTES,
             shards: None,
             hash_key: None,
+            words: Words::Mixed,
         }
     }
 

@@ -6,8 +6,9 @@
 //! then writes them without any lock: the extra memory is one shard's entries, about 24 bytes a
 //! key, never the whole store.
 //!
-//! The stream is [frames](crate::store::snapshot): a header (the format version and the key of
-//! the store's hash, without which the keys' states could not be found again), chunks of one
+//! The stream is [frames](crate::store::snapshot): a header (the format version, the key of the
+//! store's hash and how it hashes eight-byte keys, without which the keys' states could not be
+//! found again, and the time written), chunks of one
 //! table's entries each (its policy's fingerprint and quota, then the entries), a frame of each
 //! shard's lockout records (bans and denial streaks still running), and an end frame with the
 //! count of entries and records, so a cut stream is told apart from a whole one.
@@ -18,12 +19,17 @@ use super::bans::RestoredBan;
 use super::packing::Slot;
 use super::quota_codec;
 use super::shard::Restored;
-use super::{MemoryStore, MemoryStoreBuilder};
+use super::{MemoryStore, MemoryStoreBuilder, Words};
 use crate::store::snapshot::{Cursor, Put, SnapshotError, corrupt, read_frame, write_frame};
 use crate::{Quota, Timestamp};
 
-/// The format this build writes and reads.
-pub const STORE_FORMAT: u16 = 1;
+/// The format this build writes. It reads this one and the one before (1, whose stores hashed
+/// eight-byte keys with SipHash, as the header of 2 says with its last byte).
+pub const STORE_FORMAT: u16 = 2;
+
+/// The header's byte for how eight-byte keys are hashed.
+const WORDS_SIP: u8 = 0;
+const WORDS_MIXED: u8 = 1;
 
 const HEADER: u8 = 1;
 const CHUNK: u8 = 2;
@@ -71,6 +77,10 @@ impl MemoryStore {
         header.put_u64(self.inner.hash_key.0);
         header.put_u64(self.inner.hash_key.1);
         header.put_u64(now.as_micros());
+        header.put_u8(match self.inner.words {
+            Words::Sip => WORDS_SIP,
+            Words::Mixed => WORDS_MIXED,
+        });
         write_frame(out, HEADER, &header)?;
         let (mut total, mut bans) = (0, 0);
         let mut chunks = Vec::new();
@@ -123,11 +133,26 @@ impl MemoryStore {
         }
         let mut c = Cursor::new(&frame);
         let version = c.u16()?;
-        if version != STORE_FORMAT {
+        if version != 1 && version != STORE_FORMAT {
             return Err(SnapshotError::Version(u32::from(version)));
         }
         let key = (c.u64()?, c.u64()?);
-        let store = builder.hash_key(key).build();
+        let words = if version == 1 {
+            Words::Sip
+        } else {
+            let _written = c.u64()?;
+            match c.u8()? {
+                WORDS_SIP => Words::Sip,
+                WORDS_MIXED => Words::Mixed,
+                other => {
+                    return Err(corrupt(format!(
+                        "the store's snapshot hashes eight-byte keys in a way this build does \
+                         not know ({other})"
+                    )));
+                }
+            }
+        };
+        let store = builder.hash_key(key, words).build();
         let mut counts = RestoreCounts::default();
         let (mut seen, mut seen_bans) = (0u64, 0u64);
         loop {

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use super::super::Words;
 use super::super::table::{Layout, WALKED};
 use crate::algorithm::LeakyBucket;
 use crate::{Check, MemoryStore, Policy, Quota, Timestamp};
@@ -57,7 +58,7 @@ fn a_store_at_its_bound_keeps_its_keys_spread_over_their_homes() {
         MemoryStore::builder()
             .max_keys(MAX_KEYS)
             .shards(4)
-            .hash_key(HASH_KEY)
+            .hash_key(HASH_KEY, Words::Mixed)
     };
     let store = builder().build();
     for i in 0..4 * MAX_KEYS as u64 {
@@ -87,7 +88,9 @@ fn a_restore_into_a_smaller_store_makes_tables_for_what_it_keeps() {
         Quota::fixed_window(100, Duration::from_secs(3600)).unwrap(),
     )
     .unwrap();
-    let store = MemoryStore::builder().hash_key(HASH_KEY).build();
+    let store = MemoryStore::builder()
+        .hash_key(HASH_KEY, Words::Mixed)
+        .build();
     for i in 0..50_000_u64 {
         store.apply_now(T0, &[Check::new(&policy, &i.to_le_bytes(), 1)]);
     }
@@ -138,7 +141,7 @@ fn a_snapshot_of_crowded_keys_restores_in_one_pass() {
         MemoryStore::builder()
             .max_keys(8 * KEYS)
             .shards(2)
-            .hash_key(HASH_KEY)
+            .hash_key(HASH_KEY, Words::Mixed)
     };
     let store = builder().build();
     // Keys whose hash's three top bits are set: their homes are the top eighth of every table.
