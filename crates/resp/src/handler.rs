@@ -272,6 +272,13 @@ pub(crate) struct Session {
     pub(crate) abort: bool,
 }
 
+impl Session {
+    /// Whether the connection may run commands (no password asked, or it was given).
+    pub(crate) fn authenticated(&self) -> bool {
+        self.authenticated
+    }
+}
+
 /// Redis's reply to a command called with the wrong number of arguments; `name` is the
 /// command's lowercase name (`client|setname` for a subcommand).
 fn wrong_arity(out: &mut ReplyBuf, name: &str) {

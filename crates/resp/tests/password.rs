@@ -80,3 +80,30 @@ fn a_new_password_applies_to_new_connections_and_lifting_it_lets_everyone_in() {
     let mut fresh = connect(door.addr);
     assert_eq!(ask(&mut fresh, b"PING\r\n", 7), "+PONG\r\n");
 }
+
+/// Before the password, a request is held to what `AUTH` and `HELLO` need, as Redis holds such
+/// a client (10 arguments, 16 KiB): past either, a protocol error closes the connection, so a
+/// client without the password cannot make the server hold the largest requests. Once in, the
+/// connection takes requests up to the door's own bounds.
+#[test]
+fn before_the_password_requests_are_small() {
+    let door = start_with(
+        Handler::for_limiter(limiter()).with_password(&b"s3cret"[..]),
+        Limits::default(),
+    );
+    let eleven: Vec<&[u8]> = std::iter::repeat_n(&b"x"[..], 11).collect();
+    let big = vec![b'a'; 20 * 1024];
+    for request in [frame(&eleven), frame(&[b"ECHO", &big])] {
+        let mut s = connect(door.addr);
+        s.write_all(&request).unwrap();
+        let answer = read_to_eof(&mut s, std::time::Duration::from_secs(10))
+            .expect("the connection is closed");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("-ERR Protocol error"), "{answer}");
+    }
+    // AUTH fits within them; once in, the big request is answered.
+    let mut s = connect(door.addr);
+    assert_eq!(ask(&mut s, b"AUTH s3cret\r\n", 5), "+OK\r\n");
+    let echoed = ask(&mut s, &frame(&[b"ECHO", &big]), big.len() + 10);
+    assert!(echoed.starts_with("$20480\r\naaa"), "{}", &echoed[..20]);
+}

@@ -36,6 +36,15 @@ const LINGER_BYTES: usize = 64 * 1024;
 /// A connection quiet for this long drops its buffers until its client sends again.
 const RELEASE_AFTER: Duration = Duration::from_secs(1);
 
+/// What a connection that has not given the password may send in one request: enough for
+/// `AUTH` and `HELLO ... AUTH ... SETNAME ...`, as Redis bounds such a client (10 arguments,
+/// 16 KiB), so that a client without the password cannot make the server hold the largest
+/// requests it takes.
+const UNAUTHENTICATED: FrameLimits = FrameLimits {
+    max_request_bytes: 16 * 1024,
+    max_args: 10,
+};
+
 /// How a batch ended.
 enum End {
     /// Every complete request is answered: read more.
@@ -214,7 +223,17 @@ async fn batch<D: Decide, S: Store, C: Clock>(
         if answered == max_pipeline {
             return (used, End::More);
         }
-        match parse_request(&input[used..], frame) {
+        let limits = if session.authenticated() {
+            frame
+        } else {
+            &FrameLimits {
+                max_request_bytes: frame
+                    .max_request_bytes
+                    .min(UNAUTHENTICATED.max_request_bytes),
+                max_args: frame.max_args.min(UNAUTHENTICATED.max_args),
+            }
+        };
+        match parse_request(&input[used..], limits) {
             Ok(Parsed::Request(request, len)) => {
                 used += len;
                 // An empty array or a blank line: no command, no reply (as Redis).
