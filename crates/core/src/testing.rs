@@ -12,20 +12,18 @@
 //! server. The decisions are compared with the pure algorithms of [`crate::algorithm`] field by
 //! field: a store may persist state however it likes, but must decide exactly as they do.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
-use crate::algorithm::{
-    Algorithm, FixedWindow, LeakyBucket, SlidingWindowCounter, SlidingWindowLog, TokenBucket,
-};
-use crate::{Check, Decision, Decisions, Policy, Quota, Store, Timestamp, Verdict};
+use crate::{Check, Decision, Decisions, Policy, Quota, Store, Timestamp};
 
 mod bans;
 mod calendar;
 mod charges;
 mod concurrency;
+mod model;
 pub mod sliding_error;
+mod tasks;
 
 pub use bans::{
     ban_after_repeated_denials, ban_needs_denials_within_the_streak, bans_are_listed_and_lifted,
@@ -44,6 +42,12 @@ pub use concurrency::{
     concurrency_peek_takes_nothing, concurrency_permits_expire_at_their_ttl,
     concurrency_release_frees_a_permit, concurrency_renewal_takes_no_second_permit,
 };
+use model::{Model, Xorshift};
+pub use model::{
+    charges_match_the_pure_algorithms, immediately_matches_the_pure_algorithms,
+    matches_the_pure_algorithms,
+};
+pub use tasks::{concurrent_callers_never_over_admit, immediate_means_ready_on_first_poll};
 
 /// A start time aligned to every window the scenarios use (a multiple of one day).
 pub const T0: Timestamp = Timestamp::from_secs(1_800_057_600);
@@ -318,223 +322,6 @@ pub async fn leaky_bucket_delays_and_refunds<S: Store>(store: &S) {
     assert_eq!(d.delay, Some(Duration::from_millis(300)));
 }
 
-/// A deterministic generator, so a failure reproduces (xorshift64*).
-struct Xorshift(u64);
-
-impl Xorshift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-enum Model {
-    Fixed(FixedWindow, HashMap<u8, <FixedWindow as Algorithm>::State>),
-    Log(
-        SlidingWindowLog,
-        HashMap<u8, <SlidingWindowLog as Algorithm>::State>,
-    ),
-    Counter(
-        SlidingWindowCounter,
-        HashMap<u8, <SlidingWindowCounter as Algorithm>::State>,
-    ),
-    Token(TokenBucket, HashMap<u8, <TokenBucket as Algorithm>::State>),
-    Leaky(LeakyBucket, HashMap<u8, <LeakyBucket as Algorithm>::State>),
-}
-
-impl Model {
-    fn new(quota: &Quota) -> Self {
-        match quota {
-            Quota::FixedWindow(a) => Model::Fixed(a.clone(), HashMap::new()),
-            Quota::SlidingWindowLog(a) => Model::Log(a.clone(), HashMap::new()),
-            Quota::SlidingWindowCounter(a) => Model::Counter(a.clone(), HashMap::new()),
-            Quota::TokenBucket(a) => Model::Token(a.clone(), HashMap::new()),
-            Quota::LeakyBucket(a) => Model::Leaky(a.clone(), HashMap::new()),
-            Quota::Concurrency(_) => panic!("concurrency has a model of its own"),
-        }
-    }
-
-    fn check(&mut self, key: u8, now: Timestamp, cost: u32) -> Verdict {
-        match self {
-            Model::Fixed(a, s) => a.check(s.entry(key).or_default(), now, cost),
-            Model::Log(a, s) => a.check(s.entry(key).or_default(), now, cost),
-            Model::Counter(a, s) => a.check(s.entry(key).or_default(), now, cost),
-            Model::Token(a, s) => a.check(s.entry(key).or_default(), now, cost),
-            Model::Leaky(a, s) => a.check(s.entry(key).or_default(), now, cost),
-        }
-    }
-
-    /// Charges `cost` whatever the quota says; what is left, as a peek reports it.
-    fn charge(&mut self, key: u8, now: Timestamp, cost: u32) -> Verdict {
-        fn charged<A: Algorithm>(a: &A, s: &mut A::State, now: Timestamp, cost: u32) -> Verdict {
-            a.charge(s, now, cost);
-            Verdict::charged(a.evaluate(s, now, 0))
-        }
-        match self {
-            Model::Fixed(a, s) => charged(a, s.entry(key).or_default(), now, cost),
-            Model::Log(a, s) => charged(a, s.entry(key).or_default(), now, cost),
-            Model::Counter(a, s) => charged(a, s.entry(key).or_default(), now, cost),
-            Model::Token(a, s) => charged(a, s.entry(key).or_default(), now, cost),
-            Model::Leaky(a, s) => charged(a, s.entry(key).or_default(), now, cost),
-        }
-    }
-
-    /// Decides without consuming (a check of a request that another check refuses).
-    fn evaluate(&mut self, key: u8, now: Timestamp, cost: u32) -> Verdict {
-        match self {
-            Model::Fixed(a, s) => a.evaluate(s.entry(key).or_default(), now, cost),
-            Model::Log(a, s) => a.evaluate(s.entry(key).or_default(), now, cost),
-            Model::Counter(a, s) => a.evaluate(s.entry(key).or_default(), now, cost),
-            Model::Token(a, s) => a.evaluate(s.entry(key).or_default(), now, cost),
-            Model::Leaky(a, s) => a.evaluate(s.entry(key).or_default(), now, cost),
-        }
-    }
-
-    /// Gives `cost` back.
-    fn refund(&mut self, key: u8, now: Timestamp, cost: u32) {
-        match self {
-            Model::Fixed(a, s) => a.refund(s.entry(key).or_default(), now, cost),
-            Model::Log(a, s) => a.refund(s.entry(key).or_default(), now, cost),
-            Model::Counter(a, s) => a.refund(s.entry(key).or_default(), now, cost),
-            Model::Token(a, s) => a.refund(s.entry(key).or_default(), now, cost),
-            Model::Leaky(a, s) => a.refund(s.entry(key).or_default(), now, cost),
-        }
-    }
-}
-
-impl Xorshift {
-    /// The next instant of random traffic: half at once (bursts), the rest after gaps up to
-    /// 1.5 s (across window boundaries).
-    fn step(&mut self, now: Timestamp) -> Timestamp {
-        now.saturating_add(Duration::from_micros(match self.below(10) {
-            0..=4 => 0,
-            5..=7 => self.below(50_000),
-            8 => self.below(400_000),
-            _ => self.below(1_500_000),
-        }))
-    }
-}
-
-/// Random traffic (bursts, gaps across window boundaries, costs 0 to 4, three keys) decides
-/// exactly as the pure algorithms do, field by field.
-pub async fn matches_the_pure_algorithms<S: Store>(store: &S) {
-    against_the_pure_algorithms(store, "model", false).await;
-}
-
-/// The same traffic, each check asked of [`Store::apply_one_immediately`] first, through
-/// [`Store::apply_one`] when it says "not here", or at random: both ways decide as the pure
-/// algorithms do, and share the keys' state.
-pub async fn immediately_matches_the_pure_algorithms<S: Store>(store: &S) {
-    against_the_pure_algorithms(store, "immediately", true).await;
-}
-
-async fn against_the_pure_algorithms<S: Store>(store: &S, name: &str, immediately: bool) {
-    let prefix = unique(name);
-    let mut quotas = vec![
-        Quota::fixed_window(7, Duration::from_millis(700)),
-        Quota::sliding_window_log(7, Duration::from_millis(700)),
-        Quota::sliding_window_counter(7, Duration::from_millis(700)),
-        "3/250ms".parse().and_then(|r| Quota::token_bucket(7, r)),
-        "3/250ms".parse().and_then(|r| Quota::leaky_bucket(r, 6)),
-    ];
-    quotas.push("7/700ms".parse().and_then(|r| {
-        LeakyBucket::new(r, 6)
-            .map(|l| Quota::LeakyBucket(l.with_max_delay(Duration::from_millis(300))))
-    }));
-    for (n, quota) in quotas.into_iter().enumerate() {
-        let quota = quota.unwrap_or_else(|e| panic!("{e}"));
-        let policy = Policy::new(&format!("{prefix}-{n}-{}", quota.kind()), quota.clone())
-            .unwrap_or_else(|e| panic!("{e}"));
-        let mut model = Model::new(&quota);
-        let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15 ^ n as u64);
-        let mut now = T0;
-        for step in 0..400 {
-            now = rng.step(now);
-            let key = rng.below(3) as u8;
-            let cost = rng.below(5) as u32;
-            let stored_key = format!("{prefix}-{key}");
-            let check = Check::new(&policy, stored_key.as_bytes(), cost);
-            let answered = match immediately && rng.below(4) != 0 {
-                true => store.apply_one_immediately(now, check),
-                false => None,
-            };
-            let got = match answered {
-                Some(decision) => decision,
-                None if immediately => store
-                    .apply_one(now, check)
-                    .await
-                    .unwrap_or_else(|e| panic!("apply_one failed: {e}")),
-                None => one(store, now, &policy, stored_key.as_bytes(), cost).await,
-            };
-            let want = model
-                .check(key, now, cost)
-                .into_decision(policy.shared_name());
-            assert_eq!(
-                got,
-                want,
-                "{} step {step} at {now} cost {cost}",
-                policy.name()
-            );
-        }
-    }
-}
-
-/// Random traffic mixing checks with charges (usage reports and true-ups, costs up to twice
-/// the limit, so keys go past their limit) decides exactly as the pure algorithms do: a charge
-/// is never refused, and what it leaves is what later checks see.
-pub async fn charges_match_the_pure_algorithms<S: Store>(store: &S) {
-    let prefix = unique("charge");
-    let quotas = [
-        Quota::fixed_window(7, Duration::from_millis(700)),
-        Quota::sliding_window_log(7, Duration::from_millis(700)),
-        Quota::sliding_window_counter(7, Duration::from_millis(700)),
-        "3/250ms".parse().and_then(|r| Quota::token_bucket(7, r)),
-        "3/250ms".parse().and_then(|r| Quota::leaky_bucket(r, 6)),
-    ];
-    for (n, quota) in quotas.into_iter().enumerate() {
-        let quota = quota.unwrap_or_else(|e| panic!("{e}"));
-        let policy = Policy::new(&format!("{prefix}-{n}-{}", quota.kind()), quota.clone())
-            .unwrap_or_else(|e| panic!("{e}"));
-        let mut model = Model::new(&quota);
-        let mut rng = Xorshift(0x51ed_2701_f3a4_c6b9 ^ n as u64);
-        let mut now = T0;
-        for step in 0..300 {
-            now = rng.step(now);
-            let key = rng.below(3) as u8;
-            let stored_key = format!("{prefix}-{key}");
-            let charge = rng.below(3) == 0;
-            let cost = rng.below(if charge { 15 } else { 5 }) as u32;
-            let check = Check::new(&policy, stored_key.as_bytes(), cost);
-            let (got, want) = if charge {
-                let got = match store.charge(now, &[check]).await {
-                    Ok(d) => d.into_first(),
-                    Err(e) => panic!("store failed: {e}"),
-                };
-                (got, model.charge(key, now, cost))
-            } else {
-                (
-                    Some(one(store, now, &policy, stored_key.as_bytes(), cost).await),
-                    model.check(key, now, cost),
-                )
-            };
-            let want = want.into_decision(policy.shared_name());
-            assert_eq!(
-                got,
-                Some(want),
-                "{} step {step} at {now} {} {cost}",
-                policy.name(),
-                if charge { "charge" } else { "check" }
-            );
-        }
-    }
-}
-
 /// A charge past what is left is taken, never refused, and the key is then denied until its
 /// quota comes back; a charge of 0 changes nothing.
 pub async fn charges_are_never_refused<S: Store>(store: &S) {
@@ -570,91 +357,6 @@ pub async fn charges_are_never_refused<S: Store>(store: &S) {
         let back = one(store, later, &policy, key.as_bytes(), 1).await;
         assert!(back.allowed, "{}: {back:?}", policy.name());
     }
-}
-
-/// Many tasks on one key at one instant admit exactly the limit: no over-admission, no lost
-/// update.
-pub async fn concurrent_callers_never_over_admit<S: Store + Clone>(store: &S) {
-    let policy = Policy::new(
-        &unique("race"),
-        Quota::fixed_window(100, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}")),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let key = unique("race-key");
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..8 {
-        let store = store.clone();
-        let policy = policy.clone();
-        let key = key.clone();
-        tasks.spawn(async move {
-            let mut admitted = 0u32;
-            for _ in 0..40 {
-                let d = store
-                    .apply(T0, &[Check::new(&policy, key.as_bytes(), 1)])
-                    .await
-                    .unwrap_or_else(|e| panic!("store failed: {e}"));
-                admitted += u32::from(d.allowed());
-            }
-            admitted
-        });
-    }
-    let mut total = 0;
-    while let Some(admitted) = tasks.join_next().await {
-        total += admitted.unwrap_or_else(|e| panic!("task failed: {e}"));
-    }
-    assert_eq!(total, 100, "8 × 40 requests against a limit of 100");
-}
-
-/// A store that says it [is immediate](Store::is_immediate) keeps the promise: `apply`,
-/// `apply_one`, `refund` and `release` are each ready on their first poll, with a waker that
-/// does nothing.
-/// For a store that does not say so there is nothing to check.
-pub async fn immediate_means_ready_on_first_poll<S: Store>(store: &S) {
-    use std::future::Future;
-    use std::task::{Context, Poll, Waker};
-    fn first_poll<T>(what: &str, future: impl Future<Output = T>) -> T {
-        let future = std::pin::pin!(future);
-        match future.poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(value) => value,
-            Poll::Pending => panic!("{what}: pending on the first poll of an immediate store"),
-        }
-    }
-    if !store.is_immediate() {
-        return;
-    }
-    let key = unique("immediate");
-    for policy in five_policies(&unique("immediate")) {
-        let check = Check::new(&policy, key.as_bytes(), 1);
-        let d = first_poll("apply_one", store.apply_one(T0, check))
-            .unwrap_or_else(|e| panic!("apply_one failed: {e}"));
-        assert!(d.allowed && d.remaining == 4, "{}: {d:?}", policy.name());
-        let batch = first_poll("apply", store.apply(T0, &[check, check]))
-            .unwrap_or_else(|e| panic!("apply failed: {e}"));
-        assert!(batch.allowed(), "{}: {batch:?}", policy.name());
-        first_poll("refund", store.refund(T0, &[check]))
-            .unwrap_or_else(|e| panic!("refund failed: {e}"));
-        let peek = first_poll(
-            "apply_one",
-            store.apply_one(T0, Check::new(&policy, key.as_bytes(), 0)),
-        )
-        .unwrap_or_else(|e| panic!("apply_one failed: {e}"));
-        assert_eq!(
-            peek.remaining,
-            3,
-            "{}: three taken, one given back",
-            policy.name()
-        );
-    }
-    let quota = Quota::concurrency(1, Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"));
-    let inflight =
-        Policy::new(&unique("immediate-inflight"), quota).unwrap_or_else(|e| panic!("{e}"));
-    let check = Check::new(&inflight, key.as_bytes(), 1).with_permit(1);
-    let d = first_poll("apply_one", store.apply_one(T0, check))
-        .unwrap_or_else(|e| panic!("apply_one failed: {e}"));
-    assert!(d.allowed, "{d:?}");
-    let back = first_poll("release", store.release(T0, &[check]))
-        .unwrap_or_else(|e| panic!("release failed: {e}"));
-    assert_eq!(back, 1);
 }
 
 /// Instantiates every conformance scenario as a `#[tokio::test]` for the store that `$make`
