@@ -6,7 +6,8 @@
 //!   on restart);
 //! - `queue/drain.rs`: one drainer per queue and instance: takes messages, asks the policy's
 //!   leaky bucket for each delivery's slot, delivers through the relay
-//!   (`relay/delivery.rs`), retries with exponential backoff, buries what runs out of attempts;
+//!   (`relay/delivery.rs`), retries with exponential backoff, buries what runs out of attempts
+//!   (`queue/drain/settle.rs`: what a finished delivery comes to);
 //! - the proxy's side (`relay/queue.rs`): the `202 Accepted`, `413`, `429` of a full queue, and
 //!   `GET /v1/queue/{id}`; the admin's side (`admin/queue.rs`): dead letters listed, re-driven,
 //!   discarded.
