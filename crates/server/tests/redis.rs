@@ -1,12 +1,17 @@
-//! The server over a real Redis: two instances share one count, `/readyz` follows Redis, and
-//! `on_error = "allow"` keeps serving when Redis goes away. Needs `redis-server`
-//! (`scripts/test.sh` installs it).
+//! The server over a real Redis: two instances share one count, `/readyz` follows Redis,
+//! `on_error = "allow"` keeps serving when Redis goes away, an expired override leaves Redis,
+//! and overrides and list entries keep applying after Redis lost its data. Needs
+//! `redis-server` (`scripts/test.sh` installs it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "../../redis/tests/common/mod.rs"]
+mod redis_harness;
 
 use common::*;
 use hyper::StatusCode;
+use redis_harness::RedisServer;
+use serde_json::json;
 
 #[tokio::test]
 async fn two_instances_share_one_redis_count() {
@@ -100,4 +105,113 @@ async fn on_error_local_stays_ready_without_redis() {
         ]
     );
     s.stop().await;
+}
+
+/// An override set with `expires` stops applying when it ends, and its field leaves Redis by
+/// the instances' next poll: no later change is needed to remove it.
+#[tokio::test]
+async fn an_expired_override_leaves_redis() {
+    let redis = RedisServer::start();
+    let text = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"200ms\"\n\n[[policy]]\nname = \"api\"\nlimit = 10\nwindow = \"1m\"\nkey = [\"ip\"]\n",
+        redis.url()
+    );
+    let s = start_text(&text).await;
+    let r = send(
+        "PUT",
+        &s.admin_url("/v1/overrides/api/ip:203.0.113.5"),
+        &[("content-type", "application/json")],
+        json!({"limit": 3, "reason": "for a second", "expires": "1s"}).to_string(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let fields = || redis.command(&["HLEN", "tg:{overrides}"]).unwrap();
+    assert_eq!(fields().trim(), "1");
+    wait_for(|| async { fields().trim() == "0" }).await;
+    let listed = get(&s.admin_url("/v1/overrides"), &[]).await.json();
+    assert_eq!(listed["overrides"], json!([]));
+    s.stop().await;
+}
+
+/// Redis loses its data (a restart without persistence, a flush, a failover to a replica that
+/// was behind): the overrides and live list entries it held are gone for every instance, and
+/// the ones set afterwards apply on every instance, the one that set them at once, even when
+/// they are set before the instances' next poll.
+#[tokio::test]
+async fn overrides_and_lists_apply_after_redis_lost_its_data() {
+    let redis = RedisServer::start();
+    let text = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"200ms\"\n\n[[policy]]\nname = \"api\"\nlimit = 10\nwindow = \"1m\"\nkey = [\"ip\"]\n\n[[list]]\nname = \"blocked\"\naction = \"deny\"\nips = []\n",
+        redis.url()
+    );
+    let a = start_text(&text).await;
+    let b = start_text(&text).await;
+    let put = |s: &Running, path: &str, body: serde_json::Value| {
+        let url = s.admin_url(path);
+        async move {
+            send(
+                "PUT",
+                &url,
+                &[("content-type", "application/json")],
+                body.to_string(),
+            )
+            .await
+            .status
+        }
+    };
+    let limit = |s: &Running, ip: &str| {
+        let url = s.url("/v1/check");
+        let body = json!({"path": "/v1/x", "ip": ip}).to_string();
+        async move {
+            let r = post_json(&url, &body).await;
+            (r.status, r.header("x-ratelimit-limit").map(str::to_owned))
+        }
+    };
+    // Several changes before Redis loses them, so their versions are well past the first.
+    for n in 1..=3 {
+        let body = json!({"limit": n, "reason": "before"});
+        let status = put(&a, "/v1/overrides/api/ip:203.0.113.5", body).await;
+        assert!(status.is_success(), "{status}");
+        let body = json!({"reason": format!("before {n}")});
+        let status = put(&a, "/v1/lists/blocked/entries/198.51.100.1%2F32", body).await;
+        assert!(status.is_success(), "{status}");
+    }
+    wait_for(|| async {
+        limit(&b, "203.0.113.5").await.1.as_deref() == Some("3")
+            && limit(&b, "198.51.100.1").await.0 == StatusCode::FORBIDDEN
+    })
+    .await;
+
+    redis.command(&["FLUSHALL"]).unwrap();
+    // Set at once, before any poll: the instance that takes a change applies it before it
+    // answers, whatever versions it saw before Redis lost them.
+    let body = json!({"limit": 2, "reason": "after"});
+    assert_eq!(
+        put(&a, "/v1/overrides/api/ip:203.0.113.6", body).await,
+        StatusCode::CREATED
+    );
+    let body = json!({"reason": "after"});
+    assert_eq!(
+        put(&a, "/v1/lists/blocked/entries/198.51.100.2%2F32", body).await,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        limit(&a, "203.0.113.6").await,
+        (StatusCode::OK, Some("2".to_owned()))
+    );
+    assert_eq!(limit(&a, "198.51.100.2").await.0, StatusCode::FORBIDDEN);
+    // Every instance: what Redis lost no longer applies, what was set since does.
+    for s in [&a, &b] {
+        wait_for(|| async {
+            limit(s, "203.0.113.5").await.1.as_deref() == Some("10")
+                && limit(s, "203.0.113.6").await.1.as_deref() == Some("2")
+                && limit(s, "198.51.100.1").await.0 != StatusCode::FORBIDDEN
+                && limit(s, "198.51.100.2").await.0 == StatusCode::FORBIDDEN
+        })
+        .await;
+        let listed = get(&s.admin_url("/v1/overrides"), &[]).await.json();
+        assert_eq!(listed["overrides"].as_array().map(Vec::len), Some(1));
+    }
+    a.stop().await;
+    b.stop().await;
 }

@@ -1,6 +1,6 @@
 //! Live entries of allow and deny lists kept in Redis for every instance, as overrides are: one
 //! hash per list, `<prefix>:{lists}:<name>` (a field per entry, its record as the caller writes
-//! it), and one hash of versions, `<prefix>:{lists}:versions` (a field per list, incremented by
+//! it), and one hash of versions, `<prefix>:{lists}:versions` (a field per list, moved on by
 //! every change in the same script). All share the hash tag, so in a Cluster they live in one
 //! slot and each script is atomic.
 //!
@@ -16,19 +16,33 @@ use tollgate::StoreError;
 use super::RedisStore;
 use super::connection::classify;
 
-/// Sets one entry unless the list holds `ARGV[4]` entries already; increments the list's
-/// version. Answers the new version, or -1 when the list is full.
+/// Sets one entry unless the list holds `ARGV[4]` entries already; moves the list's version
+/// on. Answers the new version, or -1 when the list is full.
+///
+/// A version is Redis's clock in µs, or the previous version + 1 when that is not past it, as
+/// the overrides' is: after Redis lost its data, the first change still takes a list's version
+/// past every one an instance saw before.
 const PUT: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0
   and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[4]) then return -1 end
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
-return redis.call('HINCRBY', KEYS[2], ARGV[1], 1)";
+local t = redis.call('TIME')
+local v = t[1] * 1000000 + t[2]
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if v <= last then v = last + 1 end
+redis.call('HSET', KEYS[2], ARGV[1], string.format('%d', v))
+return v";
 
-/// Removes one entry (when `ARGV[3]` is given, only while it still holds that value);
-/// increments the list's version and answers it when an entry was removed, else 0.
+/// Removes one entry (when `ARGV[3]` is given, only while it still holds that value); moves
+/// the list's version on as [`PUT`] does and answers it when an entry was removed, else 0.
 const DELETE: &str = "local current = redis.call('HGET', KEYS[1], ARGV[2])
 if not current or (ARGV[3] and current ~= ARGV[3]) then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[2])
-return redis.call('HINCRBY', KEYS[2], ARGV[1], 1)";
+local t = redis.call('TIME')
+local v = t[1] * 1000000 + t[2]
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if v <= last then v = last + 1 end
+redis.call('HSET', KEYS[2], ARGV[1], string.format('%d', v))
+return v";
 
 /// One list's version and entries, read together.
 const LOAD: &str =

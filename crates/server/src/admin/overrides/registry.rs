@@ -295,7 +295,12 @@ impl Registry {
                 let version = store.overrides_version().await?;
                 if version != self.lock().version {
                     self.refresh(store, &current).await?;
-                    self.drop_expired(store, unix_secs).await?;
+                }
+                // An override that expired since the last change is removed from Redis too,
+                // not only no longer applied: nothing else would ever delete its field.
+                let expired = self.lock().records.values().any(|r| r.expired(unix_secs));
+                if expired {
+                    self.drop_expired(store, unix_secs, &current).await?;
                 }
                 Ok(())
             }
@@ -323,8 +328,9 @@ impl Registry {
             }
         }
         let mut state = self.lock();
-        // An older read finishing after a newer one changes nothing.
-        if version < state.version {
+        // An older read finishing after a newer one changes nothing; a Redis without the
+        // version (it lost its data: a restart without persistence, a flush) is read as it is.
+        if version > 0 && version < state.version {
             return Ok(());
         }
         state.version = version;
@@ -334,8 +340,14 @@ impl Registry {
     }
 
     /// Removes expired records from Redis, each only if it is still the expired one (another
-    /// instance may have just set it again).
-    async fn drop_expired(&self, store: &RedisStore, unix_secs: u64) -> Result<(), StoreError> {
+    /// instance may have just set it again), then from this instance (a removal that failed is
+    /// tried again at the next poll).
+    async fn drop_expired(
+        &self,
+        store: &RedisStore,
+        unix_secs: u64,
+        current: &impl Fn() -> std::sync::Arc<Generation>,
+    ) -> Result<(), StoreError> {
         let expired: Vec<Record> = self
             .lock()
             .records
@@ -343,10 +355,18 @@ impl Registry {
             .filter(|r| r.expired(unix_secs))
             .cloned()
             .collect();
-        for r in expired {
-            let text = serde_json::to_string(&r).unwrap_or_default();
+        for r in &expired {
+            let text = serde_json::to_string(r).unwrap_or_default();
             store.delete_override(&r.field(), Some(&text)).await?;
         }
+        let mut state = self.lock();
+        for r in &expired {
+            let id = (r.policy.clone(), r.key.clone());
+            if state.records.get(&id) == Some(r) {
+                state.records.remove(&id);
+            }
+        }
+        install(&mut state, &current());
         Ok(())
     }
 }
