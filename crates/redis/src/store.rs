@@ -22,6 +22,20 @@ use crate::keys::{KeyDigest, key_and_slot, key_name};
 use crate::lease::{LeaseStats, Leases};
 use crate::script::{ScriptKind, Scripts};
 
+/// The Lua that moves a registry's version on (the overrides', a list's), given the last one in
+/// `last`: Redis's clock in µs, or `last + 1` when that is not past it, as `v`. A version moves
+/// on with every change, and after Redis lost its data (a restart without persistence, a flush)
+/// the first change still takes it past every version an instance saw, which an instance
+/// would otherwise take for an older read and ignore. A literal, for `concat!`.
+macro_rules! next_version {
+    () => {
+        "local t = redis.call('TIME')
+local v = t[1] * 1000000 + t[2]
+if v <= last then v = last + 1 end
+"
+    };
+}
+
 mod bans;
 mod calls;
 mod coalesce;

@@ -17,32 +17,28 @@ use super::RedisStore;
 use super::connection::classify;
 
 /// Sets one entry unless the list holds `ARGV[4]` entries already; moves the list's version
-/// on. Answers the new version, or -1 when the list is full.
-///
-/// A version is Redis's clock in µs, or the previous version + 1 when that is not past it, as
-/// the overrides' is: after Redis lost its data, the first change still takes a list's version
-/// past every one an instance saw before.
-const PUT: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0
+/// on (`next_version!`). Answers the new version, or -1 when the list is full.
+const PUT: &str = concat!(
+    "if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0
   and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[4]) then return -1 end
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
-local t = redis.call('TIME')
-local v = t[1] * 1000000 + t[2]
-local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-if v <= last then v = last + 1 end
-redis.call('HSET', KEYS[2], ARGV[1], string.format('%d', v))
-return v";
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')\n",
+    next_version!(),
+    "redis.call('HSET', KEYS[2], ARGV[1], string.format('%d', v))
+return v"
+);
 
 /// Removes one entry (when `ARGV[3]` is given, only while it still holds that value); moves
 /// the list's version on as [`PUT`] does and answers it when an entry was removed, else 0.
-const DELETE: &str = "local current = redis.call('HGET', KEYS[1], ARGV[2])
+const DELETE: &str = concat!(
+    "local current = redis.call('HGET', KEYS[1], ARGV[2])
 if not current or (ARGV[3] and current ~= ARGV[3]) then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[2])
-local t = redis.call('TIME')
-local v = t[1] * 1000000 + t[2]
-local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
-if v <= last then v = last + 1 end
-redis.call('HSET', KEYS[2], ARGV[1], string.format('%d', v))
-return v";
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')\n",
+    next_version!(),
+    "redis.call('HSET', KEYS[2], ARGV[1], string.format('%d', v))
+return v"
+);
 
 /// One list's version and entries, read together.
 const LOAD: &str =

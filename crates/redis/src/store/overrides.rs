@@ -14,32 +14,26 @@ use tollgate::StoreError;
 use super::RedisStore;
 use super::connection::classify;
 
-/// Sets one field and moves the version on; answers the new version.
-///
-/// A version is Redis's clock in µs, or the previous version + 1 when that is not past it: it
-/// moves on with every change, and once Redis has lost its data (a restart without persistence,
-/// a flush, a failover to a replica that was behind), the first change still takes it past
-/// every version an instance saw before, which an instance would otherwise take for an older
-/// read and ignore.
-const PUT: &str = "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-local t = redis.call('TIME')
-local v = t[1] * 1000000 + t[2]
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-if v <= last then v = last + 1 end
-redis.call('SET', KEYS[2], string.format('%d', v))
-return v";
+/// Sets one field and moves the version on (`next_version!`); answers the new version.
+const PUT: &str = concat!(
+    "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])\n",
+    "local last = tonumber(redis.call('GET', KEYS[2]) or '0')\n",
+    next_version!(),
+    "redis.call('SET', KEYS[2], string.format('%d', v))
+return v"
+);
 
 /// Removes one field (when `ARGV[2]` is given, only while it still holds that value); moves
 /// the version on as [`PUT`] does and answers it when a field was removed, else 0.
-const DELETE: &str = "local current = redis.call('HGET', KEYS[1], ARGV[1])
+const DELETE: &str = concat!(
+    "local current = redis.call('HGET', KEYS[1], ARGV[1])
 if not current or (ARGV[2] and current ~= ARGV[2]) then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
-local t = redis.call('TIME')
-local v = t[1] * 1000000 + t[2]
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-if v <= last then v = last + 1 end
-redis.call('SET', KEYS[2], string.format('%d', v))
-return v";
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')\n",
+    next_version!(),
+    "redis.call('SET', KEYS[2], string.format('%d', v))
+return v"
+);
 
 /// The version and every field, read together.
 const LOAD: &str = "return {redis.call('GET', KEYS[2]) or '0', redis.call('HGETALL', KEYS[1])}";
