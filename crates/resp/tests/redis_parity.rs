@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,28 +32,39 @@ impl Drop for RedisServer {
     }
 }
 
-/// A redis-server with `extra` options (`--requirepass x`).
+/// A redis-server with `extra` options (`--requirepass x`), once it says it accepts
+/// connections. A port picked free may be taken again before the server binds it (by another
+/// test's server): then the server says so and exits, and another port is tried. (A
+/// connection alone could reach the other test's server, which then goes away with its test.)
 fn redis_server(extra: &[&str]) -> RedisServer {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot start redis-server ({e}): run scripts/test.sh, or apt-get install redis-server")
-        });
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let server = RedisServer { child, addr };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
+    for _ in 0..5 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let mut child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server ({e}): run scripts/test.sh, or apt-get install redis-server")
+            });
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let ready = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|line| line.contains("Ready to accept connections"));
+        if ready {
+            // Its log goes on; read it so that the server never waits on a full pipe.
+            std::thread::spawn(move || lines.for_each(drop));
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+            return RedisServer { child, addr };
+        }
+        let _ = child.kill();
+        let _ = child.wait();
     }
-    server
+    panic!("redis-server did not start on any of five ports");
 }
 
 const SENTINEL: &[u8] = b"ECHO __end__\r\n";

@@ -1,7 +1,7 @@
 //! A `redis-server` of the test's own on a free loopback port, killed when dropped.
 
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// A running `redis-server`.
 pub struct Redis {
@@ -30,34 +30,44 @@ impl Drop for Redis {
     }
 }
 
-/// Starts one, or `None` when `redis-server` cannot be started.
+/// Starts one once it says it accepts connections, or `None` when `redis-server` cannot be
+/// started. A port picked free may be taken again before the server binds it (by another
+/// test's server): then the server says so and exits, and another port is tried. (A
+/// connection alone could reach the other test's server, which goes away with its test.)
 pub fn redis() -> Option<Redis> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .ok()?
-        .local_addr()
-        .ok()?
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if Instant::now() > deadline {
-            return None;
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let mut child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let mut lines = BufReader::new(child.stdout.take()?).lines();
+        let ready = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|line| line.contains("Ready to accept connections"));
+        if ready {
+            // Its log goes on; read it so that the server never waits on a full pipe.
+            std::thread::spawn(move || lines.for_each(drop));
+            return Some(Redis { child, port });
         }
-        std::thread::sleep(Duration::from_millis(20));
+        let _ = child.kill();
+        let _ = child.wait();
     }
-    Some(Redis { child, port })
+    None
 }
