@@ -50,14 +50,14 @@ fn try_export(proxy: SocketAddr, key: &str) -> (bool, TcpStream) {
 
 #[test]
 fn a_killed_instances_slots_return_after_their_ttl_and_no_sooner() {
-    let redis = Redis::start();
+    let redis = Redis::start(&[]);
     let upstream = silent_upstream();
     let config = format!(
         "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\nkey_secret_env = \"TG_TEST_KEY_SECRET\"\n\
          [proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:{upstream}\"\ntimeout = \"60s\"\n\
          [[policy]]\nname = \"exports\"\nalgorithm = \"concurrency\"\nlimit = 2\nlease_ttl = \"{}s\"\n\
          key = [\"header:x-api-key\"]\nmatch = {{ path = \"/v1/export/**\" }}\n",
-        redis.port,
+        redis.port(),
         TTL.as_secs()
     );
     let mut a = Instance::start(&config);

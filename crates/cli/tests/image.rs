@@ -23,7 +23,7 @@ mod deploy_support;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,7 @@ use tollgate_envoy::RlsClient;
 use tollgate_envoy::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tollgate_envoy::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use tollgate_envoy::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use tollgate_testkit::redis::RedisProcess;
 
 /// The size bound of the image, in bytes (uncompressed, as `podman image inspect` counts it).
 const MAX_IMAGE_BYTES: u64 = 30_000_000;
@@ -523,45 +524,13 @@ fn the_image_serves_envoy_from_the_kubernetes_example() {
     });
 }
 
-/// A `redis-server` on a free loopback port, killed when dropped.
-struct Redis {
-    child: Child,
-    port: u16,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let port = free_port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server not found: scripts/test.sh installs it");
-        let redis = Redis { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        redis
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Two containers on the Redis example's configuration: the host's network (the test's own
 /// redis-server on loopback, reached under the example's host name through /etc/hosts), each
 /// container's listeners moved to free loopback ports.
 #[test]
 fn two_containers_on_the_redis_example_share_one_count() {
     let image = Image::build("redis");
-    let redis = Redis::start();
+    let redis = RedisProcess::start(&[]);
     let ex = Example::load("redis");
     let text = std::fs::read_to_string(ex.config()).unwrap();
     for needle in [
@@ -583,7 +552,7 @@ fn two_containers_on_the_redis_example_share_one_count() {
         let config = text
             .replace("0.0.0.0:8080", &format!("127.0.0.1:{api}"))
             .replace("0.0.0.0:9090", &format!("127.0.0.1:{admin}"))
-            .replace(":6379", &format!(":{}", redis.port));
+            .replace(":6379", &format!(":{}", redis.port()));
         let dir = tempfile::tempdir().unwrap();
         set_mode(dir.path(), 0o755);
         let file = dir.path().join("tollgate.toml");

@@ -63,7 +63,7 @@ fn arrived_numbers(up: &Upstream) -> HashSet<usize> {
 
 #[test]
 fn a_thousand_webhooks_through_two_instances_arrive_once_each_at_or_under_the_rate() {
-    let redis = Redis::start();
+    let redis = Redis::start(&[]);
     let up = Upstream::new();
     up.listen();
     let (rate, burst) = (200.0, 11.0);
@@ -124,7 +124,7 @@ fn a_thousand_webhooks_through_two_instances_arrive_once_each_at_or_under_the_ra
 
 #[test]
 fn an_instance_killed_mid_drain_loses_nothing_and_the_survivor_finishes() {
-    let redis = Redis::start();
+    let redis = Redis::start(&[]);
     let up = Upstream::new();
     up.listen();
     let extra = "queue_claim_after = \"2s\"\nqueue_concurrency = 16\n";
@@ -169,7 +169,7 @@ fn an_instance_killed_mid_drain_loses_nothing_and_the_survivor_finishes() {
 
 #[test]
 fn everything_is_delivered_after_a_ten_second_upstream_outage() {
-    let redis = Redis::start();
+    let redis = Redis::start(&[]);
     // Not listening yet: connections are refused.
     let up = Upstream::new();
     let extra = "queue_backoff = \"100ms\"\nqueue_attempts = 30\n";
@@ -229,7 +229,7 @@ fn everything_is_delivered_after_a_ten_second_upstream_outage() {
 
 #[test]
 fn a_poison_message_ends_in_the_dead_letters() {
-    let redis = Redis::start();
+    let redis = Redis::start(&[]);
     let up = Upstream::new();
     up.listen();
     let extra = "queue_attempts = 3\nqueue_backoff = \"50ms\"\n";

@@ -5,69 +5,16 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{header, request, start_with};
 use tollgate_envoy::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tollgate_envoy::{Config, Descriptor, Domain, RateLimit, Unit};
 use tollgate_redis::{ClockSource, OnError, RedisConfig, RedisStore};
+use tollgate_testkit::redis::RedisProcess;
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
-
-struct Redis {
-    port: u16,
-    child: Child,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let ok = Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(
-            ok,
-            "`redis-server` not found: this test starts a real Redis server. Install it with \
-             `apt-get install -y redis-server` (no service needs to run)."
-        );
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Redis { port, child }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 async fn store(url: &str, on_error: OnError) -> RedisStore {
     let mut config = RedisConfig::standalone(url);
@@ -90,7 +37,7 @@ fn config() -> Config {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_counts_every_hit_as_the_peer_and_follows_the_failure_rule() {
-    let mut redis = Redis::start();
+    let mut redis = RedisProcess::start(&[]);
     let server = start_with(
         store(&redis.url(), OnError::Deny).await,
         config().failure_mode(OnError::Deny),
@@ -109,7 +56,7 @@ async fn redis_store_counts_every_hit_as_the_peer_and_follows_the_failure_rule()
 
     // Redis gone: the one failure rule decides. Deny: UNAVAILABLE, for Envoy's
     // failure_mode_deny (never OVER_LIMIT: nobody knows the quota); Allow: OK with no limits.
-    redis.stop();
+    redis.kill();
     let status = c
         .should_rate_limit(request("edge", &[&[("api_key", "new")]]))
         .await
@@ -120,7 +67,7 @@ async fn redis_store_counts_every_hit_as_the_peer_and_follows_the_failure_rule()
         "fail closed"
     );
     drop(server);
-    let redis = Redis::start();
+    let redis = RedisProcess::start(&[]);
     let allow = start_with(
         store(&redis.url(), OnError::Allow).await,
         config().failure_mode(OnError::Allow),

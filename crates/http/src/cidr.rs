@@ -87,9 +87,22 @@ impl FromStr for Cidr {
                 IpAddr::V4(_) => 32,
                 IpAddr::V6(_) => 128,
             },
-            Some(p) => p.parse::<u8>().map_err(|_| {
-                ConfigError::new(input, "the prefix length after '/' must be a whole number")
-            })?,
+            // Digits only, without a leading zero: `/+8` and `/08` are not how anyone writes
+            // a prefix, and reading them as `/8` would guess at what was meant.
+            Some(p)
+                if p.bytes().all(|b| b.is_ascii_digit()) && (p == "0" || !p.starts_with('0')) =>
+            {
+                p.parse::<u8>().map_err(|_| {
+                    ConfigError::new(input, "the prefix length after '/' must be a whole number")
+                })?
+            }
+            Some(_) => {
+                return Err(ConfigError::new(
+                    input,
+                    "the prefix length after '/' must be a whole number, written without a sign \
+                     or a leading zero",
+                ));
+            }
         };
         let net = Cidr::new(addr, prefix).map_err(|e| ConfigError::new(input, e.reason()))?;
         // `10.0.0.1/8` is `10.0.0.0/8` with its host bits set: most likely a typo for one
@@ -242,6 +255,10 @@ mod tests {
             ("::/129", "at most 128"),
             ("10.0.0/8", "IP network"),
             ("10.0.0.0/x", "whole number"),
+            ("10.0.0.0/+8", "whole number"),
+            ("10.0.0.0/08", "leading zero"),
+            ("10.0.0.0/", "whole number"),
+            ("10.0.0.0/256", "whole number"),
             ("", "IP network"),
         ] {
             let text = input

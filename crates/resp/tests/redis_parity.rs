@@ -11,61 +11,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::{reply_len, start};
 use tollgate_resp::Limits;
-
-/// A redis-server of its own, killed on drop.
-struct RedisServer {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A redis-server with `extra` options (`--requirepass x`), once it says it accepts
-/// connections. A port picked free may be taken again before the server binds it (by another
-/// test's server): then the server says so and exits, and another port is tried. (A
-/// connection alone could reach the other test's server, which then goes away with its test.)
-fn redis_server(extra: &[&str]) -> RedisServer {
-    for _ in 0..5 {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port();
-        let mut child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start redis-server ({e}): run scripts/test.sh, or apt-get install redis-server")
-            });
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let ready = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .any(|line| line.contains("Ready to accept connections"));
-        if ready {
-            // Its log goes on; read it so that the server never waits on a full pipe.
-            std::thread::spawn(move || lines.for_each(drop));
-            let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-            return RedisServer { child, addr };
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    panic!("redis-server did not start on any of five ports");
-}
+use tollgate_testkit::redis::RedisProcess;
 
 const SENTINEL: &[u8] = b"ECHO __end__\r\n";
 const SENTINEL_REPLY: &[u8] = b"$7\r\n__end__\r\n";
@@ -109,7 +61,7 @@ fn transcript(addr: SocketAddr, request: &[u8], sentinel: bool) -> Vec<u8> {
 
 #[test]
 fn the_door_answers_as_redis_server() {
-    let redis = redis_server(&[]);
+    let redis = RedisProcess::start(&[]);
     let door = start(Limits::default());
     let big = |n: usize, b: u8| vec![b; n];
     let mut cases: Vec<(Vec<u8>, bool, bool)> = Vec::new();
@@ -192,7 +144,7 @@ fn the_door_answers_as_redis_server() {
         cases.push((r.to_vec(), true, true));
     }
 
-    assert_same_transcripts(redis.addr, door.addr, &cases);
+    assert_same_transcripts(redis.addr(), door.addr, &cases);
 }
 
 /// `MULTI`/`EXEC`/`DISCARD` as Redis answers them, with the commands both have: queued,
@@ -201,7 +153,7 @@ fn the_door_answers_as_redis_server() {
 /// door refuses it on purpose.
 #[test]
 fn transactions_answer_as_redis_server() {
-    let redis = redis_server(&[]);
+    let redis = RedisProcess::start(&[]);
     let door = start(Limits::default());
     let mut cases: Vec<(Vec<u8>, bool, bool)> = Vec::new();
     for r in [
@@ -239,7 +191,7 @@ fn transactions_answer_as_redis_server() {
         true,
         true,
     ));
-    assert_same_transcripts(redis.addr, door.addr, &cases);
+    assert_same_transcripts(redis.addr(), door.addr, &cases);
 }
 
 /// Each case (request, append the sentinel, skip the first reply) sent to both on a new
@@ -275,7 +227,7 @@ fn assert_same_transcripts(redis: SocketAddr, door: SocketAddr, cases: &[(Vec<u8
 
 #[test]
 fn with_a_password_the_door_answers_as_redis_server_with_requirepass() {
-    let redis = redis_server(&["--requirepass", "s3cret"]);
+    let redis = RedisProcess::start(&["--requirepass", "s3cret"]);
     let door = common::start_with(
         tollgate_resp::Handler::for_limiter(common::limiter()).with_password(&b"s3cret"[..]),
         Limits::default(),
@@ -322,5 +274,5 @@ fn with_a_password_the_door_answers_as_redis_server_with_requirepass() {
     ] {
         cases.push((r.to_vec(), true, true));
     }
-    assert_same_transcripts(redis.addr, door.addr, &cases);
+    assert_same_transcripts(redis.addr(), door.addr, &cases);
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use hyper::StatusCode;
 use serde_json::json;
+use tollgate_testkit::redis::RedisProcess;
 
 fn config(port: u16) -> String {
     format!(
@@ -30,11 +31,9 @@ fn req(path: &str, ip: &str) -> String {
 
 #[tokio::test]
 async fn a_ban_on_one_instance_holds_on_the_other_until_lifted() {
-    let Some(redis) = common::redis::redis() else {
-        panic!("redis-server could not be started: install redis-server (scripts/test.sh does)");
-    };
-    let a = start_text(&config(redis.port)).await;
-    let b = start_text(&config(redis.port)).await;
+    let redis = RedisProcess::start(&[]);
+    let a = start_text(&config(redis.port())).await;
+    let b = start_text(&config(redis.port())).await;
     let ip = "192.0.2.31";
     // Alternate between the instances: the denials count in Redis, wherever they land.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -85,11 +84,9 @@ async fn a_ban_on_one_instance_holds_on_the_other_until_lifted() {
 
 #[tokio::test]
 async fn a_live_deny_entry_blocks_on_every_instance_within_a_poll() {
-    let Some(redis) = common::redis::redis() else {
-        panic!("redis-server could not be started: install redis-server (scripts/test.sh does)");
-    };
-    let a = start_text(&config(redis.port)).await;
-    let b = start_text(&config(redis.port)).await;
+    let redis = RedisProcess::start(&[]);
+    let a = start_text(&config(redis.port())).await;
+    let b = start_text(&config(redis.port())).await;
     let ip = "198.51.100.23";
     assert_eq!(
         post_json(&b.url("/v1/check"), &req("/v1/x", ip))

@@ -17,6 +17,7 @@ use common::*;
 use hyper::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tollgate_testkit::redis::RedisProcess;
 
 /// What the upstream saw: requests in flight now and at most, and the order it began serving
 /// clients in (by their `x-client` header).
@@ -363,9 +364,7 @@ async fn a_slot_outlived_is_counted_as_taken_back() {
 /// reach.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_share_the_limit_on_redis() {
-    let Some(redis) = common::redis::redis() else {
-        panic!("redis-server could not be started: install redis-server (scripts/test.sh does)");
-    };
+    let redis = RedisProcess::start(&[]);
     let store = format!(
         "[store]\nkind = \"redis\"\nurl = \"{}\"\nclock = \"local\"\n",
         redis.url()

@@ -12,15 +12,14 @@ use common::*;
 use hyper::StatusCode;
 use redis_harness::RedisServer;
 use serde_json::json;
+use tollgate_testkit::redis::RedisProcess;
 
 #[tokio::test]
 async fn two_instances_share_one_redis_count() {
-    let Some(mut redis) = common::redis::redis() else {
-        panic!("redis-server could not be started: install redis-server (scripts/test.sh does)");
-    };
+    let mut redis = RedisProcess::start(&[]);
     let text = format!(
         "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout = \"100ms\"\non_error = \"allow\"\n\n[[policy]]\nname = \"api\"\nalgorithm = \"sliding_window_counter\"\nlimit = 3\nwindow = \"1m\"\nkey = [\"header:x-api-key\"]\n",
-        redis.port
+        redis.port()
     );
     let a = start_text(&text).await;
     let b = start_text(&text).await;
@@ -70,12 +69,10 @@ async fn two_instances_share_one_redis_count() {
 /// its own memory: `/readyz` keeps it in its Service, saying why, and the quota still holds.
 #[tokio::test]
 async fn on_error_local_stays_ready_without_redis() {
-    let Some(mut redis) = common::redis::redis() else {
-        panic!("redis-server could not be started: install redis-server (scripts/test.sh does)");
-    };
+    let mut redis = RedisProcess::start(&[]);
     let text = format!(
         "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{}\"\ntimeout = \"100ms\"\non_error = \"local\"\n\n[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1m\"\nkey = [\"header:x-api-key\"]\n",
-        redis.port
+        redis.port()
     );
     let s = start_text(&text).await;
     let ready = get(&s.admin_url("/readyz"), &[]).await;

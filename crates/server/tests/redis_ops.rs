@@ -1,7 +1,7 @@
 //! Operating the server on Redis: `rediss://` to a TLS-only `redis-server` whose certificate a
 //! private CA signed, trusted through `[store] tls_ca`, or through `SSL_CERT_FILE` (the Redis
 //! client reads the system's trust store, which that variable replaces). Needs `redis-server` built with TLS (Debian's
-//! is); skipped with a message when it is not.
+//! is).
 //!
 //! The variable is read from the process's environment, which a test must not change under
 //! other threads: the test runs the server in a child process of this test binary (the ignored
@@ -12,11 +12,11 @@ mod common;
 mod tls_common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use common::*;
 use hyper::StatusCode;
+use tollgate_testkit::redis::{RedisProcess, plain_args};
 
 /// The child's `rediss://` URL; set only for the child.
 const CHILD_URL: &str = "TOLLGATE_TEST_REDISS_URL";
@@ -25,86 +25,59 @@ const CHILD_TRUSTED: &str = "TOLLGATE_TEST_REDISS_TRUSTED";
 
 /// A TLS-only `redis-server` on a free loopback port, killed when dropped.
 struct TlsRedis {
-    child: Child,
-    port: u16,
+    redis: RedisProcess,
     dir: PathBuf,
 }
 
 impl Drop for TlsRedis {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.redis.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
 impl TlsRedis {
     /// Starts one with a certificate for 127.0.0.1 signed by a fresh CA, written as
-    /// `dir/ca.pem`. `Err` says why it could not, and whether that is a skip (no TLS support).
-    fn start(dir: &Path) -> Result<TlsRedis, (bool, String)> {
+    /// `dir/ca.pem`.
+    fn start(dir: &Path) -> TlsRedis {
         let ca = tls_common::Ca::new("tollgate-redis-test-ca");
         let leaf = ca.server("redis");
         std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
         std::fs::write(dir.join("redis.pem"), &leaf.cert).unwrap();
         std::fs::write(dir.join("redis.key"), &leaf.key).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         let path = |name: &str| dir.join(name).to_str().unwrap().to_owned();
-        let mut child = Command::new("redis-server")
-            .args(["--port", "0", "--tls-port", &port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--tls-cert-file", &path("redis.pem")])
-            .args(["--tls-key-file", &path("redis.key")])
-            .args(["--tls-ca-cert-file", &path("ca.pem")])
-            .args(["--tls-auth-clients", "no"])
-            .args(["--dir", &path(""), "--logfile", &path("redis.log")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| (false, format!("redis-server could not be started: {e}")))?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                let log = std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
-                let mut err = String::new();
-                if let Some(mut e) = child.stderr.take() {
-                    use std::io::Read as _;
-                    let _ = e.read_to_string(&mut err);
-                }
-                let text = format!("{err}{log}");
-                // A redis-server built without TLS refuses the tls-* options as unknown
-                // ("Bad directive") or says TLS is not supported; any other exit is a failure.
-                let no_tls = text.contains("Bad directive") || text.contains("not supported");
-                return Err((no_tls, format!("redis-server exited ({status}): {text}")));
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the TLS redis-server did not listen"
+        let redis = RedisProcess::start_with(|port| {
+            let mut args = plain_args(0);
+            args.extend(
+                [
+                    "--tls-port",
+                    &port.to_string(),
+                    "--tls-cert-file",
+                    &path("redis.pem"),
+                    "--tls-key-file",
+                    &path("redis.key"),
+                    "--tls-ca-cert-file",
+                    &path("ca.pem"),
+                    "--tls-auth-clients",
+                    "no",
+                    "--dir",
+                    &path(""),
+                ]
+                .map(str::to_owned),
             );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(TlsRedis {
-            child,
-            port,
-            dir: dir.to_owned(),
+            args
         })
-    }
-}
-
-impl TlsRedis {
-    /// [`TlsRedis::start`], or `None` (said on stderr) when this redis-server has no TLS.
-    fn start_or_skip(dir: &Path) -> Option<TlsRedis> {
-        match TlsRedis::start(dir) {
-            Ok(r) => Some(r),
-            Err((true, why)) => {
-                eprintln!("skipped: this redis-server has no TLS support ({why})");
-                None
-            }
-            Err((false, why)) => panic!("{why}"),
+        .unwrap_or_else(|why| {
+            panic!("the TLS redis-server did not start (it must be built with TLS, as Debian's is): {why}")
+        });
+        TlsRedis {
+            redis,
+            dir: dir.to_owned(),
         }
+    }
+
+    fn port(&self) -> u16 {
+        self.redis.port()
     }
 }
 
@@ -137,16 +110,14 @@ fn run_child(url: &str, ca: Option<&Path>) -> (bool, String) {
 #[test]
 fn rediss_through_the_server() {
     let dir = tls_common::temp_dir("redis-ops");
-    let Some(redis) = TlsRedis::start_or_skip(&dir) else {
-        return;
-    };
-    let url = format!("rediss://127.0.0.1:{}", redis.port);
+    let redis = TlsRedis::start(&dir);
+    let url = format!("rediss://127.0.0.1:{}", redis.port());
     let (ok, text) = run_child(&url, Some(&dir.join("ca.pem")));
     assert!(ok, "rediss:// with the CA trusted:\n{text}");
     // The decisions were counted in that Redis, over TLS.
     let ca = dir.join("ca.pem");
     let keys = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &redis.port.to_string()])
+        .args(["-h", "127.0.0.1", "-p", &redis.port().to_string()])
         .args(["--tls", "--cacert", ca.to_str().unwrap(), "DBSIZE"])
         .output()
         .unwrap();
@@ -226,10 +197,8 @@ fn store_config(url: &str, tls_ca: Option<&Path>) -> String {
 #[tokio::test]
 async fn rediss_with_tls_ca() {
     let dir = tls_common::temp_dir("redis-tls-ca");
-    let Some(redis) = TlsRedis::start_or_skip(&dir) else {
-        return;
-    };
-    let url = format!("rediss://127.0.0.1:{}", redis.port);
+    let redis = TlsRedis::start(&dir);
+    let url = format!("rediss://127.0.0.1:{}", redis.port());
     let text = store_config(&url, Some(&dir.join("ca.pem")));
     let config = tollgate_server::Config::parse("test.toml", &with_ports(&text)).unwrap();
     let server = start(config).await;

@@ -8,6 +8,7 @@ mod common;
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tollgate_testkit::redis::RedisProcess;
 
 const POLICY: &str = "[[policy]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1h\"\nkey = [\"ip\"]\n";
 
@@ -186,11 +187,7 @@ async fn cl_throttle_follows_on_error_when_the_store_fails() {
     let check = command(&["TOLLGATE.CHECK", "api", "k"]);
     let refused = "-ERR store unavailable: the store could not decide; retry shortly\r\n";
     for mode in ["allow", "deny", "local"] {
-        let Some(mut redis) = common::redis::redis() else {
-            panic!(
-                "redis-server could not be started: install redis-server (scripts/test.sh does)"
-            );
-        };
+        let mut redis = RedisProcess::start(&[]);
         let text = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\nresp_listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
              [store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout = \"100ms\"\non_error = \"{mode}\"\n{POLICY}",

@@ -13,6 +13,7 @@ use common::*;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tollgate_testkit::redis::RedisProcess;
 
 /// A fake AI API. `POST /v1/chat/completions` reports the tokens the `x-tokens` request header
 /// asks for: as a JSON body (`usage.total_tokens` after the choices), or, with `x-stream: 1`,
@@ -343,9 +344,7 @@ async fn the_fallback_count_outlives_a_reload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_is_charged_on_redis() {
-    let Some(redis) = common::redis::redis() else {
-        panic!("redis-server could not be started: install redis-server (scripts/test.sh does)");
-    };
+    let redis = RedisProcess::start(&[]);
     let up = ai_upstream().await;
     let store = format!(
         "[store]\nkind = \"redis\"\nurl = \"{}\"\nclock = \"local\"\ntimeout = \"500ms\"\n",

@@ -22,40 +22,8 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// A `redis-server` on a free port, killed when dropped.
-pub struct Redis {
-    child: Child,
-    pub port: u16,
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Redis {
-    pub fn start() -> Redis {
-        let port = free_port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect(
-                "redis-server not found: the queue tests start their own; install it with \
-                 `apt-get install -y redis-server` (scripts/test.sh does)",
-            );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Redis { child, port }
-    }
-}
+/// A `redis-server` of the test's own on a free port, killed when dropped.
+pub use tollgate_testkit::redis::RedisProcess as Redis;
 
 /// A running `tollgate serve`, killed when dropped.
 pub struct Instance {
@@ -146,7 +114,7 @@ pub fn queue_config(redis: &Redis, upstream: u16, rate: &str, queue: u32, extra:
          [proxy]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:{upstream}\"\ntimeout = \"5s\"\n\n\
          [[policy]]\nname = \"hooks\"\nalgorithm = \"leaky_bucket\"\nrate = \"{rate}\"\nqueue = {queue}\n\
          action = \"queue\"\nkey = [\"header:x-sender\"]\nmatch = {{ path = \"/hooks/**\" }}\n{extra}\n",
-        redis.port
+        redis.port()
     )
 }
 

@@ -55,6 +55,8 @@ pub struct RedisServer {
     cli: Vec<String>,
     wrapper: Option<Child>,
     pid: Option<u32>,
+    /// Whether the server said it accepts connections (so a kill waits for its port to close).
+    ready: bool,
 }
 
 impl RedisServer {
@@ -65,22 +67,51 @@ impl RedisServer {
 
     fn start_with(port: u16, extra: Vec<String>) -> Self {
         require_redis();
-        let dir =
-            std::env::temp_dir().join(format!("tollgate-redis-test-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut server = RedisServer {
+        Self::first_start(port, |port| RedisServer {
             port,
-            dir,
-            extra,
+            dir: Self::dir_for(port),
+            extra: extra.clone(),
             cli: Vec::new(),
             wrapper: None,
             pid: None,
-        };
-        server.spawn();
-        server
+            ready: false,
+        })
     }
 
+    fn dir_for(port: u16) -> PathBuf {
+        std::env::temp_dir().join(format!("tollgate-redis-test-{}-{port}", std::process::id()))
+    }
+
+    /// Starts the server `make` describes on `port`, or on another free port when that one was
+    /// taken before the server could bind it (by another test's server, between `free_port`
+    /// and now).
+    fn first_start(mut port: u16, make: impl Fn(u16) -> RedisServer) -> Self {
+        let cluster = make(port).extra.iter().any(|a| a == "--cluster-enabled");
+        for _ in 0..5 {
+            let mut server = make(port);
+            if server.try_spawn() {
+                return server;
+            }
+            server.kill();
+            port = free_port(cluster);
+        }
+        panic!("redis-server found no free port in 5 tries");
+    }
+
+    /// Starts the server again on its port, which it had a moment ago.
     fn spawn(&mut self) {
+        assert!(
+            self.try_spawn(),
+            "redis-server on port {} did not start; see {}",
+            self.port,
+            self.dir.join("redis.log").display()
+        );
+    }
+
+    /// Starts the server and waits until its log says it accepts connections: `false` when it
+    /// exits first (its port taken). A connection alone could reach another test's server on
+    /// the port, which goes away with that test.
+    fn try_spawn(&mut self) -> bool {
         let mut args: Vec<String> = [
             "--port",
             &self.port.to_string(),
@@ -102,6 +133,9 @@ impl RedisServer {
         .collect();
         args.extend(self.extra.iter().cloned());
         std::fs::create_dir_all(&self.dir).unwrap();
+        // A revived node's directory holds its last log, which said "Ready" already.
+        let log = self.dir.join("redis.log");
+        let _ = std::fs::remove_file(&log);
         // The wrapper also removes the server's directory, which a `static` server never
         // gets to do in `Drop`.
         // A `keep` file in it keeps the directory (a Cluster node's nodes.conf) for a restart.
@@ -126,27 +160,33 @@ impl RedisServer {
         self.pid = String::from_utf8_lossy(&line).trim().parse().ok();
         self.wrapper = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.pings() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on port {} did not start; see {}/redis.log",
-                self.port,
-                self.dir.display()
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        loop {
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            if said.contains("Ready to accept connections") {
+                self.ready = true;
+                return true;
+            }
+            // Until the wrapper reaps it, a server that exited is a zombie, state `Z`.
+            let running = self.pid.is_some_and(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                    stat.rsplit_once(") ")
+                        .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+                })
+            });
+            if !running || Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
     /// A server that speaks only TLS on its port, with `cert`/`key` signed by `ca` (PEM files).
     pub fn start_tls(ca: &std::path::Path, cert: &std::path::Path, key: &std::path::Path) -> Self {
         require_redis();
-        let port = free_port(false);
-        let dir =
-            std::env::temp_dir().join(format!("tollgate-redis-test-{}-{port}", std::process::id()));
         let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
-        let mut server = RedisServer {
+        Self::first_start(free_port(false), |port| RedisServer {
             port,
-            dir,
+            dir: Self::dir_for(port),
             extra: vec![
                 "--port".into(),
                 "0".into(),
@@ -164,9 +204,8 @@ impl RedisServer {
             cli: vec!["--tls".into(), "--cacert".into(), path(ca)],
             wrapper: None,
             pid: None,
-        };
-        server.spawn();
-        server
+            ready: false,
+        })
     }
 
     pub fn url(&self) -> String {
@@ -210,6 +249,9 @@ impl RedisServer {
         if let Some(mut w) = self.wrapper.take() {
             drop(w.stdin.take());
             let _ = w.wait();
+        }
+        if !std::mem::take(&mut self.ready) {
+            return;
         }
         let deadline = Instant::now() + Duration::from_secs(5);
         while TcpStream::connect(("127.0.0.1", self.port)).is_ok() && Instant::now() < deadline {

@@ -19,7 +19,6 @@ use tollgate_server::{Config, Listeners};
 pub mod log;
 pub mod otlp;
 pub mod raw;
-pub mod redis;
 
 pub struct Running {
     pub api: SocketAddr,
