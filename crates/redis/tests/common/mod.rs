@@ -112,25 +112,18 @@ impl RedisServer {
     /// exits first (its port taken). A connection alone could reach another test's server on
     /// the port, which goes away with that test.
     fn try_spawn(&mut self) -> bool {
-        let mut args: Vec<String> = [
-            "--port",
-            &self.port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--dir",
-            self.dir.to_str().unwrap(),
-            "--logfile",
-            "redis.log",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+        let mut args = tollgate_testkit::redis::plain_args(self.port);
+        args.extend(
+            [
+                "--daemonize",
+                "no",
+                "--dir",
+                self.dir.to_str().unwrap(),
+                "--logfile",
+                "redis.log",
+            ]
+            .map(str::to_owned),
+        );
         args.extend(self.extra.iter().cloned());
         std::fs::create_dir_all(&self.dir).unwrap();
         // A revived node's directory holds its last log, which said "Ready" already.
