@@ -13,7 +13,7 @@
 //! field: a store may persist state however it likes, but must decide exactly as they do.
 
 use std::hash::{BuildHasher, RandomState};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::{Check, Decision, Decisions, Policy, Quota, Store, Timestamp};
 
@@ -51,6 +51,17 @@ pub use tasks::{concurrent_callers_never_over_admit, immediate_means_ready_on_fi
 
 /// A start time aligned to every window the scenarios use (a multiple of one day).
 pub const T0: Timestamp = Timestamp::from_secs(1_800_057_600);
+
+/// `now`, or, when that is earlier, `from` plus the real time since `started`.
+///
+/// A store that keeps its state in another process (Redis) expires keys on its own clock, by
+/// TTLs computed on the scenario's: a scenario whose clock stood still while real time passed
+/// (a window with 1 ms left, then steps that do not advance, on a loaded machine) would see
+/// that store drop a count the model rightly keeps. A scenario's clock passed through this
+/// never falls behind real time, and stays the same for every store and the model.
+pub fn not_behind(now: Timestamp, from: Timestamp, started: Instant) -> Timestamp {
+    now.max(from.saturating_add(started.elapsed()))
+}
 
 /// A name unique to this run: scenarios sharing one server never see each other's keys.
 pub fn unique(prefix: &str) -> String {

@@ -7,12 +7,12 @@
 mod common;
 
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::RedisServer;
 use proptest::prelude::*;
 use tollgate::algorithm::LeakyBucket;
-use tollgate::testing::{T0, unique};
+use tollgate::testing::{T0, not_behind, unique};
 use tollgate::{Check, MemoryStore, Policy, Quota, Store};
 
 fn server() -> &'static RedisServer {
@@ -90,8 +90,9 @@ proptest! {
         let policies = policies(&prefix);
         let keys: Vec<String> = (0..3).map(|k| format!("{prefix}-key{k}")).collect();
         let mut now = T0;
+        let start = Instant::now();
         for (step, op) in ops.iter().enumerate() {
-            now = now.saturating_add(Duration::from_micros(op.advance_us));
+            now = not_behind(now.saturating_add(Duration::from_micros(op.advance_us)), T0, start);
             let checks: Vec<Check<'_>> = op
                 .checks
                 .iter()
@@ -147,13 +148,15 @@ fn huge_window_counters_are_exact() {
         let policy = Policy::new(&format!("{prefix}-{i}"), quota).unwrap();
         let window_us = window.as_micros() as u64;
         let mut now = T0;
+        let start = Instant::now();
         for step in 0..300 {
-            now = now.saturating_add(Duration::from_micros(match next(4) {
+            let advance = Duration::from_micros(match next(4) {
                 0 => 0,
                 1 => next(window_us / 50),
                 2 => next(window_us / 3),
                 _ => next(window_us + window_us / 2),
-            }));
+            });
+            now = not_behind(now.saturating_add(advance), T0, start);
             let cost = match next(4) {
                 0 => next(u64::from(limit) / 2 + 1),
                 1 => next(u64::from(limit) / 10 + 1),

@@ -2,9 +2,9 @@
 //! months or years in a time zone, with the clock under the test's control.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::{Xorshift, apply, one, unique};
+use super::{Xorshift, apply, not_behind, one, unique};
 use crate::algorithm::{Algorithm, FixedWindow};
 use crate::{Calendar, CalendarUnit, Check, Policy, Quota, Store, Timestamp};
 
@@ -157,6 +157,7 @@ pub async fn calendar_matches_the_pure_algorithm<S: Store>(store: &S) {
         let mut model: HashMap<u8, <FixedWindow as Algorithm>::State> = HashMap::new();
         let mut rng = Xorshift(0x7f4a_7c15_9e37_79b9 ^ n as u64);
         let mut now = start;
+        let started = Instant::now();
         let prefix = unique("cal-model-key");
         for step in 0..150 {
             // Gaps of up to 3 hours (a day passes in about 20 steps), or up to 8 days.
@@ -165,7 +166,11 @@ pub async fn calendar_matches_the_pure_algorithm<S: Store>(store: &S) {
                 4..=8 => rng.below(3 * 3_600_000_000),
                 _ => rng.below(8 * 86_400_000_000),
             };
-            now = now.saturating_add(Duration::from_micros(gap));
+            now = not_behind(
+                now.saturating_add(Duration::from_micros(gap)),
+                start,
+                started,
+            );
             let key = rng.below(2) as u8;
             let cost = rng.below(4) as u32;
             let stored = format!("{prefix}-{key}");

@@ -8,9 +8,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::{T0, Xorshift, apply, one, unique};
+use super::{T0, Xorshift, apply, not_behind, one, unique};
 use crate::algorithm::{Algorithm, Concurrency, ConcurrencyState, FixedWindowState};
 use crate::{Check, Decision, Policy, Quota, Store, Timestamp, Verdict};
 
@@ -339,13 +339,15 @@ pub async fn concurrency_matches_the_pure_algorithm<S: Store>(store: &S) {
     let mut states = [(); 3].map(|_| ConcurrencyState::default());
     let mut rng = Xorshift(0x6a09_e667_f3bc_c908);
     let mut now = T0;
+    let started = Instant::now();
     for step in 0..400 {
-        now = now.saturating_add(Duration::from_micros(match rng.below(10) {
+        let gap = Duration::from_micros(match rng.below(10) {
             0..=5 => 0,
             6..=7 => rng.below(5_000_000),
             8 => rng.below(30_000_000),
             _ => rng.below(61_000_000),
-        }));
+        });
+        now = not_behind(now.saturating_add(gap), T0, started);
         let k = rng.below(3) as usize;
         let key = format!("{prefix}-{k}");
         let permit = rng.below(6);
@@ -396,12 +398,14 @@ pub async fn concurrency_batches_match_the_pure_algorithms<S: Store>(store: &S) 
     let mut count = FixedWindowState::default();
     let mut rng = Xorshift(0xbb67_ae85_84ca_a73b);
     let mut now = T0;
+    let started = Instant::now();
     for step in 0..250 {
-        now = now.saturating_add(Duration::from_micros(match rng.below(6) {
+        let gap = Duration::from_micros(match rng.below(6) {
             0..=3 => 0,
             4 => rng.below(20_000_000),
             _ => rng.below(70_000_000),
-        }));
+        });
+        now = not_behind(now.saturating_add(gap), T0, started);
         if rng.below(3) == 0 {
             let (p, permit) = (rng.below(2) as usize, rng.below(5));
             let policy = if p == 0 { &first } else { &second };

@@ -3,14 +3,14 @@
 //! traffic through a store and the model alike. The other scenario files draw on both too.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::algorithm::{
     Algorithm, FixedWindow, LeakyBucket, SlidingWindowCounter, SlidingWindowLog, TokenBucket,
 };
 use crate::{Check, Policy, Quota, Store, Timestamp, Verdict};
 
-use super::{T0, one, unique};
+use super::{T0, not_behind, one, unique};
 
 /// A deterministic generator, so a failure reproduces (xorshift64*).
 pub(super) struct Xorshift(pub(super) u64);
@@ -148,8 +148,9 @@ async fn against_the_pure_algorithms<S: Store>(store: &S, name: &str, immediatel
         let mut model = Model::new(&quota);
         let mut rng = Xorshift(0x9e37_79b9_7f4a_7c15 ^ n as u64);
         let mut now = T0;
+        let started = Instant::now();
         for step in 0..400 {
-            now = rng.step(now);
+            now = not_behind(rng.step(now), T0, started);
             let key = rng.below(3) as u8;
             let cost = rng.below(5) as u32;
             let stored_key = format!("{prefix}-{key}");
@@ -198,8 +199,9 @@ pub async fn charges_match_the_pure_algorithms<S: Store>(store: &S) {
         let mut model = Model::new(&quota);
         let mut rng = Xorshift(0x51ed_2701_f3a4_c6b9 ^ n as u64);
         let mut now = T0;
+        let started = Instant::now();
         for step in 0..300 {
-            now = rng.step(now);
+            now = not_behind(rng.step(now), T0, started);
             let key = rng.below(3) as u8;
             let stored_key = format!("{prefix}-{key}");
             let charge = rng.below(3) == 0;
