@@ -16,6 +16,7 @@ use common::*;
 use hyper::{HeaderMap, Method, StatusCode};
 use redis_harness::RedisServer;
 use serde_json::json;
+use tollgate::testing::not_behind;
 use tollgate::{Clock, ManualClock, MemoryStore, Timestamp};
 use tollgate_http::{QuotaFields, RequestInfo};
 use tollgate_redis::{ClockSource, OnError, RedisConfig, RedisStore};
@@ -274,7 +275,9 @@ async fn an_overridden_key_is_decided_in_redis_as_in_memory() {
             "[[policy]]\nname = \"p{n}\"\n{quota}\nkey = [\"ip\"]\n"
         ));
         let config = tollgate_server::Config::parse("t.toml", &text).unwrap();
-        let clock = ManualClock::new(Timestamp::from_secs(1_700_000_000));
+        let start = Timestamp::from_secs(1_700_000_000);
+        let clock = ManualClock::new(start);
+        let started = Instant::now();
         let mut redis_config =
             RedisConfig::standalone(&format!("redis://127.0.0.1:{}", redis.port));
         redis_config.clock = ClockSource::Local;
@@ -301,6 +304,8 @@ async fn an_overridden_key_is_decided_in_redis_as_in_memory() {
             clock.advance(Duration::from_millis(
                 [0, 0, 0, 300, 1_100, 2_700][(step % 6) as usize],
             ));
+            // Redis expires keys on its own clock, by TTLs from this one.
+            clock.set(not_behind(clock.now(), start, started));
             for ip in ["192.0.2.1", "192.0.2.2"] {
                 let info = RequestInfo::new(&Method::GET, "/x", &headers)
                     .with_peer(Some(ip.parse().unwrap()));
