@@ -4,7 +4,7 @@
 #   scripts/bench-check-peer.sh [SECONDS per run, default 5] [ROUNDS, default 5]
 # Environment: BENCH_CONNECTIONS (64), KEYS (100000), THROTTLECRAB_SRC (a throttlecrab
 # checkout; default: cloned into $CARGO_TARGET_DIR/throttlecrab-src, built there, never inside
-# the repository), CHECK_QUERY (appended to Tollgate's path, e.g. "?lean"; empty by default).
+# the repository), CHECK_QUERY (a query string, "?..." appended to Tollgate's path; empty by default).
 #
 # Both servers get the same quota, one neither reaches in a run, so every decision is admitted:
 #   throttlecrab  {"key": K, "max_burst": 1000000, "count_per_period": 1000000, "period": 1,
