@@ -12,10 +12,9 @@
 //! eight-byte key. Here the last partial word is read with two overlapping loads instead.
 //!
 //! Why eight-byte keys differ: the hash is the first step of a check, and the table's line
-//! cannot be read until it is known, so its latency is the check's. Over 100,000 `u64` keys
-//! visited in order, a check took 44.4 ns with SipHash's five rounds and 38.5 ns with two keyed
-//! multiply–xorshift steps in their place, where governor's took 42 (`benches/check.rs` in its
-//! profiling mode, `seq,u64,admit`, median of five runs on one core). The two steps are a
+//! cannot be read until it is known, so its latency is the check's. Two keyed multiply–xorshift
+//! steps in place of SipHash's five rounds take a check of many `u64` keys from behind
+//! governor's to ahead of it (docs/performance.md has the figures). The two steps are a
 //! permutation of the 64-bit words, so two different eight-byte keys never get the same hash,
 //! whatever the key: no eight-byte key can share another's state. Where a key lands still
 //! depends on the store's random key (the steps' keys are drawn from it by SipHash), which
